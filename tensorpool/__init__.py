@@ -1,0 +1,1 @@
+"""tensorpool: shared-memory tensor pools over Aeron."""

@@ -1,0 +1,79 @@
+"""The `tensorpool` command: one entry point, one subcommand per tool.
+
+Subcommand implementations live in `tensorpool.commands.<name>`; only the chosen
+one is imported, and each imports numpy, Aeron or Spark inside `run`, so
+`tensorpool --help` and light commands (`tap --hex`) start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad flag value, missing file, bad config).
+
+    Printed as one line without a traceback; the command exits with status 2.
+    """
+
+
+# name -> (module, one-line help)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("tensorpool.commands.demo", "run the end-to-end demo"),
+    "produce": ("tensorpool.commands.produce", "publish synthetic frames"),
+    "consume": ("tensorpool.commands.consume", "consume frames and print rates/drops"),
+    "inspect": ("tensorpool.commands.inspect", "show a region's superblock and ring state"),
+    "tap": ("tensorpool.commands.tap", "print every tensorpool message on a stream as JSON"),
+    "mediadriver": ("tensorpool.commands.mediadriver", "run a standalone Aeron media driver"),
+}
+
+
+def _build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorpool",
+        description="Shared-memory tensor pools over Aeron.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+            p.set_defaults(_run=_runner(module))
+    return parser
+
+
+def _runner(module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module).run(args) or 0)
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = _build_parser(chosen if chosen in _COMMANDS else None)
+    args = parser.parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return args._run(args)
+    except UserError as exc:
+        print(f"tensorpool {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

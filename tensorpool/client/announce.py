@@ -1,0 +1,184 @@
+"""Which `ShmPoolAnnounce` a consumer should act on (Wire Spec §10.1.1, §15.1, §15.21).
+
+Announces are soft state replayed by Aeron and repeated every period, so most of
+them carry nothing new. This sans-IO tracker decides, per announce, whether to
+ignore it (with a named reason), refresh the current mapping, or (re)map a new
+epoch; and, per tick, whether the mapping has gone stale because announces
+stopped (producer or driver death), in which case the consumer must fail closed.
+
+Rules implemented:
+- stream filter; `header_slot_bytes` must be 256 (§8.1);
+- freshness: an announce older than `freshness_ns` relative to local receipt is
+  ignored; MONOTONIC timestamps compare with the local monotonic clock,
+  REALTIME_SYNCED ones with the local realtime clock (§10.1.1);
+- join time: for MONOTONIC only, an announce stamped before the subscription
+  image carrying it became available is a replay and is ignored (§10.1.1);
+- highest epoch wins; an older epoch is ignored; a newer one remaps (§15.21).
+
+Choice where the spec is silent: after a stale-unmap (no fresh announce for a
+whole freshness window) the highest-epoch memory is cleared, so a producer that
+comes back with a lower epoch (e.g. its directory was wiped) can still be mapped.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+HEADER_SLOT_BYTES = 256
+CLOCK_MONOTONIC = 1
+CLOCK_REALTIME_SYNCED = 2
+
+
+class PoolAnnounce(Protocol):
+    pool_id: int
+    pool_nslots: int
+    stride_bytes: int
+    region_uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    pool_id: int
+    nslots: int
+    stride_bytes: int
+    region_uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLayout:
+    """An owned copy of an announce (decoder flyweights are reused per message)."""
+
+    stream_id: int
+    producer_id: int
+    epoch: int
+    layout_version: int
+    header_nslots: int
+    header_slot_bytes: int
+    header_region_uri: str
+    pools: tuple[PoolSpec, ...]
+    announce_timestamp_ns: int
+    clock_domain: int
+
+    @classmethod
+    def from_announce(cls, dec: object) -> StreamLayout:
+        """Copy the fields of a `ShmPoolAnnounceDecoder` (or attach response) out."""
+        pools = tuple(
+            PoolSpec(int(p.pool_id), int(p.pool_nslots), int(p.stride_bytes), str(p.region_uri))
+            for p in dec.payload_pools  # type: ignore[attr-defined]
+        )
+        return cls(
+            stream_id=int(dec.stream_id),  # type: ignore[attr-defined]
+            producer_id=int(getattr(dec, "producer_id", 0) or 0),
+            epoch=int(dec.epoch),  # type: ignore[attr-defined]
+            layout_version=int(dec.layout_version),  # type: ignore[attr-defined]
+            header_nslots=int(dec.header_nslots),  # type: ignore[attr-defined]
+            header_slot_bytes=int(dec.header_slot_bytes),  # type: ignore[attr-defined]
+            header_region_uri=str(dec.header_region_uri),  # type: ignore[attr-defined]
+            pools=pools,
+            announce_timestamp_ns=int(getattr(dec, "announce_timestamp_ns", 0) or 0),
+            clock_domain=int(getattr(dec, "announce_clock_domain_raw", CLOCK_MONOTONIC)),
+        )
+
+
+class Verdict(enum.Enum):
+    IGNORE = "ignore"
+    REFRESH = "refresh"
+    MAP = "map"
+    UNMAP = "unmap"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    reason: str = ""
+
+
+_OTHER_STREAM = Decision(Verdict.IGNORE, "other_stream")
+_BAD_SLOT_BYTES = Decision(Verdict.IGNORE, "announce_bad_header_slot_bytes")
+_BAD_CLOCK = Decision(Verdict.IGNORE, "announce_unknown_clock_domain")
+_BEFORE_JOIN = Decision(Verdict.IGNORE, "announce_before_join")
+_STALE = Decision(Verdict.IGNORE, "announce_stale")
+_OLD_EPOCH = Decision(Verdict.IGNORE, "announce_old_epoch")
+_REFRESH = Decision(Verdict.REFRESH)
+_MAP = Decision(Verdict.MAP)
+_STALE_UNMAP = Decision(Verdict.UNMAP, "announce_timeout")
+
+
+class AnnounceTracker:
+    """Per-stream announce filter and liveness watchdog (sans-IO)."""
+
+    __slots__ = (
+        "_last_fresh_ns",
+        "_realtime",
+        "epoch",
+        "freshness_ns",
+        "mapped",
+        "stream_id",
+    )
+
+    def __init__(
+        self,
+        stream_id: int,
+        freshness_ns: int,
+        *,
+        realtime_clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.stream_id = stream_id
+        self.freshness_ns = freshness_ns
+        self._realtime = realtime_clock
+        self.epoch: int | None = None
+        self.mapped = False
+        self._last_fresh_ns = 0
+
+    def on_announce(
+        self,
+        stream_id: int,
+        epoch: int,
+        announce_timestamp_ns: int,
+        clock_domain: int,
+        header_slot_bytes: int,
+        join_time_ns: int | None,
+        now_ns: int,
+    ) -> Decision:
+        """`join_time_ns`: when the image that carried this announce became available."""
+        if stream_id != self.stream_id:
+            return _OTHER_STREAM
+        if header_slot_bytes != HEADER_SLOT_BYTES:
+            return _BAD_SLOT_BYTES
+        if clock_domain == CLOCK_MONOTONIC:
+            if join_time_ns is not None and announce_timestamp_ns < join_time_ns:
+                return _BEFORE_JOIN
+            age = now_ns - announce_timestamp_ns
+        elif clock_domain == CLOCK_REALTIME_SYNCED:
+            age = self._realtime() - announce_timestamp_ns
+        else:
+            return _BAD_CLOCK
+        if age > self.freshness_ns:
+            return _STALE
+        if self.epoch is not None and epoch < self.epoch:
+            return _OLD_EPOCH
+        self._last_fresh_ns = now_ns
+        if self.epoch is not None and epoch == self.epoch and self.mapped:
+            return _REFRESH
+        self.epoch = epoch
+        return _MAP
+
+    def on_mapped(self) -> None:
+        self.mapped = True
+
+    def on_unmapped(self, *, forget_epoch: bool = False) -> None:
+        self.mapped = False
+        if forget_epoch:
+            self.epoch = None
+
+    def tick(self, now_ns: int) -> Decision | None:
+        """UNMAP when a mapped stream has had no fresh announce for a freshness window."""
+        if self.mapped and now_ns - self._last_fresh_ns > self.freshness_ns:
+            self.mapped = False
+            self.epoch = None
+            return _STALE_UNMAP
+        return None

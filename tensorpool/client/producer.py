@@ -1,0 +1,484 @@
+"""The producer: writes frames into its SHM ring and tells consumers about them.
+
+Standalone mode (this module; the Driver Model adds a lease-based mode): the
+producer owns its regions. On start it picks an epoch higher than any it left on
+disk (a restart is a new epoch, Wire Spec §15.2), creates the header ring and
+pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private modes
+(§15.21a.3, §15.21a.6), and from then on:
+
+- per frame: seqlock write (§8.3) then `FrameDescriptor` (§10.2.1), never before
+  the commit; frames larger than every pool are dropped and counted (§9), and a
+  descriptor that Aeron cannot take (no consumer, back-pressure) is counted too —
+  the producer never waits for consumers (§15.4);
+- periodically (`do_work`): `ShmPoolAnnounce` (MONOTONIC clock), superblock
+  activity refresh, `DataSourceAnnounce`, `DataSourceMeta`, `QosProducer`;
+- on `ConsumerHello`: an immediate announce (so a new consumer maps without
+  waiting a period) and a `ConsumerConfig` that declines per-consumer streams
+  (§10.1.3): consumers stay on the shared stream and rate-limit locally (§11).
+
+Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
+hands back a writable view of the slot for in-place filling, then `commit()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensorpool.client.settings import ClientSettings
+from tensorpool.counters import DropCounters, Reason
+from tensorpool.shm.paths import PathPolicy
+from tensorpool.shm.region import EpochLayout, ShmRegion, create_region
+from tensorpool.shm.seqlock import SlotWriter
+from tensorpool.shm.superblock import LAYOUT_VERSION, SuperblockFields
+from tensorpool.shm.tensor import TensorLayout
+from tensorpool.shm.uri import format_shm_uri
+from tensorpool.specs import CodecError, decode_any
+from tensorpool.specs.generated import wire
+from tensorpool.transport.clock import NanoClock, now_ns
+from tensorpool.transport.context import AeronContext
+
+log = logging.getLogger(__name__)
+
+_EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
+_CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    pool_id: int
+    stride_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """The shape of one stream's SHM: ring depth and payload size classes."""
+
+    stream_id: int
+    header_nslots: int = 64
+    pools: tuple[PoolConfig, ...] = (PoolConfig(1, 1 << 20),)
+    layout_version: int = LAYOUT_VERSION
+    name: str = ""
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        n = self.header_nslots
+        if n <= 0 or n & (n - 1):
+            raise ValueError(f"header_nslots must be a power of two, got {n}")
+        if not self.pools:
+            raise ValueError("a stream needs at least one payload pool")
+        ids = [p.pool_id for p in self.pools]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate pool ids {ids}")
+
+    @classmethod
+    def for_frame_bytes(cls, stream_id: int, frame_bytes: int, **kw: object) -> StreamConfig:
+        """One pool with the smallest power-of-two, page-multiple stride that fits."""
+        stride = max(os.sysconf("SC_PAGE_SIZE"), 1 << max(frame_bytes - 1, 1).bit_length())
+        return cls(stream_id, pools=(PoolConfig(1, stride),), **kw)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class ProducerStats:
+    frames: int = 0
+    bytes: int = 0
+    descriptors_not_sent: int = 0
+    announces: int = 0
+    drops: DropCounters = field(default_factory=DropCounters)
+
+
+@dataclass(slots=True)
+class FrameClaim:
+    """A slot handed out by `Producer.claim`; fill `array` in place, then commit."""
+
+    seq: int
+    header_index: int
+    pool_id: int
+    layout: TensorLayout
+    array: np.ndarray
+
+
+def next_epoch(instance_dir: str) -> int:
+    """One more than the highest `epoch-<E>` left in `instance_dir` (1 when none)."""
+    try:
+        names = os.listdir(instance_dir)
+    except FileNotFoundError:
+        return 1
+    epochs = [int(m.group(1)) for n in names if (m := _EPOCH_DIR.match(n))]
+    return max(epochs, default=0) + 1
+
+
+class Producer:
+    """Single-writer producer of one stream (use from one thread)."""
+
+    def __init__(
+        self,
+        ctx: AeronContext,
+        stream: StreamConfig,
+        settings: ClientSettings | None = None,
+        *,
+        producer_id: int = 1,
+        instance_id: str | None = None,
+        clock: NanoClock = now_ns,
+        prefault: bool = False,
+        cleanup_on_close: bool = True,
+        keep_epochs: int = 1,
+    ) -> None:
+        self.settings = settings or ClientSettings()
+        self.stream = stream
+        self.stream_id = stream.stream_id
+        self.producer_id = producer_id
+        self.instance_id = instance_id or f"producer-{stream.stream_id}"
+        self._clock = clock
+        self._cleanup = cleanup_on_close
+        self.stats = ProducerStats()
+        self.meta_version = 0
+        self._meta_attributes: list[tuple[str, str, bytes]] = []
+        self._seq = 0
+        self._closed = False
+
+        s = self.settings
+        instance_dir = os.path.join(s.shm_base_dir, s.namespace, self.instance_id)
+        self.epoch = next_epoch(instance_dir)
+        self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, self.epoch)
+        self._gc_old_epochs(instance_dir, keep=keep_epochs)
+        self._regions = self._create_regions(prefault)
+        header, pools = self._regions[0], self._regions[1:]
+        self._writer = SlotWriter(header, pools, counters=self.stats.drops)
+        self._pool_uris = tuple(
+            (pc.pool_id, stream.header_nslots, pc.stride_bytes, format_shm_uri(r.path))
+            for pc, r in zip(stream.pools, pools, strict=True)
+        )
+        self._header_uri = format_shm_uri(header.path)
+
+        ch = s.channels
+        self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
+        self._pub_desc = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)
+        self._pub_qos = ctx.add_publication(ch.qos_channel, ch.qos_stream_id)
+        self._pub_meta = ctx.add_publication(ch.metadata_channel, ch.metadata_stream_id)
+        self._sub_control = ctx.add_subscription(
+            ch.control_channel, ch.control_stream_id, self._on_control
+        )
+        self._desc_buf = bytearray(wire.FrameDescriptorEncoder.encoded_length())
+        self._encode_desc = wire.FrameDescriptorEncoder.encode
+        self._offer_desc = self._pub_desc.offer
+        self._ctl_buf = bytearray(64 * 1024)
+        self._next_announce_ns = 0
+        self._next_qos_ns = 0
+        self._announce_now = False
+        self._pending_configs: list[tuple[int, int]] = []
+        log.info(
+            "producer stream=%d epoch=%d regions under %s",
+            self.stream_id,
+            self.epoch,
+            self._layout.directory,
+        )
+
+    # --- setup --------------------------------------------------------------------------------
+    def _gc_old_epochs(self, instance_dir: str, keep: int) -> None:
+        """Remove our own dead epoch directories, newest `keep` kept for post-mortems."""
+        try:
+            names = os.listdir(instance_dir)
+        except FileNotFoundError:
+            return
+        old = sorted((int(m.group(1)), n) for n in names if (m := _EPOCH_DIR.match(n)))
+        for _, name in old[: max(0, len(old) - keep)]:
+            shutil.rmtree(os.path.join(instance_dir, name), ignore_errors=True)
+
+    def _create_regions(self, prefault: bool) -> list[ShmRegion]:
+        s, st, lay = self.settings, self.stream, self._layout
+        policy = PathPolicy(s.base_dirs)
+        now = self._clock()
+        regions = [
+            create_region(
+                lay.header_path,
+                SuperblockFields.header_ring(
+                    epoch=self.epoch,
+                    stream_id=st.stream_id,
+                    nslots=st.header_nslots,
+                    now_ns=now,
+                    layout_version=st.layout_version,
+                ),
+                policy=policy,
+                replace=True,
+                prefault=prefault,
+            )
+        ]
+        for pc in st.pools:
+            regions.append(
+                create_region(
+                    lay.pool_path(pc.pool_id),
+                    SuperblockFields.payload_pool(
+                        epoch=self.epoch,
+                        stream_id=st.stream_id,
+                        pool_id=pc.pool_id,
+                        nslots=st.header_nslots,
+                        stride_bytes=pc.stride_bytes,
+                        now_ns=now,
+                        layout_version=st.layout_version,
+                    ),
+                    policy=policy,
+                    replace=True,
+                    prefault=prefault,
+                )
+            )
+        return regions
+
+    # --- frames -------------------------------------------------------------------------------
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def offer(
+        self,
+        array: np.ndarray,
+        *,
+        timestamp_ns: int | None = None,
+        meta_version: int | None = None,
+    ) -> int | None:
+        """Copy `array` in as the next frame; return its seq, or None if no pool fits it."""
+        seq = self._seq
+        ts = self._clock() if timestamp_ns is None else timestamp_ns
+        mv = self.meta_version if meta_version is None else meta_version
+        index = self._writer.write(seq, array, timestamp_ns=ts, meta_version=mv)
+        if index is None:
+            return None
+        self._seq = seq + 1
+        self._publish(seq, index, ts, mv, array.nbytes)
+        return seq
+
+    def claim(
+        self, shape: Iterable[int], dtype: np.dtype | type | str, *, order: str = "C"
+    ) -> FrameClaim | None:
+        """Reserve the next slot and return a writable view shaped `shape` to fill in place.
+
+        The slot is marked in-progress now (§8.3 step 1); consumers reading it drop until
+        `commit`. Returns None (counted `no_pool_fits`) when no pool is large enough.
+        """
+        layout = TensorLayout.contiguous(tuple(shape), np.dtype(dtype), order=order)
+        pool_id = self._writer.pools.select(layout.extent_bytes)
+        if pool_id is None:
+            self.stats.drops.increment(Reason.NO_POOL_FITS)
+            return None
+        seq = self._seq
+        index = self._writer.begin(seq)
+        view = self._writer.payload_view(pool_id, index, layout)
+        return FrameClaim(seq, index, pool_id, layout, view)
+
+    def commit(
+        self,
+        claim: FrameClaim,
+        *,
+        timestamp_ns: int | None = None,
+        meta_version: int | None = None,
+    ) -> int:
+        """Write the header, commit the slot, then publish its descriptor; return the seq."""
+        if claim.seq != self._seq:
+            raise ValueError(f"claim for seq {claim.seq} is not the open claim ({self._seq})")
+        ts = self._clock() if timestamp_ns is None else timestamp_ns
+        mv = self.meta_version if meta_version is None else meta_version
+        nbytes = claim.layout.extent_bytes
+        self._writer.write_header(
+            claim.header_index,
+            pool_id=claim.pool_id,
+            layout=claim.layout,
+            values_len_bytes=nbytes,
+            timestamp_ns=ts,
+            meta_version=mv,
+        )
+        self._writer.commit(claim.seq)
+        self._seq = claim.seq + 1
+        self._publish(claim.seq, claim.header_index, ts, mv, nbytes)
+        return claim.seq
+
+    def _publish(self, seq: int, index: int, ts: int, mv: int, nbytes: int) -> None:
+        buf = self._desc_buf
+        self._encode_desc(
+            buf,
+            0,
+            stream_id=self.stream_id,
+            epoch=self.epoch,
+            seq=seq,
+            header_index=index,
+            timestamp_ns=ts,
+            meta_version=mv,
+        )
+        stats = self.stats
+        stats.frames += 1
+        stats.bytes += nbytes
+        if not self._offer_desc(buf):
+            stats.descriptors_not_sent += 1
+
+    # --- metadata -----------------------------------------------------------------------------
+    def set_metadata(self, attributes: Mapping[str, str | bytes | tuple[str, bytes]]) -> int:
+        """Replace the stream's metadata, bump `meta_version`, publish it; return the version.
+
+        Values: str (format text/plain), bytes (application/octet-stream) or (format, bytes).
+        """
+        attrs: list[tuple[str, str, bytes]] = []
+        for key, value in attributes.items():
+            if isinstance(value, tuple):
+                fmt, raw = value
+            elif isinstance(value, str):
+                fmt, raw = "text/plain", value.encode()
+            else:
+                fmt, raw = "application/octet-stream", bytes(value)
+            attrs.append((key, fmt, raw))
+        self._meta_attributes = attrs
+        self.meta_version += 1
+        self._send_metadata(self._clock())
+        return self.meta_version
+
+    def _send_metadata(self, now: int) -> None:
+        buf = self._ctl_buf
+        n = wire.DataSourceAnnounceEncoder.encode(
+            buf,
+            0,
+            stream_id=self.stream_id,
+            producer_id=self.producer_id,
+            epoch=self.epoch,
+            meta_version=self.meta_version,
+            name=self.stream.name,
+            summary=self.stream.summary,
+        )
+        self._pub_meta.offer(buf, 0, n)
+        if not self._meta_attributes:
+            return
+        n = wire.DataSourceMetaEncoder.encode(
+            buf,
+            0,
+            stream_id=self.stream_id,
+            meta_version=self.meta_version,
+            timestamp_ns=now,
+            attributes=[{"key": k, "format": f, "value": v} for k, f, v in self._meta_attributes],
+        )
+        self._pub_meta.offer(buf, 0, n)
+
+    # --- periodic duties ----------------------------------------------------------------------
+    def _on_control(self, buffer: object, header: object) -> None:
+        try:
+            dec = decode_any(buffer)
+        except CodecError:
+            return  # other traffic shares the control stream; consumers count their own
+        if isinstance(dec, wire.ConsumerHelloDecoder) and dec.stream_id == self.stream_id:
+            self._announce_now = True
+            self._pending_configs.append((dec.consumer_id, dec.mode_raw))
+
+    def do_work(self, now_ns: int | None = None) -> int:
+        """Poll the control stream and run due periodic duties; return work done."""
+        now = self._clock() if now_ns is None else now_ns
+        work = self._sub_control.poll()
+        if self._pending_configs:
+            for consumer_id, mode in self._pending_configs:
+                self._send_consumer_config(consumer_id, mode)
+            work += len(self._pending_configs)
+            self._pending_configs.clear()
+        if self._announce_now or now >= self._next_announce_ns:
+            self._announce_now = False
+            self._next_announce_ns = now + self.settings.announce_period_ns
+            self._announce(now)
+            self._send_metadata(now)
+            work += 1
+        if now >= self._next_qos_ns:
+            self._next_qos_ns = now + self.settings.qos_period_ns
+            n = wire.QosProducerEncoder.encode(
+                self._ctl_buf,
+                0,
+                stream_id=self.stream_id,
+                producer_id=self.producer_id,
+                epoch=self.epoch,
+                current_seq=self._seq,
+            )
+            self._pub_qos.offer(self._ctl_buf, 0, n)
+            work += 1
+        return work
+
+    def _announce(self, now: int) -> None:
+        for region in self._regions:
+            region.refresh_activity(now)
+        n = wire.ShmPoolAnnounceEncoder.encode(
+            self._ctl_buf,
+            0,
+            stream_id=self.stream_id,
+            producer_id=self.producer_id,
+            epoch=self.epoch,
+            announce_timestamp_ns=now,
+            announce_clock_domain=_CLOCK_MONOTONIC,
+            layout_version=self.stream.layout_version,
+            header_nslots=self.stream.header_nslots,
+            header_slot_bytes=256,
+            payload_pools=self._pool_uris,
+            header_region_uri=self._header_uri,
+        )
+        if self._pub_control.offer(self._ctl_buf, 0, n):
+            self.stats.announces += 1
+
+    def _send_consumer_config(self, consumer_id: int, mode: int) -> None:
+        """Decline per-consumer streams (§10.1.3): empty channels, zero stream ids."""
+        try:
+            mode_value = int(wire.Mode(mode))
+        except ValueError:
+            mode_value = int(wire.Mode.STREAM)
+        n = wire.ConsumerConfigEncoder.encode(
+            self._ctl_buf,
+            0,
+            stream_id=self.stream_id,
+            consumer_id=consumer_id,
+            use_shm=int(wire.Bool.TRUE),
+            mode=mode_value,
+            descriptor_stream_id=0,
+            control_stream_id=0,
+            payload_fallback_uri="",
+            descriptor_channel="",
+            control_channel="",
+        )
+        self._pub_control.offer(self._ctl_buf, 0, n)
+
+    @property
+    def has_consumers(self) -> bool:
+        return self._pub_desc.is_connected
+
+    @property
+    def epoch_directory(self) -> str:
+        return self._layout.directory
+
+    @property
+    def header_region_path(self) -> str:
+        return self._regions[0].path
+
+    def payload_capacity(self) -> int:
+        """Largest frame (bytes) any pool accepts."""
+        return max(p.stride_bytes for p in self.stream.pools)
+
+    def close(self) -> None:
+        """Stop producing; with `cleanup_on_close`, remove this epoch's files (§15.21a.7)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close()
+        for region in self._regions:
+            region.close()
+        if self._cleanup:
+            shutil.rmtree(self._layout.directory, ignore_errors=True)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "FrameClaim",
+    "PoolConfig",
+    "Producer",
+    "ProducerStats",
+    "StreamConfig",
+    "next_epoch",
+]

@@ -1,0 +1,110 @@
+"""Options shared by the client commands, and turning them into settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tensorpool.cli import UserError
+from tensorpool.client.settings import Channels, ClientSettings, default_shm_base_dir
+
+ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
+ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
+
+
+def default_aeron_dir() -> str:
+    """Where `tensorpool mediadriver` serves by default, and clients look by default."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
+
+
+def add_transport_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Aeron")
+    g.add_argument(
+        "--aeron-dir",
+        default=os.environ.get(ENV_AERON_DIR) or default_aeron_dir(),
+        help=f"media driver directory to join (env {ENV_AERON_DIR}; default %(default)s); "
+        "start one with `tensorpool mediadriver`",
+    )
+    g.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start a private embedded media driver (IPC then reaches only this process)",
+    )
+
+
+def add_shm_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shared memory")
+    g.add_argument(
+        "--shm-base-dir",
+        default=os.environ.get(ENV_SHM_BASE_DIR) or default_shm_base_dir(),
+        help=f"base directory of SHM regions (env {ENV_SHM_BASE_DIR}; default %(default)s)",
+    )
+    g.add_argument(
+        "--allowed-base-dir",
+        action="append",
+        default=[],
+        help="extra directory consumers may map from (repeatable)",
+    )
+
+
+def add_channel_args(p: argparse.ArgumentParser) -> None:
+    d = Channels()
+    g = p.add_argument_group("channels")
+    g.add_argument("--control-channel", default=d.control_channel)
+    g.add_argument("--control-stream-id", type=int, default=d.control_stream_id)
+    g.add_argument("--descriptor-channel", default=d.descriptor_channel)
+    g.add_argument("--descriptor-stream-id", type=int, default=d.descriptor_stream_id)
+    g.add_argument("--qos-channel", default=d.qos_channel)
+    g.add_argument("--qos-stream-id", type=int, default=d.qos_stream_id)
+    g.add_argument("--metadata-channel", default=d.metadata_channel)
+    g.add_argument("--metadata-stream-id", type=int, default=d.metadata_stream_id)
+
+
+def transport_config(args: argparse.Namespace):  # -> TransportConfig
+    from tensorpool.transport.config import TransportConfig
+    from tensorpool.transport.mediadriver import is_active
+
+    if args.embedded:
+        return TransportConfig()
+    cnc = os.path.join(args.aeron_dir, "cnc.dat")
+    if not (os.path.exists(cnc) and is_active(args.aeron_dir)):
+        raise UserError(
+            f"no running media driver in {args.aeron_dir}: start one with "
+            "`tensorpool mediadriver`, pass --aeron-dir DIR, or use --embedded"
+        )
+    return TransportConfig(aeron_dir=args.aeron_dir)
+
+
+def client_settings(args: argparse.Namespace) -> ClientSettings:
+    try:
+        channels = Channels(
+            control_channel=args.control_channel,
+            control_stream_id=args.control_stream_id,
+            descriptor_channel=args.descriptor_channel,
+            descriptor_stream_id=args.descriptor_stream_id,
+            qos_channel=args.qos_channel,
+            qos_stream_id=args.qos_stream_id,
+            metadata_channel=args.metadata_channel,
+            metadata_stream_id=args.metadata_stream_id,
+        )
+        base = os.path.abspath(args.shm_base_dir)
+        allowed = tuple(os.path.abspath(d) for d in args.allowed_base_dir)
+        return ClientSettings(
+            transport=transport_config(args),
+            channels=channels,
+            shm_base_dir=base,
+            allowed_base_dirs=(base, *allowed) if allowed else (),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def start_context(settings: ClientSettings):  # -> AeronContext
+    from tensorpool.transport.context import AeronContext
+    from tensorpool.transport.mediadriver import MediaDriverError
+
+    try:
+        return AeronContext(settings.transport).start()
+    except MediaDriverError as exc:
+        raise UserError(str(exc)) from None

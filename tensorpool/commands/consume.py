@@ -1,0 +1,154 @@
+"""`tensorpool consume`: read a stream and report rates, drops and latency each second."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from tensorpool.commands._common import (
+    add_channel_args,
+    add_shm_args,
+    add_transport_args,
+    client_settings,
+    start_context,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tensorpool.client.consumer import Consumer
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream-id", type=int, default=1, help="tensorpool stream id (%(default)s)")
+    p.add_argument("--mode", choices=("stream", "rate-limited"), default="stream")
+    p.add_argument("--max-rate-hz", type=int, default=0, help="with --mode rate-limited")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.add_argument("--count", type=int, default=0, help="stop after N frames")
+    p.add_argument("--max-outstanding-seq-gap", type=int, default=256)
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--idle",
+        choices=("backoff", "busy-spin", "yield", "sleep"),
+        default="backoff",
+        help="idle strategy between empty polls",
+    )
+    add_transport_args(p)
+    add_shm_args(p)
+    add_channel_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from tensorpool.cli import UserError
+    from tensorpool.client.consumer import MODE_RATE_LIMITED, MODE_STREAM, Consumer, Frame
+    from tensorpool.transport.clock import now_ns
+    from tensorpool.transport.idle import idle_strategy
+
+    settings = client_settings(args)
+    mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
+    stop = False
+
+    def on_term(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx = start_context(settings)
+    try:
+        consumer = Consumer(
+            ctx,
+            args.stream_id,
+            settings,
+            mode=mode,
+            max_rate_hz=args.max_rate_hz,
+            max_outstanding_seq_gap=args.max_outstanding_seq_gap,
+        )
+    except ValueError as exc:
+        ctx.close()
+        raise UserError(str(exc)) from None
+    idle = idle_strategy(args.idle.replace("-", "_"))
+    lat = np.zeros(1 << 16, np.int64)
+    n_lat = 0
+    touched = 0
+
+    def handler(frame: Frame) -> None:
+        nonlocal n_lat, touched
+        arr = frame.array
+        if arr.size and arr.flags.c_contiguous:  # touch one byte per 4 KiB page, like a reader
+            touched += int(arr.reshape(-1).view(np.uint8)[::4096].sum())
+        if frame.is_current():
+            lat[n_lat & 0xFFFF] = now_ns() - frame.timestamp_ns
+            n_lat += 1
+
+    start = time.monotonic()
+    end = start + args.duration if args.duration > 0 else float("inf")
+    next_report = start + 1.0
+    last = (0, 0, 0, 0)
+    try:
+        while not stop:
+            got = consumer.poll(handler, 64)
+            idle.idle(got)
+            now = time.monotonic()
+            if now >= end or (args.count and consumer.stats.frames >= args.count):
+                break
+            if now >= next_report:
+                next_report += 1.0
+                last = _report(consumer, lat, min(n_lat, lat.size), last, args.json)
+                n_lat = 0
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True)
+        consumer.close()
+        ctx.close()
+    return 0
+
+
+def _report(
+    consumer: Consumer,
+    lat: np.ndarray,
+    n: int,
+    last: tuple[int, int, int, int],
+    as_json: bool,
+    final: bool = False,
+) -> tuple[int, int, int, int]:
+    import numpy as np
+
+    st = consumer.stats
+    frames, nbytes, gap, late = st.frames, st.bytes, consumer.drops_gap, consumer.drops_late
+    p50 = p99 = None
+    if n:
+        p50, p99 = (float(x) / 1e3 for x in np.percentile(lat[:n], [50, 99]))
+    line = {
+        "stream_id": consumer.stream_id,
+        "epoch": consumer.epoch,
+        "fps": frames - last[0],
+        "mb_s": round((nbytes - last[1]) / 1e6, 2),
+        "frames": frames,
+        "drops_gap": gap,
+        "drops_late": late,
+        "drops": st.drops.snapshot(),
+        "control_drops": st.control.snapshot(),
+        "latency_us_p50": None if p50 is None else round(p50, 1),
+        "latency_us_p99": None if p99 is None else round(p99, 1),
+        "final": final,
+    }
+    if as_json:
+        print(json.dumps(line), flush=True)
+    else:
+        lat_txt = "-" if p50 is None else f"p50 {p50:.0f} us p99 {p99:.0f} us"
+        drops = ", ".join(f"{k}={v}" for k, v in line["drops"].items()) or "none"
+        print(
+            f"{'total' if final else 'stream'} {line['stream_id']} epoch {line['epoch']}: "
+            f"{line['fps']} frames/s {line['mb_s']} MB/s latency {lat_txt} "
+            f"gap {gap} late {late} drops {drops}",
+            file=sys.stdout,
+            flush=True,
+        )
+    return frames, nbytes, gap, late

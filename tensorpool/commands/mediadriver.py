@@ -1,0 +1,37 @@
+"""`tensorpool mediadriver`: the Aeron media driver that the processes of one host share."""
+
+from __future__ import annotations
+
+import argparse
+
+from tensorpool.cli import UserError
+from tensorpool.commands._common import default_aeron_dir
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default=default_aeron_dir(), help="directory to serve (%(default)s)")
+    p.add_argument(
+        "--threading", default="shared", choices=("shared", "dedicated", "shared_network")
+    )
+    p.add_argument("--ipc-term-length", type=int, default=None, help="default IPC term bytes")
+    p.add_argument("--term-length", type=int, default=None, help="default UDP term bytes")
+    p.add_argument("--mtu", type=int, default=None, help="default UDP MTU bytes")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorpool.transport.config import TransportConfig
+    from tensorpool.transport.mediadriver import MediaDriverError, run_media_driver
+
+    try:
+        config = TransportConfig(
+            aeron_dir=args.dir,
+            threading_mode=args.threading,
+            ipc_term_buffer_length=args.ipc_term_length,
+            term_buffer_length=args.term_length,
+            mtu_length=args.mtu,
+        )
+        print(f"media driver serving {args.dir} (Ctrl-C to stop)", flush=True)
+        run_media_driver(args.dir, config)
+    except (MediaDriverError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    return 0

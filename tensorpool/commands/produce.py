@@ -1,0 +1,211 @@
+"""`tensorpool produce`: publish synthetic frames (a stand-in camera or detector)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tensorpool.cli import UserError
+from tensorpool.commands._common import (
+    add_channel_args,
+    add_shm_args,
+    add_transport_args,
+    client_settings,
+    start_context,
+)
+
+if TYPE_CHECKING:
+    from tensorpool.client.producer import Producer
+
+PATTERNS = ("moving", "ramp", "noise", "stamp")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in text.replace("x", ",").split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}: use e.g. 480,640") from None
+    if not 1 <= len(shape) <= 8 or any(d <= 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}: 1..8 positive dimensions")
+    return shape
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream-id", type=int, default=1, help="tensorpool stream id (%(default)s)")
+    p.add_argument("--shape", type=parse_shape, default=(480, 640), help="e.g. 480,640")
+    p.add_argument("--dtype", default="uint16", help="numpy dtype name (%(default)s)")
+    p.add_argument("--rate", type=float, default=100.0, help="frames/s, 0 = flat out")
+    p.add_argument("--pattern", choices=PATTERNS, default="moving")
+    p.add_argument("--count", type=int, default=0, help="stop after N frames (0 = no limit)")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.add_argument("--nslots", type=int, default=64, help="ring depth, a power of two")
+    p.add_argument("--name", default="synthetic", help="data source name")
+    p.add_argument(
+        "--meta",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="metadata attribute (repeatable)",
+    )
+    p.add_argument("--producer-id", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="progress as JSON lines")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_transport_args(p)
+    add_shm_args(p)
+    add_channel_args(p)
+
+
+class Pattern:
+    """Fills a claimed slot in place; cheap enough for 100 Hz VGA on one core."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: object) -> None:
+        import numpy as np
+
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind not in "uifb":
+            raise UserError(f"--dtype {self.dtype}: not a numeric dtype")
+        self.top = min(int(np.iinfo(self.dtype).max), 4095) if self.dtype.kind in "ui" else 1.0
+        if name == "moving":
+            width = shape[-1]
+            ramp = (np.arange(width * 2) % width) * (self.top / max(width - 1, 1))
+            self.ramp = ramp.astype(self.dtype)
+            self.width = width
+        self.rng = np.random.default_rng(0)
+
+    def fill(self, view: object, seq: int) -> None:
+        import numpy as np
+
+        a: np.ndarray = view  # type: ignore[assignment]
+        if self.name == "moving":
+            shift = (seq * 4) % self.width
+            a[...] = self.ramp[shift : shift + self.width]
+        elif self.name == "ramp":
+            a.fill(seq % (int(self.top) + 1) if self.dtype.kind in "ui" else (seq % 100) / 100)
+        elif self.name == "noise":
+            if self.dtype.kind == "f":
+                a[...] = self.rng.random(a.shape, dtype=self.dtype)
+            else:
+                a[...] = self.rng.integers(0, int(self.top) + 1, a.shape, dtype=self.dtype)
+        else:  # stamp: the seq in the first 8 bytes, nothing else touched
+            a.reshape(-1).view(np.uint8)[:8] = np.frombuffer(seq.to_bytes(8, "little"), np.uint8)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+
+    settings = client_settings(args)
+    try:
+        dtype = np.dtype(args.dtype)
+    except TypeError:
+        raise UserError(f"--dtype {args.dtype!r}: not a numpy dtype") from None
+    pattern = Pattern(args.pattern, args.shape, dtype)
+    nbytes = int(np.prod(args.shape)) * dtype.itemsize
+    try:
+        auto = StreamConfig.for_frame_bytes(args.stream_id, nbytes)
+        stream = StreamConfig(
+            args.stream_id,
+            header_nslots=args.nslots,
+            pools=(PoolConfig(1, auto.pools[0].stride_bytes),),
+            name=args.name,
+            summary=f"{dtype.name}{list(args.shape)}",
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    meta: dict[str, str] = {}
+    for item in args.meta:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--meta {item!r}: expected KEY=VALUE")
+        meta[key] = value
+
+    stop = False
+
+    def on_term(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx = start_context(settings)
+    try:
+        producer = Producer(ctx, stream, settings, producer_id=args.producer_id)
+    except (OSError, ValueError) as exc:
+        ctx.close()
+        raise UserError(f"cannot create SHM regions: {exc}") from None
+    try:
+        if meta:
+            producer.set_metadata(meta)
+        _loop(producer, pattern, args, lambda: stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        producer.close()
+        ctx.close()
+    return 0
+
+
+def _loop(
+    p: Producer, pattern: Pattern, args: argparse.Namespace, stopped: Callable[[], bool]
+) -> None:
+    period = 1.0 / args.rate if args.rate > 0 else 0.0
+    start = time.monotonic()
+    end = start + args.duration if args.duration > 0 else float("inf")
+    next_report = start + 1.0
+    last_frames = last_bytes = 0
+    sent = 0
+    p.do_work()
+    while not stopped():
+        now = time.monotonic()
+        if now >= end or (args.count and sent >= args.count):
+            break
+        if period:
+            due = start + sent * period  # deadline-based: no drift
+            if now < due:
+                p.do_work()
+                time.sleep(min(due - now, 0.002))
+                continue
+        claim = p.claim(args.shape, pattern.dtype)
+        if claim is None:
+            raise UserError(f"frame of shape {args.shape} does not fit any pool")
+        pattern.fill(claim.array, claim.seq)
+        p.commit(claim)
+        sent += 1
+        if not period and sent % 64 == 0:
+            p.do_work()
+        if now >= next_report:
+            next_report += 1.0
+            st = p.stats
+            line = {
+                "stream_id": p.stream_id,
+                "epoch": p.epoch,
+                "frames": st.frames,
+                "fps": st.frames - last_frames,
+                "mb_s": round((st.bytes - last_bytes) / 1e6, 2),
+                "descriptors_not_sent": st.descriptors_not_sent,
+                "drops": st.drops.snapshot(),
+                "consumers": p.has_consumers,
+            }
+            last_frames, last_bytes = st.frames, st.bytes
+            if not args.quiet:
+                if args.json:
+                    print(json.dumps(line), flush=True)
+                else:
+                    print(
+                        f"stream {line['stream_id']} epoch {line['epoch']}: "
+                        f"{line['fps']} frames/s {line['mb_s']} MB/s "
+                        f"total {line['frames']} not-sent {line['descriptors_not_sent']}",
+                        flush=True,
+                    )
+    if not args.quiet:
+        print(
+            f"produced {p.stats.frames} frames on stream {p.stream_id} epoch {p.epoch}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -1,0 +1,1 @@
+"""Generated SBE codecs; see ``tensorpool.specs.codegen``. Do not edit."""

@@ -1,0 +1,74 @@
+"""Writer process for the torn-read stress test: rewrites an 8-slot ring as fast as it can.
+
+Usage: python _stress_writer.py <base> <header_path> <pool_path> <control_path> <max_seconds>
+
+Each frame ``seq`` is 512 uint64 words: 511 copies of ``seq`` and a checksum ``stamp(seq)``.
+The control file holds three u64 words: latest published seq + 1, a stop flag set by the reader,
+and the number of frames written (set on exit).
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+import time
+
+import numpy as np
+
+from tensorpool.shm import ExpectedRegion, PathPolicy, SlotWriter, format_shm_uri, map_region
+
+NSLOTS = 8
+STRIDE = 4096
+STREAM_ID = 4242
+EPOCH = 1
+WORDS = STRIDE // 8
+MASK64 = (1 << 64) - 1
+
+
+def stamp(seq: int) -> int:
+    return (seq * 0x9E3779B97F4A7C15 + 0x5BD1E995) & MASK64
+
+
+def main() -> None:
+    base, header_path, pool_path, control_path, max_seconds = sys.argv[1:6]
+    policy = PathPolicy([base])
+    header = map_region(
+        format_shm_uri(header_path),
+        ExpectedRegion.header_ring(epoch=EPOCH, stream_id=STREAM_ID, nslots=NSLOTS),
+        policy,
+        writable=True,
+    )
+    pool = map_region(
+        format_shm_uri(pool_path),
+        ExpectedRegion.payload_pool(
+            epoch=EPOCH, stream_id=STREAM_ID, pool_id=1, nslots=NSLOTS, stride_bytes=STRIDE
+        ),
+        policy,
+        writable=True,
+    )
+    writer = SlotWriter(header, [pool])
+    with open(control_path, "r+b") as f:
+        ctl_map = mmap.mmap(f.fileno(), 64)
+    ctl = memoryview(ctl_map).cast("Q")
+    frame = np.empty(WORDS, np.uint64)
+    deadline = time.monotonic() + float(max_seconds)
+    seq = 0
+    write = writer.write
+    while True:
+        if not seq & 1023 and (ctl[1] or time.monotonic() > deadline):
+            break
+        frame.fill(seq)
+        frame[-1] = stamp(seq)
+        write(seq, frame, timestamp_ns=seq)
+        ctl[0] = seq + 1
+        seq += 1
+    ctl[2] = seq
+    writer.close()
+    ctl.release()
+    ctl_map.close()
+    header.close()
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()

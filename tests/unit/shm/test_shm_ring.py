@@ -1,0 +1,116 @@
+"""Header ring indexing and payload pool mapping/selection (§9, §10.2.1, §15.5, §15.18)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from _shm_helpers import make_stream
+
+from tensorpool.counters import Reason
+from tensorpool.shm import (
+    PoolTable,
+    SlotReader,
+    SlotWriter,
+    SuperblockError,
+    SuperblockFields,
+    check_ring_shape,
+    create_region,
+    header_index_for,
+)
+
+
+def test_s15_18_header_index_is_seq_masked_by_nslots() -> None:
+    assert [header_index_for(s, 8) for s in (0, 1, 7, 8, 9, 2**40 + 3)] == [0, 1, 7, 0, 1, 3]
+
+
+def test_s9_smallest_fitting_pool_selected() -> None:
+    table = PoolTable({1: 1 << 20, 2: 4096, 3: 1 << 16})
+    assert table.select(0) == 2
+    assert table.select(4096) == 2
+    assert table.select(4097) == 3
+    assert table.select(1 << 16) == 3
+    assert table.select((1 << 16) + 1) == 1
+    assert table.select(1 << 20) == 1
+    assert table.pool_ids == (2, 3, 1)
+    assert table.max_stride == 1 << 20
+    assert table.stride_of(3) == 1 << 16 and table.stride_of(9) is None
+
+
+def test_s9_no_pool_fits_returns_none() -> None:
+    assert PoolTable({1: 4096}).select(4097) is None
+
+
+def test_s9_equal_strides_resolve_deterministically() -> None:
+    assert PoolTable({7: 4096, 5: 4096}).select(10) == 5
+
+
+def test_s9_pool_table_needs_a_pool() -> None:
+    with pytest.raises(ValueError):
+        PoolTable({})
+
+
+def test_s9_writer_drops_frame_when_no_pool_fits(shm_base: str) -> None:
+    """§9: the producer MUST drop (not block) when values_len exceeds every stride."""
+    s = make_stream(shm_base, strides={1: 4096, 2: 8192})
+    try:
+        before = bytes(s.header.mmap[:])
+        assert s.writer.write(0, np.zeros(8193, np.uint8), timestamp_ns=1) is None
+        assert s.writer.counters[Reason.NO_POOL_FITS] == 1
+        assert s.writer.last_drop_reason == Reason.NO_POOL_FITS
+        assert bytes(s.header.mmap[:]) == before, "a dropped frame must not touch the ring"
+    finally:
+        s.close()
+
+
+def test_s9_writer_uses_smallest_fitting_pool_and_payload_slot_equals_header_index(
+    shm_base: str,
+) -> None:
+    s = make_stream(shm_base, strides={1: 4096, 2: 8192, 3: 16384})
+    try:
+        for seq, n in [(0, 100), (1, 4096), (2, 4097), (3, 8193), (9, 16384)]:
+            idx = s.writer.write(seq, np.full(n, seq, np.uint8), timestamp_ns=seq)
+            assert idx == seq & 7
+            got = s.reader.read(idx, seq)
+            assert got is not None
+            assert got.pool_id == s.writer.pools.select(n)
+            assert got.array is not None and (got.array == seq).all()
+            # §15.5 / §9: payload slot == header index, at 64 + i * stride in that pool
+            stride = s.writer.pools.stride_of(got.pool_id)
+            assert (
+                got.array.ctypes.data
+                - np.frombuffer(s.pools_ro[got.pool_id - 1].mmap, np.uint8).ctypes.data
+                == 64 + idx * stride
+            )
+    finally:
+        s.close()
+
+
+def test_s15_5_pools_must_share_header_nslots(shm_base: str) -> None:
+    d = os.path.join(shm_base, "e")
+    h = create_region(
+        os.path.join(d, "header.ring"),
+        SuperblockFields.header_ring(epoch=1, stream_id=1, nslots=8, now_ns=1),
+    )
+    p = create_region(
+        os.path.join(d, "payload-1.pool"),
+        SuperblockFields.payload_pool(
+            epoch=1, stream_id=1, pool_id=1, nslots=16, stride_bytes=4096, now_ns=1
+        ),
+    )
+    try:
+        for build in (
+            lambda: check_ring_shape(h, [p]),
+            lambda: SlotWriter(h, [p]),
+            lambda: SlotReader(h, [p]),
+        ):
+            with pytest.raises(SuperblockError) as info:
+                build()
+            assert info.value.reason == Reason.SUPERBLOCK_NSLOTS_MISMATCH
+        with pytest.raises(SuperblockError) as info:
+            check_ring_shape(p, [h])
+        assert info.value.reason == Reason.SUPERBLOCK_REGION_TYPE_MISMATCH
+    finally:
+        h.close()
+        p.close()
