@@ -25,6 +25,7 @@ class Reason:
     HEADER_INDEX_OUT_OF_RANGE: Final = "header_index_out_of_range"
     NOT_COMMITTED: Final = "not_committed"
     SEQ_MISMATCH: Final = "seq_mismatch"
+    SEQ_COMMIT_REGRESSED: Final = "seq_commit_regressed"
     TORN_READ: Final = "torn_read"
     HEADER_BYTES_LENGTH_INVALID: Final = "header_bytes_length_invalid"
     EMBEDDED_BLOCK_LENGTH_INVALID: Final = "embedded_block_length_invalid"
@@ -91,7 +92,7 @@ class Reason:
 #: Slot-read reasons that a consumer reports as ``drops_late`` (§15.3, §15.4): the frame was
 #: announced but the slot was in flight, unstable, or already reused when we looked.
 LATE_REASONS: Final[frozenset[str]] = frozenset(
-    {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.TORN_READ}
+    {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.SEQ_COMMIT_REGRESSED, Reason.TORN_READ}
 )
 
 ALL_REASONS: Final[tuple[str, ...]] = tuple(

@@ -431,6 +431,11 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         st = self._streams.get(stream_id)
         return None if st is None else st.grid
 
+    def estimator_of(self, stream_id: S) -> StreamPeriodEstimator | None:
+        """The rate estimator of a tracked gated stream (``None`` for others)."""
+        st = self._streams.get(stream_id)
+        return None if st is None else st.est
+
     def is_gating(self, stream_id: S) -> bool:
         """True when the stream currently has a grid and so can hold a window open."""
         st = self._streams.get(stream_id)
@@ -467,8 +472,10 @@ class RateAwareMessageBatcher[S: Hashable, T]:
             cap = start + self._hold_ns
             if ts <= cap:
                 self._hwm = ts
-            else:
+            elif ts <= self._end + self._hold_ns or not (self._empty or self._provisional):
                 self._clamp_hwm(cap)
+            # else: it becomes a gap candidate and moves the clock only once it is
+            # confirmed (jump) or falls through (see _first_content).
         est = st.est
         if est is not None:
             est.observe(ts)
@@ -674,9 +681,12 @@ class RateAwareMessageBatcher[S: Hashable, T]:
             far = self._far
             self._far = []
             streams = self._streams
+            cap = self._start + self._hold_ns  # type: ignore[operator]
             for f_ts, f_sid, f_item in far:
                 self._stats.far_fallthrough += 1
                 (streams.get(f_sid) or self._add_stream(f_sid)).bucket.append((f_ts, f_item))
+                if f_ts > self._hwm:  # type: ignore[operator]
+                    self._clamp_hwm(cap)
 
     def _mark_done(self, st: _Stream) -> None:
         st.done = True
@@ -698,10 +708,11 @@ class RateAwareMessageBatcher[S: Hashable, T]:
                     self._close(CloseReason.GAP)
                     closed += 1
                 else:
-                    self._stats.gap_jumps += 1
-                    self._advance(self._windows_until(self._gap_target()))
+                    self._jump()
                 continue
-            if not self._unsat and (drained or self._overflow or self._future):
+            if not self._unsat and (
+                drained or self._overflow or self._future or self._hwm >= self._deadline  # type: ignore[operator]
+            ):
                 self._close(CloseReason.SLOT_GATE)
                 closed += 1
                 continue
@@ -714,6 +725,16 @@ class RateAwareMessageBatcher[S: Hashable, T]:
                     self._advance(1)
                 continue
             return closed
+
+    def _jump(self) -> None:
+        """Gap recovery on an empty window: go straight to where traffic resumed."""
+        self._stats.gap_jumps += 1
+        latest = max(p[0] for p in self._overflow + self._far + self._future)
+        self._advance(self._windows_until(self._gap_target()))
+        # The resumed traffic is now trusted: let it move the logical clock.
+        new = min(latest, self._start + self._hold_ns)  # type: ignore[operator]
+        if new > self._hwm:  # type: ignore[operator]
+            self._hwm = new
 
     def _gap_pending(self) -> bool:
         if self._overflow and not any(

@@ -8,9 +8,17 @@ split pulse land on the same index; a missing pulse just leaves an index unused.
 
 All arithmetic is exact integer arithmetic on ``rate_hz / 1e9``: the period of a
 14 Hz source (71 428 571.43 ns) is never rounded to whole nanoseconds, so the
-grid does not drift against the batch windows however long it lives, and the
-first pulse of a window is decided without a fudge tolerance. A window
-``[start, end)`` owns the pulse indices whose *nominal* time lies in it.
+grid does not drift against the batch windows however long it lives.
+
+Ownership: window ``[start, end)`` owns the pulses whose nominal time plus a
+quarter period lies in it, i.e. nominal time in ``[start - P/4, end - P/4)``.
+Windows are often anchored on a pulse (the first message starts the first
+window), which puts pulses exactly on window boundaries; with a plain
+``[start, end)`` rule a nanosecond of error in the origin would move such a
+pulse into the previous window. The quarter-period lead keeps boundary pulses a
+quarter period inside their window, while a stream whose pulses start a little
+after the window (phase offsets up to 3/4 of a period) still has all of its
+pulses of ``[start, end)`` in that window.
 """
 
 from __future__ import annotations
@@ -64,26 +72,29 @@ class PulseGrid:
         """Nominal time of pulse ``index``, floored to whole nanoseconds."""
         return self.origin_ns + (index * _NS) // self.rate_hz
 
-    def first_index_at_or_after(self, t_ns: int) -> int:
-        """Smallest index whose nominal time is ``>= t_ns`` (exact ceiling)."""
-        return -((self.origin_ns - t_ns) * self.rate_hz // _NS)
+    def first_owned_index(self, t_ns: int) -> int:
+        """Smallest index whose nominal time + period/4 is ``>= t_ns`` (exact ceiling).
+
+        ``origin + (i + 1/4) * 1e9 / rate >= t``  <=>  ``i >= (4 (t - origin) rate - 1e9) / 4e9``.
+        """
+        return -((_NS - 4 * (t_ns - self.origin_ns) * self.rate_hz) // (4 * _NS))
 
     def index_range(self, start_ns: int, end_ns: int) -> tuple[int, int]:
         """Half-open index range ``[lo, hi)`` of pulses owned by window ``[start, end)``."""
-        return self.first_index_at_or_after(start_ns), self.first_index_at_or_after(end_ns)
+        return self.first_owned_index(start_ns), self.first_owned_index(end_ns)
 
     def slot(self, ts_ns: int, window_start_ns: int) -> int:
         """Slot of a timestamp relative to the window starting at ``window_start_ns``."""
-        return self.pulse_index(ts_ns) - self.first_index_at_or_after(window_start_ns)
+        return self.pulse_index(ts_ns) - self.first_owned_index(window_start_ns)
 
     def windows_ahead(self, index: int, start_ns: int, batch_length_ns: int) -> int:
-        """``floor((pulse_time(index) - start) / batch_length)``, exactly.
+        """Whole windows from ``start`` to the window owning pulse ``index`` (exact floor).
 
         Used by gap recovery to jump the active window straight to the window that
         owns a pulse, with the same ownership rule as :meth:`index_range`.
         """
-        num = index * _NS + (self.origin_ns - start_ns) * self.rate_hz
-        return num // (self.rate_hz * batch_length_ns)
+        num = (4 * index + 1) * _NS + 4 * (self.origin_ns - start_ns) * self.rate_hz
+        return num // (4 * self.rate_hz * batch_length_ns)
 
     def with_batch_length(self, batch_length_ns: int) -> PulseGrid:
         """Same origin and rate, slot count for a new batch length (14 -> 28 for 1 s -> 2 s)."""

@@ -14,6 +14,8 @@ Rules implemented:
 - join time: for MONOTONIC only, an announce stamped before the subscription
   image carrying it became available is a replay and is ignored (§10.1.1);
 - highest epoch wins; an older epoch is ignored; a newer one remaps (§15.21).
+  "Highest" counts only epochs that were actually mapped: an announce whose
+  regions fail validation must not lock out the stream's real producer.
 
 Choice where the spec is silent: after a stale-unmap (no fresh announce for a
 whole freshness window) the highest-epoch memory is cleared, so a producer that
@@ -161,14 +163,17 @@ class AnnounceTracker:
             return _STALE
         if self.epoch is not None and epoch < self.epoch:
             return _OLD_EPOCH
-        self._last_fresh_ns = now_ns
-        if self.epoch is not None and epoch == self.epoch and self.mapped:
+        if epoch == self.epoch and self.mapped:
+            self._last_fresh_ns = now_ns
             return _REFRESH
-        self.epoch = epoch
         return _MAP
 
-    def on_mapped(self) -> None:
+    def on_mapped(self, epoch: int, now_ns: int) -> None:
+        """Record a successful mapping: only then does its epoch become the floor, so an
+        announce whose regions fail validation cannot block the stream's real producer."""
+        self.epoch = epoch
         self.mapped = True
+        self._last_fresh_ns = now_ns
 
     def on_unmapped(self, *, forget_epoch: bool = False) -> None:
         self.mapped = False

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 MODE_STREAM = int(wire.Mode.STREAM)
 MODE_RATE_LIMITED = int(wire.Mode.RATE_LIMITED)
 _WIRE_SCHEMA = wire.FrameDescriptorDecoder.SCHEMA_ID
+_OTHER_TENSORPOOL_SCHEMAS = frozenset({901, 902})  # driver control, bridge
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 
 # reasons the consumer itself adds on top of the slot reader's
@@ -379,6 +380,8 @@ class Consumer:
             self._count_control(exc.reason)
             return
         if schema_id != _WIRE_SCHEMA:
+            if schema_id not in _OTHER_TENSORPOOL_SCHEMAS:
+                self._count_control("unknown_schema_id")
             return  # driver / bridge traffic on a shared control stream is not ours
         try:
             dec = decode_any(buffer)
@@ -442,7 +445,7 @@ class Consumer:
         self.layout = layout
         self._epoch = layout.epoch
         self._seq.reset()
-        self._tracker.on_mapped()
+        self._tracker.on_mapped(layout.epoch, now)
         self.stats.remaps += 1
         self._hello_due = True
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)

@@ -104,14 +104,34 @@ class FrameClaim:
     array: np.ndarray
 
 
+LAST_EPOCH_FILE = "last-epoch"
+
+
 def next_epoch(instance_dir: str) -> int:
-    """One more than the highest `epoch-<E>` left in `instance_dir` (1 when none)."""
+    """One more than any epoch this instance used before (1 when none).
+
+    Epoch directories are removed on clean close, so the last epoch is also kept in a
+    small `last-epoch` file: a restart must never reuse an epoch (Wire Spec §15.2).
+    """
     try:
         names = os.listdir(instance_dir)
     except FileNotFoundError:
         return 1
     epochs = [int(m.group(1)) for n in names if (m := _EPOCH_DIR.match(n))]
+    try:
+        with open(os.path.join(instance_dir, LAST_EPOCH_FILE)) as f:
+            epochs.append(int(f.read().strip() or 0))
+    except (FileNotFoundError, ValueError):
+        pass
     return max(epochs, default=0) + 1
+
+
+def _record_epoch(instance_dir: str, epoch: int) -> None:
+    tmp = os.path.join(instance_dir, LAST_EPOCH_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{epoch}\n")
+    os.replace(tmp, os.path.join(instance_dir, LAST_EPOCH_FILE))
 
 
 class Producer:
@@ -149,6 +169,7 @@ class Producer:
         self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, self.epoch)
         self._gc_old_epochs(instance_dir, keep=keep_epochs)
         self._regions = self._create_regions(prefault)
+        _record_epoch(instance_dir, self.epoch)
         header, pools = self._regions[0], self._regions[1:]
         self._writer = SlotWriter(header, pools, counters=self.stats.drops)
         self._pool_uris = tuple(

@@ -713,7 +713,7 @@ class IngressBuffer:
                 lane.store[k] = e
                 if self._fifo:
                     del old_lane.fifo[k]
-                    pass
+                    lane.fifo[k] = e  # type: ignore[index]
                 e[2] = lane
                 self._migrated += 1
                 if len(lane.store) > lane.peak:

@@ -11,6 +11,7 @@ Reader, given ``FrameDescriptor(seq, header_index)``::
 
     w1 = seq_commit                  # one aligned 8-byte load
     drop if w1 is even (not committed) or w1 >> 1 != seq (slot reused: stale or overwritten)
+    drop if w1 is below the last word accepted from this slot (§15.3: regression is stale)
     read + validate slot header and embedded TensorHeader, build the payload view
     w2 = seq_commit                  # one aligned 8-byte load
     drop if w2 != w1 (torn: the producer rewrote the slot while we looked)
@@ -61,11 +62,11 @@ consumers must therefore call :meth:`SlotReader.is_current` after they are done 
 spec's step "re-read ``seq_commit``" moved to after the payload read. :meth:`SlotReader.read_copy`
 does it for you: it copies the payload before the second load.
 
-Drop accounting (§15.4): ``not_committed``, ``seq_mismatch`` and ``torn_read`` (a failed
-``is_current`` included) are *late* drops — the frame existed but we lost the race — and belong
-in QoS ``drops_late`` (:data:`tensorpool.counters.LATE_REASONS`). ``drops_gap`` is counted by the
-consumer from gaps in descriptor ``seq``. Every other reason is a malformed or foreign header:
-counted, never raised, and a good reason to remap.
+Drop accounting (§15.4): ``not_committed``, ``seq_mismatch``, ``seq_commit_regressed`` and
+``torn_read`` (a failed ``is_current`` included) are *late* drops — the frame existed but we
+lost the race — and belong in QoS ``drops_late`` (:data:`tensorpool.counters.LATE_REASONS`).
+``drops_gap`` is counted by the consumer from gaps in descriptor ``seq``. Every other reason is
+a malformed or foreign header: counted, never raised, and a good reason to remap.
 """
 
 from __future__ import annotations
@@ -137,10 +138,11 @@ class SlotWriter:
     __slots__ = (
         "_hmm",
         "_hmv",
+        "_last",
         "_layouts",
         "_mask",
         "_nslots",
-        "_pool_mv",
+        "_pool_mm",
         "_pool_stride",
         "_pool_u8",
         "_strides_ordered",
@@ -172,12 +174,15 @@ class SlotWriter:
         self._hmm = header.mmap
         self._hmv = memoryview(header.mmap)
         self._words = header.words
-        self._pool_mv = {p.pool_id: memoryview(p.mmap) for p in pool_list}
+        self._pool_mm = {p.pool_id: p.mmap for p in pool_list}
         self._pool_u8 = {p.pool_id: np.frombuffer(p.mmap, np.uint8) for p in pool_list}
         self._pool_stride = {p.pool_id: p.stride_bytes for p in pool_list}
         self._strides_ordered = tuple((self._pool_stride[pid], pid) for pid in self.pools.pool_ids)
         # (shape, dtype, fortran, wire_dtype) -> (layout, packed embedded header)
         self._layouts: dict[tuple[object, ...], tuple[TensorLayout, bytes]] = {}
+        # The previous frame's (shape, dtype, fortran, wire_dtype, layout, blob): producers
+        # usually repeat a shape, and four comparisons beat building and hashing a key.
+        self._last: tuple[object, ...] = (None, None, None, None, None, None)
 
     @property
     def nslots(self) -> int:
@@ -300,12 +305,15 @@ class SlotWriter:
         flags = array.flags
         c_contig = flags.c_contiguous
         fortran = not c_contig and flags.f_contiguous
-        cached = self._layouts.get((array.shape, array.dtype, fortran, wire_dtype))
-        if cached is None:
+        shape = array.shape
+        dtype = array.dtype
+        last = self._last
+        if shape == last[0] and dtype == last[1] and fortran == last[2] and wire_dtype == last[3]:
+            layout, blob = last[4], last[5]
+        else:
             layout = self.layout_for(array, wire_dtype)
             blob = layout.blob
-        else:
-            layout, blob = cached
+            self._last = (shape, dtype, fortran, wire_dtype, layout, blob)
         if seq < 0 or seq > MAX_SEQ:
             raise ValueError(f"seq {seq} outside 0..2**63-1")
         index = seq & self._mask
@@ -316,9 +324,10 @@ class SlotWriter:
         if not nbytes:
             pass  # §8.2: an empty payload is still committed; there is nothing to copy
         elif c_contig:
-            self._pool_mv[pool_id][start : start + nbytes] = array.data.cast("B")
+            # mmap slice assignment takes any C-contiguous buffer: one memcpy, no views.
+            self._pool_mm[pool_id][start : start + nbytes] = array
         elif fortran:
-            self._pool_mv[pool_id][start : start + nbytes] = array.T.data.cast("B")
+            self._pool_mm[pool_id][start : start + nbytes] = array.T  # same bytes, C order
         else:
             np.copyto(layout.view(self._pool_u8[pool_id], start), array)
         _pack_slot_fields(
@@ -337,9 +346,7 @@ class SlotWriter:
 
     def close(self) -> None:
         """Drop the writer's views so the regions can be unmapped."""
-        for mv in self._pool_mv.values():
-            mv.release()
-        self._pool_mv = {}
+        self._pool_mm = {}
         self._pool_u8 = {}
         self._hmv.release()
         self._layouts = {}
@@ -377,6 +384,7 @@ class SlotReader:
         "_hmm",
         "_keys",
         "_known",
+        "_last_commit",
         "_layouts",
         "_nslots",
         "_pool_mm",
@@ -414,6 +422,8 @@ class SlotReader:
         self._layouts: list[TensorLayout | None] = [None] * n
         self._views: list[np.ndarray | None] = [None] * n
         self._view_pool: list[int] = [-1] * n
+        # Highest commit word accepted per slot: a lower one later is a regression (§15.3).
+        self._last_commit: list[int] = [0] * n
 
     @property
     def nslots(self) -> int:
@@ -463,6 +473,10 @@ class SlotReader:
             return None
         if w1 >> 1 != seq:
             self._drop(Reason.SEQ_MISMATCH)
+            return None
+        if w1 < self._last_commit[header_index]:
+            # §15.3: the slot went backwards (a stale producer or replayed descriptor).
+            self._drop(Reason.SEQ_COMMIT_REGRESSED)
             return None
         hmm = self._hmm
         key = hmm[off + TENSOR_BLOB_OFFSET : off + TENSOR_BLOB_END]
@@ -521,6 +535,7 @@ class SlotReader:
         if words[qi] != w1:
             self._drop(Reason.TORN_READ)
             return None
+        self._last_commit[header_index] = w1
         return _new_tuple(
             SlotRead,
             (seq, header_index, w1, timestamp_ns, meta_version, values_len, pool_id, layout, array),

@@ -538,15 +538,88 @@ def _py_type(f: Field) -> str:
     return f"{base} | None" if f.optional else base
 
 
+LINE_LENGTH = 100
+
+
+def _split_args(text: str) -> list[str]:
+    """Split ``a, f(b, c), "d, e"`` at top-level commas."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    tail = text[start:].strip()
+    if tail:
+        parts.append(tail)
+    return parts
+
+
+def _wrap_line(indent: str, line: str) -> list[str]:
+    """Break an over-long call the way ruff format would: arguments on their own line,
+    or one per line with a trailing comma when they still do not fit."""
+    stripped = line.lstrip(" ")
+    indent, line = indent + " " * (len(line) - len(stripped)), stripped
+    if len(indent) + len(line) <= LINE_LENGTH or line.startswith(("#", '"')):
+        return [indent + line]
+    open_at = line.find("(")
+    if open_at < 0:
+        return [indent + line]
+    depth, quote, close_at = 0, "", -1
+    for i in range(open_at, len(line)):
+        ch = line[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                close_at = i
+                break
+    if close_at < 0 or close_at == open_at + 1:
+        return [indent + line]
+    head, args, tail = line[: open_at + 1], line[open_at + 1 : close_at], line[close_at:]
+    inner = indent + "    "
+    if len(inner) + len(args) <= LINE_LENGTH:
+        return [indent + head, inner + args.strip(), indent + tail]
+    out = [indent + head]
+    for arg in _split_args(args):
+        out.extend(_wrap_line(inner, arg + ","))
+    out.append(indent + tail)
+    return out
+
+
 class Emitter:
-    """Collects lines; ``w`` writes one line at the current indent."""
+    """Collects lines; ``w`` writes one line at the current indent (wrapping long calls)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.level = 0
+        self._pending = ""
 
-    def w(self, line: str = "") -> None:
-        self.lines.append(("    " * self.level + line) if line else "")
+    def w(self, line: str = "", end: str = "\n") -> None:
+        """Write a line; ``end=""`` keeps it open so the next call continues it."""
+        line = self._pending + line
+        self._pending = ""
+        if end == "":
+            self._pending = line
+            return
+        if not line:
+            self.lines.append("")
+            return
+        self.lines.extend(_wrap_line("    " * self.level, line))
 
     def indent(self) -> Emitter:
         self.level += 1
@@ -556,10 +629,26 @@ class Emitter:
         self.level -= 1
 
     def text(self) -> str:
-        # strip trailing blank lines, end with a single newline
-        while self.lines and not self.lines[-1]:
-            self.lines.pop()
-        return "\n".join(self.lines) + "\n"
+        """The module text with PEP 8 blank lines: two around top-level blocks."""
+        out: list[str] = []
+        blanks = 0
+        for line in self.lines:
+            if not line:
+                blanks += 1
+                continue
+            if out:
+                prev = out[-1]
+                top = not line.startswith((" ", ")", "]", "}"))
+                if top and (line.startswith(("class ", "def ", "@")) or prev.startswith(" ")):
+                    want = 2
+                elif top:
+                    want = min(blanks, 2)
+                else:
+                    want = min(blanks, 1)
+                out.extend([""] * want)
+            out.append(line)
+            blanks = 0
+        return "\n".join(out) + "\n"
 
 
 class ModuleGen:
@@ -616,7 +705,8 @@ class ModuleGen:
         e.w("")
         e.w("from tensorpool.specs import _runtime as _rt")
         e.w("")
-        names = sorted(set(self.exports))
+        # isort-style order (constants, classes, functions), as ruff's RUF022 expects
+        names = sorted(set(self.exports), key=lambda n: (not n.isupper(), not n[0].isupper(), n))
         e.w("__all__ = [")
         for n in names:
             e.w(f'    "{n}",')
@@ -651,8 +741,9 @@ class ModuleGen:
                 e.w(f"{n} = {v}")
             e.dedent()
             e.w("")
+            e.w("")
             cname = f"_{upper_snake(enum.name)}"
-            e.w(f"{cname}_BY_VALUE: dict[int, {enum.name}] = {{m.value: m for m in {enum.name}}}")
+            e.w(f"{cname}_BY_VALUE = {{m.value: m for m in {enum.name}}}")
             e.w(f"{cname}_VALUES: frozenset[int] = frozenset({cname}_BY_VALUE)")
 
     # -------------------------------------------------------------- specs
@@ -697,12 +788,15 @@ class ModuleGen:
         e.dedent()
         e.w("),")
         e.w(f"groups=({''.join(n + ', ' for n in nested)}),".replace(", )", ",)"))
-        e.w("data=(")
-        e.indent()
-        for d in group.data:
-            e.w(self.data_spec_expr(d) + ",")
-        e.dedent()
-        e.w("),")
+        if len(group.data) == 1:
+            e.w(f"data=({self.data_spec_expr(group.data[0])},),")
+        else:
+            e.w("data=(")
+            e.indent()
+            for d in group.data:
+                e.w(self.data_spec_expr(d) + ",")
+            e.dedent()
+            e.w("),")
         e.w(f"min_entry_size={min_entry},")
         e.dedent()
         e.w(")")
@@ -725,6 +819,8 @@ class ModuleGen:
         block_fmt = _struct_fmt(msg.fields, msg.block_length)
         bo = self.s.byte_order
         e.w("")
+        if group_specs:
+            e.w("")
         e.w(f'_{key}_BLOCK = struct.Struct("{bo}{block_fmt}")')
         e.w(f'_{key}_FULL = struct.Struct("{bo}HHHH{block_fmt}")')
         if msg.name in SHM_RESIDENT.get(self.s.key, ()) and msg.block_length > 0:
@@ -929,7 +1025,7 @@ class ModuleGen:
         e.w("")
         e.w(f"class {cls}:")
         e.indent()
-        e.w(f'"""One entry of group ``{".".join(p)}`` (flyweight over the message buffer)."""')
+        e.w(f'"""One entry of group ``{".".join(p)}`` (flyweight over the message)."""')
         e.w("")
         e.w('__slots__ = ("_buf", "_data", "_groups", "_pos")')
         e.w("")
@@ -953,6 +1049,7 @@ class ModuleGen:
         e.w("def __repr__(self) -> str:")
         e.w(f'    return f"{cls}({{self.to_dict()!r}})"')
         e.dedent()
+        e.w("")
 
     def emit_decoder(self, msg: Message, fixed: list[Field]) -> None:
         e = self.e
@@ -968,10 +1065,9 @@ class ModuleGen:
         for d in msg.data:
             slots += [f"_{d.snake}_pos", f"_{d.snake}_len"]
         # the unpacker used by wrap: whole block (snapshot) or header + last block byte (lazy)
+        probe = f"_{key}_FULL.unpack_from"
         if lazy:
             probe = f"_{key}_PROBE" if bl > 0 else "_r_hdr"
-        else:
-            probe = f"_{key}_FULL.unpack_from"
         e.w("")
         e.w("")
         e.w(f"class {cls}:")
@@ -1004,20 +1100,24 @@ class ModuleGen:
         e.w("try:")
         e.w(f"    v = {probe}(buf, offset)")
         e.w("except struct.error:")
-        e.w(f'    raise _rt.wrap_error("{msg.name}", buf, offset, {sid}, {tid}, {ver}, {bl}) from None')
-        e.w(f"if v[2] != {sid} or v[1] != {tid} or v[3] > {ver} or v[0] < {bl} or offset < 0:")
-        e.w(f'    raise _rt.wrap_error("{msg.name}", buf, offset, {sid}, {tid}, {ver}, {bl})')
+        wrap_error = f'_rt.wrap_error("{msg.name}", buf, offset, {sid}, {tid}, {ver}, {bl})'
+        e.w(f"    raise {wrap_error} from None")
         if not var and (bl > 0 or not lazy):
-            # the unpack above proved the block is present when blockLength is ours
-            e.w(f"if v[0] == {bl}:")
+            # The unpack above proved the whole block is present when blockLength is ours:
+            # the common case needs no length check. A longer acting block goes on below.
+            e.w(f"if v[0] == {bl} and v[2] == {sid} and v[1] == {tid} and v[3] <= {ver} ", end="")
+            e.w("and offset >= 0:")
             e.indent()
             e.w("self._buf = buf")
             e.w("self._offset = offset")
-            e.w("self._body = offset + 8")
+            if lazy:
+                e.w("self._body = offset + 8")
             e.w(f"self._limit = offset + {bl + 8}")
             e.w("self._v = v")
             e.w("return self")
             e.dedent()
+        e.w(f"if v[2] != {sid} or v[1] != {tid} or v[3] > {ver} or v[0] < {bl} or offset < 0:")
+        e.w(f"    raise {wrap_error}")
         e.w("limit = offset + 8 + v[0]")
         e.w("if type(buf) in _rt.BYTE_TYPES:")
         e.w("    n = len(buf)  # type: ignore[arg-type]")
@@ -1063,9 +1163,10 @@ class ModuleGen:
         if lazy:
             e.w(f"self._v = (acting_block_length, {tid}, {sid}, acting_version)")
         else:
-            e.w(f"self._v = (acting_block_length, {tid}, {sid}, acting_version) + (")
-            e.w(f"    _{key}_BLOCK.unpack_from(buf, offset)")
-            e.w(")")
+            e.w(
+                f"self._v = (acting_block_length, {tid}, {sid}, acting_version, "
+                f"*_{key}_BLOCK.unpack_from(buf, offset))"
+            )
         if var:
             self.emit_walk_inline(msg)
         else:
@@ -1116,15 +1217,12 @@ class ModuleGen:
             e.w(f"return {cls}().wrap(buf, offset).raw_tuple()")
         else:
             e.w("try:")
-            e.w(f"    values = _{key}_FULL.unpack_from(buf, offset)")
+            e.w(f"    v = _{key}_FULL.unpack_from(buf, offset)")
             e.w("except struct.error:")
-            e.w(f"    return {cls}().wrap(buf, offset).raw_tuple()  # raises the precise error")
-            e.w(
-                f"if values[2] != {sid} or values[1] != {tid} or values[3] > {ver} "
-                f"or values[0] != {bl} or offset < 0:"
-            )
-            e.w(f"    return {cls}().wrap(buf, offset).raw_tuple()  # slow path: precise checks")
-            e.w("return values[4:]")
+            e.w(f"    return {cls}().wrap(buf, offset).raw_tuple()")
+            e.w(f"if v[2] != {sid} or v[1] != {tid} or v[3] > {ver} or v[0] != {bl} or offset < 0:")
+            e.w(f"    return {cls}().wrap(buf, offset).raw_tuple()")
+            e.w("return v[4:]")
         e.dedent()
         self.emit_field_getters(msg.fields, "_body", snake(msg.name), snapshot=not lazy)
         self.emit_group_getters(msg.groups, [msg.name])
@@ -1293,14 +1391,15 @@ class ModuleGen:
             for i, g in enumerate(msg.groups):
                 parts.append(f'_rt.prepare_group(_{key}_GROUPS[{i}], {g.snake}, "{msg.name}")[0]')
             for d in msg.data:
-                parts.append(f"{d.length.size} + _rt.var_length({d.snake})")
-            if len(parts) > 2:
+                parts += [str(d.length.size), f"_rt.var_length({d.snake})"]
+            one_line = f"return {' + '.join(parts)}"
+            if len(one_line) + 4 * e.level <= LINE_LENGTH:
+                e.w(one_line)
+            else:
                 e.w("return (")
                 for i, p in enumerate(parts):
                     e.w(f"    {'+ ' if i else ''}{p}")
                 e.w(")")
-            else:
-                e.w(f"return {' + '.join(parts)}")
             e.dedent()
         else:
             e.w("def encoded_length(**_fields: Any) -> int:")

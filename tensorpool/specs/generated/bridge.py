@@ -14,14 +14,14 @@ from typing import Any
 from tensorpool.specs import _runtime as _rt
 
 __all__ = [
-    "Bool",
-    "BridgeFrameChunkDecoder",
-    "BridgeFrameChunkEncoder",
     "DECODERS",
     "ENCODERS",
     "MESSAGE_HEADER_LENGTH",
     "SCHEMA_ID",
     "SCHEMA_VERSION",
+    "Bool",
+    "BridgeFrameChunkDecoder",
+    "BridgeFrameChunkEncoder",
 ]
 
 SCHEMA_ID = 902
@@ -35,15 +35,14 @@ _r_u32 = struct.Struct("<I").unpack_from
 _w_u32 = struct.Struct("<I").pack_into
 
 
-
-
 class Bool(IntEnum):
     """``Bool`` (uint8 on the wire)."""
 
     FALSE = 0
     TRUE = 1
 
-_BOOL_BY_VALUE: dict[int, Bool] = {m.value: m for m in Bool}
+
+_BOOL_BY_VALUE = {m.value: m for m in Bool}
 _BOOL_VALUES: frozenset[int] = frozenset(_BOOL_BY_VALUE)
 
 _BRIDGE_FRAME_CHUNK_BLOCK = struct.Struct("<IQQIIIIIB")
@@ -62,7 +61,17 @@ class BridgeFrameChunkDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_header_bytes_len", "_header_bytes_pos", "_limit", "_offset", "_payload_bytes_len", "_payload_bytes_pos", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_header_bytes_len",
+        "_header_bytes_pos",
+        "_limit",
+        "_offset",
+        "_payload_bytes_len",
+        "_payload_bytes_pos",
+        "_v",
+    )
 
     NAME = "BridgeFrameChunk"
     TEMPLATE_ID = 1
@@ -114,7 +123,9 @@ class BridgeFrameChunkDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 256 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[0], "BridgeFrameChunk")
+            raise _rt.data_error(
+                buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[0], "BridgeFrameChunk"
+            )
         self._header_bytes_pos = pos
         self._header_bytes_len = length
         pos += length
@@ -123,7 +134,9 @@ class BridgeFrameChunkDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[1], "BridgeFrameChunk")
+            raise _rt.data_error(
+                buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[1], "BridgeFrameChunk"
+            )
         self._payload_bytes_pos = pos
         self._payload_bytes_len = length
         pos += length
@@ -152,8 +165,12 @@ class BridgeFrameChunkDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 1, 902, acting_version) + (
-            _BRIDGE_FRAME_CHUNK_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            1,
+            902,
+            acting_version,
+            *_BRIDGE_FRAME_CHUNK_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
@@ -161,7 +178,9 @@ class BridgeFrameChunkDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 256 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[0], "BridgeFrameChunk")
+            raise _rt.data_error(
+                buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[0], "BridgeFrameChunk"
+            )
         self._header_bytes_pos = pos
         self._header_bytes_len = length
         pos += length
@@ -170,7 +189,9 @@ class BridgeFrameChunkDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[1], "BridgeFrameChunk")
+            raise _rt.data_error(
+                buf, pos - 4, n, _BRIDGE_FRAME_CHUNK_ROOT_DATA[1], "BridgeFrameChunk"
+            )
         self._payload_bytes_pos = pos
         self._payload_bytes_len = length
         pos += length
@@ -372,7 +393,23 @@ class BridgeFrameChunkEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("BridgeFrameChunk", buf, offset, total, ValueError())
         try:
-            _BRIDGE_FRAME_CHUNK_FULL.pack_into(buf, offset, 41, 1, 902, 1, stream_id, epoch, seq, chunk_index, chunk_count, chunk_offset, chunk_length, payload_length, header_included)
+            _BRIDGE_FRAME_CHUNK_FULL.pack_into(
+                buf,
+                offset,
+                41,
+                1,
+                902,
+                1,
+                stream_id,
+                epoch,
+                seq,
+                chunk_index,
+                chunk_count,
+                chunk_offset,
+                chunk_length,
+                payload_length,
+                header_included,
+            )
         except struct.error as exc:
             raise _rt.pack_error("BridgeFrameChunk", buf, offset, 49, exc) from None
         pos = offset + 49
@@ -426,7 +463,19 @@ class BridgeFrameChunkEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("BridgeFrameChunk", buf, offset, total, ValueError())
         try:
-            _BRIDGE_FRAME_CHUNK_BLOCK.pack_into(buf, offset, stream_id, epoch, seq, chunk_index, chunk_count, chunk_offset, chunk_length, payload_length, header_included)
+            _BRIDGE_FRAME_CHUNK_BLOCK.pack_into(
+                buf,
+                offset,
+                stream_id,
+                epoch,
+                seq,
+                chunk_index,
+                chunk_count,
+                chunk_offset,
+                chunk_length,
+                payload_length,
+                header_included,
+            )
         except struct.error as exc:
             raise _rt.pack_error("BridgeFrameChunk", buf, offset, 41, exc) from None
         pos = offset + 41
@@ -450,11 +499,7 @@ class BridgeFrameChunkEncoder:
         **_fields: Any,
     ) -> int:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
-        return (
-            49
-            + 4 + _rt.var_length(header_bytes)
-            + 4 + _rt.var_length(payload_bytes)
-        )
+        return 49 + 4 + _rt.var_length(header_bytes) + 4 + _rt.var_length(payload_bytes)
 
 
 DECODERS: dict[int, type] = {

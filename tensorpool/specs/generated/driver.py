@@ -17,14 +17,14 @@ from tensorpool.specs import _runtime as _rt
 __all__ = [
     "DECODERS",
     "ENCODERS",
+    "MESSAGE_HEADER_LENGTH",
+    "SCHEMA_ID",
+    "SCHEMA_VERSION",
     "HugepagesPolicy",
     "LeaseRevokeReason",
-    "MESSAGE_HEADER_LENGTH",
     "PublishMode",
     "ResponseCode",
     "Role",
-    "SCHEMA_ID",
-    "SCHEMA_VERSION",
     "ShmAttachRequestDecoder",
     "ShmAttachRequestEncoder",
     "ShmAttachResponseDecoder",
@@ -57,8 +57,6 @@ _r_u32 = struct.Struct("<I").unpack_from
 _w_u32 = struct.Struct("<I").pack_into
 
 
-
-
 class HugepagesPolicy(IntEnum):
     """``HugepagesPolicy`` (uint8 on the wire)."""
 
@@ -66,7 +64,8 @@ class HugepagesPolicy(IntEnum):
     STANDARD = 1
     HUGEPAGES = 2
 
-_HUGEPAGES_POLICY_BY_VALUE: dict[int, HugepagesPolicy] = {m.value: m for m in HugepagesPolicy}
+
+_HUGEPAGES_POLICY_BY_VALUE = {m.value: m for m in HugepagesPolicy}
 _HUGEPAGES_POLICY_VALUES: frozenset[int] = frozenset(_HUGEPAGES_POLICY_BY_VALUE)
 
 
@@ -79,7 +78,8 @@ class ResponseCode(IntEnum):
     REJECTED = 3
     INTERNAL_ERROR = 4
 
-_RESPONSE_CODE_BY_VALUE: dict[int, ResponseCode] = {m.value: m for m in ResponseCode}
+
+_RESPONSE_CODE_BY_VALUE = {m.value: m for m in ResponseCode}
 _RESPONSE_CODE_VALUES: frozenset[int] = frozenset(_RESPONSE_CODE_BY_VALUE)
 
 
@@ -89,7 +89,8 @@ class Role(IntEnum):
     PRODUCER = 1
     CONSUMER = 2
 
-_ROLE_BY_VALUE: dict[int, Role] = {m.value: m for m in Role}
+
+_ROLE_BY_VALUE = {m.value: m for m in Role}
 _ROLE_VALUES: frozenset[int] = frozenset(_ROLE_BY_VALUE)
 
 
@@ -99,7 +100,8 @@ class PublishMode(IntEnum):
     REQUIRE_EXISTING = 1
     EXISTING_OR_CREATE = 2
 
-_PUBLISH_MODE_BY_VALUE: dict[int, PublishMode] = {m.value: m for m in PublishMode}
+
+_PUBLISH_MODE_BY_VALUE = {m.value: m for m in PublishMode}
 _PUBLISH_MODE_VALUES: frozenset[int] = frozenset(_PUBLISH_MODE_BY_VALUE)
 
 
@@ -110,7 +112,8 @@ class LeaseRevokeReason(IntEnum):
     EXPIRED = 2
     REVOKED = 3
 
-_LEASE_REVOKE_REASON_BY_VALUE: dict[int, LeaseRevokeReason] = {m.value: m for m in LeaseRevokeReason}
+
+_LEASE_REVOKE_REASON_BY_VALUE = {m.value: m for m in LeaseRevokeReason}
 _LEASE_REVOKE_REASON_VALUES: frozenset[int] = frozenset(_LEASE_REVOKE_REASON_BY_VALUE)
 
 
@@ -121,7 +124,8 @@ class ShutdownReason(IntEnum):
     ADMIN = 1
     ERROR = 2
 
-_SHUTDOWN_REASON_BY_VALUE: dict[int, ShutdownReason] = {m.value: m for m in ShutdownReason}
+
+_SHUTDOWN_REASON_BY_VALUE = {m.value: m for m in ShutdownReason}
 _SHUTDOWN_REASON_VALUES: frozenset[int] = frozenset(_SHUTDOWN_REASON_BY_VALUE)
 
 _SHM_ATTACH_REQUEST_BLOCK = struct.Struct("<qIIBIBBB")
@@ -163,15 +167,14 @@ class ShmAttachRequestDecoder:
             v = _SHM_ATTACH_REQUEST_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("ShmAttachRequest", buf, offset, 901, 1, 1, 24) from None
-        if v[2] != 901 or v[1] != 1 or v[3] > 1 or v[0] < 24 or offset < 0:
-            raise _rt.wrap_error("ShmAttachRequest", buf, offset, 901, 1, 1, 24)
-        if v[0] == 24:
+        if v[0] == 24 and v[2] == 901 and v[1] == 1 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 32
             self._v = v
             return self
+        if v[2] != 901 or v[1] != 1 or v[3] > 1 or v[0] < 24 or offset < 0:
+            raise _rt.wrap_error("ShmAttachRequest", buf, offset, 901, 1, 1, 24)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -208,8 +211,12 @@ class ShmAttachRequestDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 1, 901, acting_version) + (
-            _SHM_ATTACH_REQUEST_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            1,
+            901,
+            acting_version,
+            *_SHM_ATTACH_REQUEST_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -245,12 +252,12 @@ class ShmAttachRequestDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _SHM_ATTACH_REQUEST_FULL.unpack_from(buf, offset)
+            v = _SHM_ATTACH_REQUEST_FULL.unpack_from(buf, offset)
         except struct.error:
-            return ShmAttachRequestDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 901 or values[1] != 1 or values[3] > 1 or values[0] != 24 or offset < 0:
-            return ShmAttachRequestDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return ShmAttachRequestDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 901 or v[1] != 1 or v[3] > 1 or v[0] != 24 or offset < 0:
+            return ShmAttachRequestDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def correlation_id(self) -> int:
@@ -378,11 +385,28 @@ class ShmAttachRequestEncoder:
         elif publish_mode not in _PUBLISH_MODE_VALUES:
             _rt.check_enum(_PUBLISH_MODE_VALUES, "PublishMode", "publish_mode", publish_mode)
         if require_hugepages not in _HUGEPAGES_POLICY_VALUES:
-            _rt.check_enum(_HUGEPAGES_POLICY_VALUES, "HugepagesPolicy", "require_hugepages", require_hugepages)
+            _rt.check_enum(
+                _HUGEPAGES_POLICY_VALUES, "HugepagesPolicy", "require_hugepages", require_hugepages
+            )
         if offset < 0:
             raise _rt.pack_error("ShmAttachRequest", buf, offset, 32, ValueError())
         try:
-            _SHM_ATTACH_REQUEST_FULL.pack_into(buf, offset, 24, 1, 901, 1, correlation_id, stream_id, client_id, role, expected_layout_version, max_dims, publish_mode, require_hugepages)
+            _SHM_ATTACH_REQUEST_FULL.pack_into(
+                buf,
+                offset,
+                24,
+                1,
+                901,
+                1,
+                correlation_id,
+                stream_id,
+                client_id,
+                role,
+                expected_layout_version,
+                max_dims,
+                publish_mode,
+                require_hugepages,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmAttachRequest", buf, offset, 32, exc) from None
         return 32
@@ -409,11 +433,24 @@ class ShmAttachRequestEncoder:
         elif publish_mode not in _PUBLISH_MODE_VALUES:
             _rt.check_enum(_PUBLISH_MODE_VALUES, "PublishMode", "publish_mode", publish_mode)
         if require_hugepages not in _HUGEPAGES_POLICY_VALUES:
-            _rt.check_enum(_HUGEPAGES_POLICY_VALUES, "HugepagesPolicy", "require_hugepages", require_hugepages)
+            _rt.check_enum(
+                _HUGEPAGES_POLICY_VALUES, "HugepagesPolicy", "require_hugepages", require_hugepages
+            )
         if offset < 0:
             raise _rt.pack_error("ShmAttachRequest", buf, offset, 24, ValueError())
         try:
-            _SHM_ATTACH_REQUEST_BLOCK.pack_into(buf, offset, correlation_id, stream_id, client_id, role, expected_layout_version, max_dims, publish_mode, require_hugepages)
+            _SHM_ATTACH_REQUEST_BLOCK.pack_into(
+                buf,
+                offset,
+                correlation_id,
+                stream_id,
+                client_id,
+                role,
+                expected_layout_version,
+                max_dims,
+                publish_mode,
+                require_hugepages,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmAttachRequest", buf, offset, 24, exc) from None
         return 24
@@ -422,6 +459,7 @@ class ShmAttachRequestEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 32
+
 
 _G_SHM_ATTACH_RESPONSE_PAYLOAD_POOLS = _rt.GroupSpec(
     name="payload_pools",
@@ -435,15 +473,13 @@ _G_SHM_ATTACH_RESPONSE_PAYLOAD_POOLS = _rt.GroupSpec(
         _rt.FieldSpec("stride_bytes", None, None, 0, False),
     ),
     groups=(),
-    data=(
-        _rt.DataSpec("region_uri", struct.Struct("<I"), 0x40000000, True),
-    ),
+    data=(_rt.DataSpec("region_uri", struct.Struct("<I"), 0x40000000, True),),
     min_entry_size=14,
 )
 
 
 class ShmAttachResponsePayloadPoolsDecoder:
-    """One entry of group ``ShmAttachResponse.payloadPools`` (flyweight over the message buffer)."""
+    """One entry of group ``ShmAttachResponse.payloadPools`` (flyweight over the message)."""
 
     __slots__ = ("_buf", "_data", "_groups", "_pos")
 
@@ -475,7 +511,12 @@ class ShmAttachResponsePayloadPoolsDecoder:
 
     @property
     def region_uri(self) -> str:
-        return _rt.read_text(self._buf, self._data[0][0], self._data[0][1], "shm_attach_response.payload_pools.region_uri")
+        return _rt.read_text(
+            self._buf,
+            self._data[0][0],
+            self._data[0][1],
+            "shm_attach_response.payload_pools.region_uri",
+        )
 
     @property
     def region_uri_offset(self) -> int:
@@ -498,6 +539,7 @@ class ShmAttachResponsePayloadPoolsDecoder:
     def __repr__(self) -> str:
         return f"ShmAttachResponsePayloadPoolsDecoder({self.to_dict()!r})"
 
+
 _SHM_ATTACH_RESPONSE_BLOCK = struct.Struct("<qiQQIQIIHB")
 _SHM_ATTACH_RESPONSE_FULL = struct.Struct("<HHHHqiQQIQIIHB")
 _SHM_ATTACH_RESPONSE_ROOT_DATA = (
@@ -515,7 +557,18 @@ class ShmAttachResponseDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_groups", "_header_region_uri_len", "_header_region_uri_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_error_message_len",
+        "_error_message_pos",
+        "_groups",
+        "_header_region_uri_len",
+        "_header_region_uri_pos",
+        "_limit",
+        "_offset",
+        "_v",
+    )
 
     NAME = "ShmAttachResponse"
     TEMPLATE_ID = 2
@@ -567,22 +620,32 @@ class ShmAttachResponseDecoder:
         self._body = offset + 8
         self._v = v
         pos = limit
-        pos, self._groups = _rt.walk_groups(buf, pos, n, _SHM_ATTACH_RESPONSE_GROUPS, "ShmAttachResponse")
+        pos, self._groups = _rt.walk_groups(
+            buf, pos, n, _SHM_ATTACH_RESPONSE_GROUPS, "ShmAttachResponse"
+        )
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse"
+            )
         self._header_region_uri_pos = pos
         self._header_region_uri_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -611,26 +674,40 @@ class ShmAttachResponseDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 2, 901, acting_version) + (
-            _SHM_ATTACH_RESPONSE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            2,
+            901,
+            acting_version,
+            *_SHM_ATTACH_RESPONSE_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
-        pos, self._groups = _rt.walk_groups(buf, pos, n, _SHM_ATTACH_RESPONSE_GROUPS, "ShmAttachResponse")
+        pos, self._groups = _rt.walk_groups(
+            buf, pos, n, _SHM_ATTACH_RESPONSE_GROUPS, "ShmAttachResponse"
+        )
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[0], "ShmAttachResponse"
+            )
         self._header_region_uri_pos = pos
         self._header_region_uri_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_ATTACH_RESPONSE_ROOT_DATA[1], "ShmAttachResponse"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -881,7 +958,24 @@ class ShmAttachResponseEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmAttachResponse", buf, offset, total, ValueError())
         try:
-            _SHM_ATTACH_RESPONSE_FULL.pack_into(buf, offset, 51, 2, 901, 1, correlation_id, code, lease_id, lease_expiry_timestamp_ns, stream_id, epoch, layout_version, header_nslots, header_slot_bytes, max_dims)
+            _SHM_ATTACH_RESPONSE_FULL.pack_into(
+                buf,
+                offset,
+                51,
+                2,
+                901,
+                1,
+                correlation_id,
+                code,
+                lease_id,
+                lease_expiry_timestamp_ns,
+                stream_id,
+                epoch,
+                layout_version,
+                header_nslots,
+                header_slot_bytes,
+                max_dims,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmAttachResponse", buf, offset, 59, exc) from None
         pos = offset + 59
@@ -949,7 +1043,20 @@ class ShmAttachResponseEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmAttachResponse", buf, offset, total, ValueError())
         try:
-            _SHM_ATTACH_RESPONSE_BLOCK.pack_into(buf, offset, correlation_id, code, lease_id, lease_expiry_timestamp_ns, stream_id, epoch, layout_version, header_nslots, header_slot_bytes, max_dims)
+            _SHM_ATTACH_RESPONSE_BLOCK.pack_into(
+                buf,
+                offset,
+                correlation_id,
+                code,
+                lease_id,
+                lease_expiry_timestamp_ns,
+                stream_id,
+                epoch,
+                layout_version,
+                header_nslots,
+                header_slot_bytes,
+                max_dims,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmAttachResponse", buf, offset, 51, exc) from None
         pos = offset + 51
@@ -977,10 +1084,15 @@ class ShmAttachResponseEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return (
             59
-            + _rt.prepare_group(_SHM_ATTACH_RESPONSE_GROUPS[0], payload_pools, "ShmAttachResponse")[0]
-            + 4 + _rt.var_length(header_region_uri)
-            + 4 + _rt.var_length(error_message)
+            + _rt.prepare_group(
+                _SHM_ATTACH_RESPONSE_GROUPS[0], payload_pools, "ShmAttachResponse"
+            )[0]
+            + 4
+            + _rt.var_length(header_region_uri)
+            + 4
+            + _rt.var_length(error_message)
         )
+
 
 _SHM_DETACH_REQUEST_BLOCK = struct.Struct("<qQIIB")
 _SHM_DETACH_REQUEST_FULL = struct.Struct("<HHHHqQIIB")
@@ -1017,15 +1129,14 @@ class ShmDetachRequestDecoder:
             v = _SHM_DETACH_REQUEST_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("ShmDetachRequest", buf, offset, 901, 3, 1, 25) from None
-        if v[2] != 901 or v[1] != 3 or v[3] > 1 or v[0] < 25 or offset < 0:
-            raise _rt.wrap_error("ShmDetachRequest", buf, offset, 901, 3, 1, 25)
-        if v[0] == 25:
+        if v[0] == 25 and v[2] == 901 and v[1] == 3 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 33
             self._v = v
             return self
+        if v[2] != 901 or v[1] != 3 or v[3] > 1 or v[0] < 25 or offset < 0:
+            raise _rt.wrap_error("ShmDetachRequest", buf, offset, 901, 3, 1, 25)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -1062,8 +1173,12 @@ class ShmDetachRequestDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 3, 901, acting_version) + (
-            _SHM_DETACH_REQUEST_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            3,
+            901,
+            acting_version,
+            *_SHM_DETACH_REQUEST_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -1099,12 +1214,12 @@ class ShmDetachRequestDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _SHM_DETACH_REQUEST_FULL.unpack_from(buf, offset)
+            v = _SHM_DETACH_REQUEST_FULL.unpack_from(buf, offset)
         except struct.error:
-            return ShmDetachRequestDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 901 or values[1] != 3 or values[3] > 1 or values[0] != 25 or offset < 0:
-            return ShmDetachRequestDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return ShmDetachRequestDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 901 or v[1] != 3 or v[3] > 1 or v[0] != 25 or offset < 0:
+            return ShmDetachRequestDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def correlation_id(self) -> int:
@@ -1188,7 +1303,9 @@ class ShmDetachRequestEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmDetachRequest", buf, offset, 33, ValueError())
         try:
-            _SHM_DETACH_REQUEST_FULL.pack_into(buf, offset, 25, 3, 901, 1, correlation_id, lease_id, stream_id, client_id, role)
+            _SHM_DETACH_REQUEST_FULL.pack_into(
+                buf, offset, 25, 3, 901, 1, correlation_id, lease_id, stream_id, client_id, role
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmDetachRequest", buf, offset, 33, exc) from None
         return 33
@@ -1210,7 +1327,9 @@ class ShmDetachRequestEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmDetachRequest", buf, offset, 25, ValueError())
         try:
-            _SHM_DETACH_REQUEST_BLOCK.pack_into(buf, offset, correlation_id, lease_id, stream_id, client_id, role)
+            _SHM_DETACH_REQUEST_BLOCK.pack_into(
+                buf, offset, correlation_id, lease_id, stream_id, client_id, role
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmDetachRequest", buf, offset, 25, exc) from None
         return 25
@@ -1219,6 +1338,7 @@ class ShmDetachRequestEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 33
+
 
 _SHM_DETACH_RESPONSE_BLOCK = struct.Struct("<qi")
 _SHM_DETACH_RESPONSE_FULL = struct.Struct("<HHHHqi")
@@ -1235,7 +1355,9 @@ class ShmDetachResponseDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v"
+    )
 
     NAME = "ShmDetachResponse"
     TEMPLATE_ID = 4
@@ -1271,11 +1393,15 @@ class ShmDetachResponseDecoder:
         self._v = v
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -1304,16 +1430,24 @@ class ShmDetachResponseDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 4, 901, acting_version) + (
-            _SHM_DETACH_RESPONSE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            4,
+            901,
+            acting_version,
+            *_SHM_DETACH_RESPONSE_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_DETACH_RESPONSE_ROOT_DATA[0], "ShmDetachResponse"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -1496,6 +1630,7 @@ class ShmDetachResponseEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return 20 + 4 + _rt.var_length(error_message)
 
+
 _SHM_LEASE_KEEPALIVE_BLOCK = struct.Struct("<QIIBQ")
 _SHM_LEASE_KEEPALIVE_FULL = struct.Struct("<HHHHQIIBQ")
 
@@ -1531,15 +1666,14 @@ class ShmLeaseKeepaliveDecoder:
             v = _SHM_LEASE_KEEPALIVE_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("ShmLeaseKeepalive", buf, offset, 901, 5, 1, 25) from None
-        if v[2] != 901 or v[1] != 5 or v[3] > 1 or v[0] < 25 or offset < 0:
-            raise _rt.wrap_error("ShmLeaseKeepalive", buf, offset, 901, 5, 1, 25)
-        if v[0] == 25:
+        if v[0] == 25 and v[2] == 901 and v[1] == 5 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 33
             self._v = v
             return self
+        if v[2] != 901 or v[1] != 5 or v[3] > 1 or v[0] < 25 or offset < 0:
+            raise _rt.wrap_error("ShmLeaseKeepalive", buf, offset, 901, 5, 1, 25)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -1576,8 +1710,12 @@ class ShmLeaseKeepaliveDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 5, 901, acting_version) + (
-            _SHM_LEASE_KEEPALIVE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            5,
+            901,
+            acting_version,
+            *_SHM_LEASE_KEEPALIVE_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -1613,12 +1751,12 @@ class ShmLeaseKeepaliveDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _SHM_LEASE_KEEPALIVE_FULL.unpack_from(buf, offset)
+            v = _SHM_LEASE_KEEPALIVE_FULL.unpack_from(buf, offset)
         except struct.error:
-            return ShmLeaseKeepaliveDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 901 or values[1] != 5 or values[3] > 1 or values[0] != 25 or offset < 0:
-            return ShmLeaseKeepaliveDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return ShmLeaseKeepaliveDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 901 or v[1] != 5 or v[3] > 1 or v[0] != 25 or offset < 0:
+            return ShmLeaseKeepaliveDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def lease_id(self) -> int:
@@ -1702,7 +1840,19 @@ class ShmLeaseKeepaliveEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmLeaseKeepalive", buf, offset, 33, ValueError())
         try:
-            _SHM_LEASE_KEEPALIVE_FULL.pack_into(buf, offset, 25, 5, 901, 1, lease_id, stream_id, client_id, role, client_timestamp_ns)
+            _SHM_LEASE_KEEPALIVE_FULL.pack_into(
+                buf,
+                offset,
+                25,
+                5,
+                901,
+                1,
+                lease_id,
+                stream_id,
+                client_id,
+                role,
+                client_timestamp_ns,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmLeaseKeepalive", buf, offset, 33, exc) from None
         return 33
@@ -1724,7 +1874,9 @@ class ShmLeaseKeepaliveEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmLeaseKeepalive", buf, offset, 25, ValueError())
         try:
-            _SHM_LEASE_KEEPALIVE_BLOCK.pack_into(buf, offset, lease_id, stream_id, client_id, role, client_timestamp_ns)
+            _SHM_LEASE_KEEPALIVE_BLOCK.pack_into(
+                buf, offset, lease_id, stream_id, client_id, role, client_timestamp_ns
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmLeaseKeepalive", buf, offset, 25, exc) from None
         return 25
@@ -1733,6 +1885,7 @@ class ShmLeaseKeepaliveEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 33
+
 
 _SHM_DRIVER_SHUTDOWN_BLOCK = struct.Struct("<QB")
 _SHM_DRIVER_SHUTDOWN_FULL = struct.Struct("<HHHHQB")
@@ -1749,7 +1902,9 @@ class ShmDriverShutdownDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v"
+    )
 
     NAME = "ShmDriverShutdown"
     TEMPLATE_ID = 6
@@ -1785,11 +1940,15 @@ class ShmDriverShutdownDecoder:
         self._v = v
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -1818,16 +1977,24 @@ class ShmDriverShutdownDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 6, 901, acting_version) + (
-            _SHM_DRIVER_SHUTDOWN_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            6,
+            901,
+            acting_version,
+            *_SHM_DRIVER_SHUTDOWN_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_ROOT_DATA[0], "ShmDriverShutdown"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -2010,6 +2177,7 @@ class ShmDriverShutdownEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return 17 + 4 + _rt.var_length(error_message)
 
+
 _SHM_LEASE_REVOKED_BLOCK = struct.Struct("<QQIIBB")
 _SHM_LEASE_REVOKED_FULL = struct.Struct("<HHHHQQIIBB")
 _SHM_LEASE_REVOKED_ROOT_DATA = (
@@ -2025,7 +2193,9 @@ class ShmLeaseRevokedDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v"
+    )
 
     NAME = "ShmLeaseRevoked"
     TEMPLATE_ID = 7
@@ -2069,7 +2239,9 @@ class ShmLeaseRevokedDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_LEASE_REVOKED_ROOT_DATA[0], "ShmLeaseRevoked")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_LEASE_REVOKED_ROOT_DATA[0], "ShmLeaseRevoked"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -2098,8 +2270,12 @@ class ShmLeaseRevokedDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 7, 901, acting_version) + (
-            _SHM_LEASE_REVOKED_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            7,
+            901,
+            acting_version,
+            *_SHM_LEASE_REVOKED_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
@@ -2107,7 +2283,9 @@ class ShmLeaseRevokedDecoder:
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_LEASE_REVOKED_ROOT_DATA[0], "ShmLeaseRevoked")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_LEASE_REVOKED_ROOT_DATA[0], "ShmLeaseRevoked"
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -2276,7 +2454,20 @@ class ShmLeaseRevokedEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmLeaseRevoked", buf, offset, total, ValueError())
         try:
-            _SHM_LEASE_REVOKED_FULL.pack_into(buf, offset, 26, 7, 901, 1, timestamp_ns, lease_id, stream_id, client_id, role, reason)
+            _SHM_LEASE_REVOKED_FULL.pack_into(
+                buf,
+                offset,
+                26,
+                7,
+                901,
+                1,
+                timestamp_ns,
+                lease_id,
+                stream_id,
+                client_id,
+                role,
+                reason,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmLeaseRevoked", buf, offset, 34, exc) from None
         pos = offset + 34
@@ -2315,7 +2506,9 @@ class ShmLeaseRevokedEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmLeaseRevoked", buf, offset, total, ValueError())
         try:
-            _SHM_LEASE_REVOKED_BLOCK.pack_into(buf, offset, timestamp_ns, lease_id, stream_id, client_id, role, reason)
+            _SHM_LEASE_REVOKED_BLOCK.pack_into(
+                buf, offset, timestamp_ns, lease_id, stream_id, client_id, role, reason
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmLeaseRevoked", buf, offset, 26, exc) from None
         pos = offset + 26
@@ -2335,6 +2528,7 @@ class ShmLeaseRevokedEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return 34 + 4 + _rt.var_length(error_message)
 
+
 _SHM_DRIVER_SHUTDOWN_REQUEST_BLOCK = struct.Struct("<qB")
 _SHM_DRIVER_SHUTDOWN_REQUEST_FULL = struct.Struct("<HHHHqB")
 _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA = (
@@ -2351,7 +2545,17 @@ class ShmDriverShutdownRequestDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_token_len", "_token_pos", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_error_message_len",
+        "_error_message_pos",
+        "_limit",
+        "_offset",
+        "_token_len",
+        "_token_pos",
+        "_v",
+    )
 
     NAME = "ShmDriverShutdownRequest"
     TEMPLATE_ID = 8
@@ -2388,20 +2592,36 @@ class ShmDriverShutdownRequestDecoder:
         self._v = v
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf,
+                pos - 4,
+                n,
+                _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0],
+                "ShmDriverShutdownRequest",
+            )
         self._token_pos = pos
         self._token_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf,
+                pos - 4,
+                n,
+                _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1],
+                "ShmDriverShutdownRequest",
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -2430,25 +2650,45 @@ class ShmDriverShutdownRequestDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 8, 901, acting_version) + (
-            _SHM_DRIVER_SHUTDOWN_REQUEST_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            8,
+            901,
+            acting_version,
+            *_SHM_DRIVER_SHUTDOWN_REQUEST_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf,
+                pos - 4,
+                n,
+                _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[0],
+                "ShmDriverShutdownRequest",
+            )
         self._token_pos = pos
         self._token_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf, pos, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1], "ShmDriverShutdownRequest")
+            raise _rt.data_error(
+                buf,
+                pos - 4,
+                n,
+                _SHM_DRIVER_SHUTDOWN_REQUEST_ROOT_DATA[1],
+                "ShmDriverShutdownRequest",
+            )
         self._error_message_pos = pos
         self._error_message_len = length
         pos += length
@@ -2603,7 +2843,9 @@ class ShmDriverShutdownRequestEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmDriverShutdownRequest", buf, offset, total, ValueError())
         try:
-            _SHM_DRIVER_SHUTDOWN_REQUEST_FULL.pack_into(buf, offset, 9, 8, 901, 1, correlation_id, reason)
+            _SHM_DRIVER_SHUTDOWN_REQUEST_FULL.pack_into(
+                buf, offset, 9, 8, 901, 1, correlation_id, reason
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmDriverShutdownRequest", buf, offset, 17, exc) from None
         pos = offset + 17
@@ -2668,11 +2910,7 @@ class ShmDriverShutdownRequestEncoder:
         **_fields: Any,
     ) -> int:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
-        return (
-            17
-            + 4 + _rt.var_length(token)
-            + 4 + _rt.var_length(error_message)
-        )
+        return 17 + 4 + _rt.var_length(token) + 4 + _rt.var_length(error_message)
 
 
 DECODERS: dict[int, type] = {

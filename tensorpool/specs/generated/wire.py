@@ -15,6 +15,12 @@ from typing import Any
 from tensorpool.specs import _runtime as _rt
 
 __all__ = [
+    "DECODERS",
+    "ENCODERS",
+    "MAX_DIMS_CONST",
+    "MESSAGE_HEADER_LENGTH",
+    "SCHEMA_ID",
+    "SCHEMA_VERSION",
     "Bool",
     "ClockDomain",
     "ConsumerConfigDecoder",
@@ -23,21 +29,17 @@ __all__ = [
     "ConsumerHelloEncoder",
     "ControlResponseDecoder",
     "ControlResponseEncoder",
-    "DECODERS",
     "DataSourceAnnounceDecoder",
     "DataSourceAnnounceEncoder",
     "DataSourceMetaAttributesDecoder",
     "DataSourceMetaDecoder",
     "DataSourceMetaEncoder",
     "Dtype",
-    "ENCODERS",
     "FrameDescriptorDecoder",
     "FrameDescriptorEncoder",
     "FrameProgressDecoder",
     "FrameProgressEncoder",
     "FrameProgressState",
-    "MAX_DIMS_CONST",
-    "MESSAGE_HEADER_LENGTH",
     "MajorOrder",
     "Mode",
     "ProgressUnit",
@@ -47,8 +49,6 @@ __all__ = [
     "QosProducerEncoder",
     "RegionType",
     "ResponseCode",
-    "SCHEMA_ID",
-    "SCHEMA_VERSION",
     "ShmPoolAnnounceDecoder",
     "ShmPoolAnnounceEncoder",
     "ShmPoolAnnouncePayloadPoolsDecoder",
@@ -79,15 +79,14 @@ _r_u8 = struct.Struct("<B").unpack_from
 _w_u32 = struct.Struct("<I").pack_into
 
 
-
-
 class Bool(IntEnum):
     """``Bool`` (uint8 on the wire)."""
 
     FALSE = 0
     TRUE = 1
 
-_BOOL_BY_VALUE: dict[int, Bool] = {m.value: m for m in Bool}
+
+_BOOL_BY_VALUE = {m.value: m for m in Bool}
 _BOOL_VALUES: frozenset[int] = frozenset(_BOOL_BY_VALUE)
 
 
@@ -97,7 +96,8 @@ class Mode(IntEnum):
     STREAM = 1
     RATE_LIMITED = 2
 
-_MODE_BY_VALUE: dict[int, Mode] = {m.value: m for m in Mode}
+
+_MODE_BY_VALUE = {m.value: m for m in Mode}
 _MODE_VALUES: frozenset[int] = frozenset(_MODE_BY_VALUE)
 
 
@@ -109,7 +109,8 @@ class FrameProgressState(IntEnum):
     PROGRESS = 2
     COMPLETE = 3
 
-_FRAME_PROGRESS_STATE_BY_VALUE: dict[int, FrameProgressState] = {m.value: m for m in FrameProgressState}
+
+_FRAME_PROGRESS_STATE_BY_VALUE = {m.value: m for m in FrameProgressState}
 _FRAME_PROGRESS_STATE_VALUES: frozenset[int] = frozenset(_FRAME_PROGRESS_STATE_BY_VALUE)
 
 
@@ -120,7 +121,8 @@ class ProgressUnit(IntEnum):
     ROWS = 1
     COLUMNS = 2
 
-_PROGRESS_UNIT_BY_VALUE: dict[int, ProgressUnit] = {m.value: m for m in ProgressUnit}
+
+_PROGRESS_UNIT_BY_VALUE = {m.value: m for m in ProgressUnit}
 _PROGRESS_UNIT_VALUES: frozenset[int] = frozenset(_PROGRESS_UNIT_BY_VALUE)
 
 
@@ -133,7 +135,8 @@ class ResponseCode(IntEnum):
     REJECTED = 3
     INTERNAL_ERROR = 4
 
-_RESPONSE_CODE_BY_VALUE: dict[int, ResponseCode] = {m.value: m for m in ResponseCode}
+
+_RESPONSE_CODE_BY_VALUE = {m.value: m for m in ResponseCode}
 _RESPONSE_CODE_VALUES: frozenset[int] = frozenset(_RESPONSE_CODE_BY_VALUE)
 
 
@@ -143,7 +146,8 @@ class ClockDomain(IntEnum):
     MONOTONIC = 1
     REALTIME_SYNCED = 2
 
-_CLOCK_DOMAIN_BY_VALUE: dict[int, ClockDomain] = {m.value: m for m in ClockDomain}
+
+_CLOCK_DOMAIN_BY_VALUE = {m.value: m for m in ClockDomain}
 _CLOCK_DOMAIN_VALUES: frozenset[int] = frozenset(_CLOCK_DOMAIN_BY_VALUE)
 
 
@@ -153,7 +157,8 @@ class RegionType(IntEnum):
     HEADER_RING = 1
     PAYLOAD_POOL = 2
 
-_REGION_TYPE_BY_VALUE: dict[int, RegionType] = {m.value: m for m in RegionType}
+
+_REGION_TYPE_BY_VALUE = {m.value: m for m in RegionType}
 _REGION_TYPE_VALUES: frozenset[int] = frozenset(_REGION_TYPE_BY_VALUE)
 
 
@@ -175,7 +180,8 @@ class Dtype(IntEnum):
     BYTES = 13
     BIT = 14
 
-_DTYPE_BY_VALUE: dict[int, Dtype] = {m.value: m for m in Dtype}
+
+_DTYPE_BY_VALUE = {m.value: m for m in Dtype}
 _DTYPE_VALUES: frozenset[int] = frozenset(_DTYPE_BY_VALUE)
 
 
@@ -186,7 +192,8 @@ class MajorOrder(IntEnum):
     ROW = 1
     COLUMN = 2
 
-_MAJOR_ORDER_BY_VALUE: dict[int, MajorOrder] = {m.value: m for m in MajorOrder}
+
+_MAJOR_ORDER_BY_VALUE = {m.value: m for m in MajorOrder}
 _MAJOR_ORDER_VALUES: frozenset[int] = frozenset(_MAJOR_ORDER_BY_VALUE)
 
 _G_SHM_POOL_ANNOUNCE_PAYLOAD_POOLS = _rt.GroupSpec(
@@ -201,15 +208,13 @@ _G_SHM_POOL_ANNOUNCE_PAYLOAD_POOLS = _rt.GroupSpec(
         _rt.FieldSpec("stride_bytes", None, None, 0, False),
     ),
     groups=(),
-    data=(
-        _rt.DataSpec("region_uri", struct.Struct("<I"), 0x40000000, True),
-    ),
+    data=(_rt.DataSpec("region_uri", struct.Struct("<I"), 0x40000000, True),),
     min_entry_size=14,
 )
 
 
 class ShmPoolAnnouncePayloadPoolsDecoder:
-    """One entry of group ``ShmPoolAnnounce.payloadPools`` (flyweight over the message buffer)."""
+    """One entry of group ``ShmPoolAnnounce.payloadPools`` (flyweight over the message)."""
 
     __slots__ = ("_buf", "_data", "_groups", "_pos")
 
@@ -241,7 +246,12 @@ class ShmPoolAnnouncePayloadPoolsDecoder:
 
     @property
     def region_uri(self) -> str:
-        return _rt.read_text(self._buf, self._data[0][0], self._data[0][1], "shm_pool_announce.payload_pools.region_uri")
+        return _rt.read_text(
+            self._buf,
+            self._data[0][0],
+            self._data[0][1],
+            "shm_pool_announce.payload_pools.region_uri",
+        )
 
     @property
     def region_uri_offset(self) -> int:
@@ -264,6 +274,7 @@ class ShmPoolAnnouncePayloadPoolsDecoder:
     def __repr__(self) -> str:
         return f"ShmPoolAnnouncePayloadPoolsDecoder({self.to_dict()!r})"
 
+
 _SHM_POOL_ANNOUNCE_BLOCK = struct.Struct("<IIQQBIIH")
 _SHM_POOL_ANNOUNCE_FULL = struct.Struct("<HHHHIIQQBIIH")
 _SHM_POOL_ANNOUNCE_ROOT_DATA = (
@@ -280,7 +291,16 @@ class ShmPoolAnnounceDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_groups", "_header_region_uri_len", "_header_region_uri_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_groups",
+        "_header_region_uri_len",
+        "_header_region_uri_pos",
+        "_limit",
+        "_offset",
+        "_v",
+    )
 
     NAME = "ShmPoolAnnounce"
     TEMPLATE_ID = 1
@@ -321,13 +341,17 @@ class ShmPoolAnnounceDecoder:
         self._body = offset + 8
         self._v = v
         pos = limit
-        pos, self._groups = _rt.walk_groups(buf, pos, n, _SHM_POOL_ANNOUNCE_GROUPS, "ShmPoolAnnounce")
+        pos, self._groups = _rt.walk_groups(
+            buf, pos, n, _SHM_POOL_ANNOUNCE_GROUPS, "ShmPoolAnnounce"
+        )
         if pos + 4 > n:
             raise _rt.data_error(buf, pos, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce")
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce"
+            )
         self._header_region_uri_pos = pos
         self._header_region_uri_len = length
         pos += length
@@ -356,17 +380,25 @@ class ShmPoolAnnounceDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 1, 900, acting_version) + (
-            _SHM_POOL_ANNOUNCE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            1,
+            900,
+            acting_version,
+            *_SHM_POOL_ANNOUNCE_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
-        pos, self._groups = _rt.walk_groups(buf, pos, n, _SHM_POOL_ANNOUNCE_GROUPS, "ShmPoolAnnounce")
+        pos, self._groups = _rt.walk_groups(
+            buf, pos, n, _SHM_POOL_ANNOUNCE_GROUPS, "ShmPoolAnnounce"
+        )
         if pos + 4 > n:
             raise _rt.data_error(buf, pos, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce")
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _SHM_POOL_ANNOUNCE_ROOT_DATA[0], "ShmPoolAnnounce"
+            )
         self._header_region_uri_pos = pos
         self._header_region_uri_len = length
         pos += length
@@ -534,7 +566,9 @@ class ShmPoolAnnounceEncoder:
     ) -> int:
         """Write header + message at ``offset``; returns bytes written."""
         if announce_clock_domain not in _CLOCK_DOMAIN_VALUES:
-            _rt.check_enum(_CLOCK_DOMAIN_VALUES, "ClockDomain", "announce_clock_domain", announce_clock_domain)
+            _rt.check_enum(
+                _CLOCK_DOMAIN_VALUES, "ClockDomain", "announce_clock_domain", announce_clock_domain
+            )
         g0 = _rt.prepare_group(_SHM_POOL_ANNOUNCE_GROUPS[0], payload_pools, "ShmPoolAnnounce")
         d0 = _rt.text_bytes(header_region_uri, "ShmPoolAnnounce.header_region_uri", 0x40000000)
         n0 = len(d0)  # type: ignore[arg-type]
@@ -546,7 +580,22 @@ class ShmPoolAnnounceEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmPoolAnnounce", buf, offset, total, ValueError())
         try:
-            _SHM_POOL_ANNOUNCE_FULL.pack_into(buf, offset, 35, 1, 900, 1, stream_id, producer_id, epoch, announce_timestamp_ns, announce_clock_domain, layout_version, header_nslots, header_slot_bytes)
+            _SHM_POOL_ANNOUNCE_FULL.pack_into(
+                buf,
+                offset,
+                35,
+                1,
+                900,
+                1,
+                stream_id,
+                producer_id,
+                epoch,
+                announce_timestamp_ns,
+                announce_clock_domain,
+                layout_version,
+                header_nslots,
+                header_slot_bytes,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmPoolAnnounce", buf, offset, 43, exc) from None
         pos = offset + 43
@@ -576,7 +625,9 @@ class ShmPoolAnnounceEncoder:
     ) -> int:
         """Write the header-less body at ``offset`` (SHM layouts); returns bytes."""
         if announce_clock_domain not in _CLOCK_DOMAIN_VALUES:
-            _rt.check_enum(_CLOCK_DOMAIN_VALUES, "ClockDomain", "announce_clock_domain", announce_clock_domain)
+            _rt.check_enum(
+                _CLOCK_DOMAIN_VALUES, "ClockDomain", "announce_clock_domain", announce_clock_domain
+            )
         g0 = _rt.prepare_group(_SHM_POOL_ANNOUNCE_GROUPS[0], payload_pools, "ShmPoolAnnounce")
         d0 = _rt.text_bytes(header_region_uri, "ShmPoolAnnounce.header_region_uri", 0x40000000)
         n0 = len(d0)  # type: ignore[arg-type]
@@ -588,7 +639,18 @@ class ShmPoolAnnounceEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ShmPoolAnnounce", buf, offset, total, ValueError())
         try:
-            _SHM_POOL_ANNOUNCE_BLOCK.pack_into(buf, offset, stream_id, producer_id, epoch, announce_timestamp_ns, announce_clock_domain, layout_version, header_nslots, header_slot_bytes)
+            _SHM_POOL_ANNOUNCE_BLOCK.pack_into(
+                buf,
+                offset,
+                stream_id,
+                producer_id,
+                epoch,
+                announce_timestamp_ns,
+                announce_clock_domain,
+                layout_version,
+                header_nslots,
+                header_slot_bytes,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmPoolAnnounce", buf, offset, 35, exc) from None
         pos = offset + 35
@@ -611,8 +673,10 @@ class ShmPoolAnnounceEncoder:
         return (
             43
             + _rt.prepare_group(_SHM_POOL_ANNOUNCE_GROUPS[0], payload_pools, "ShmPoolAnnounce")[0]
-            + 4 + _rt.var_length(header_region_uri)
+            + 4
+            + _rt.var_length(header_region_uri)
         )
+
 
 _CONSUMER_HELLO_BLOCK = struct.Struct("<IIBBBIIIIIII")
 _CONSUMER_HELLO_FULL = struct.Struct("<HHHHIIBBBIIIIIII")
@@ -630,7 +694,17 @@ class ConsumerHelloDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_control_channel_len", "_control_channel_pos", "_descriptor_channel_len", "_descriptor_channel_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_control_channel_len",
+        "_control_channel_pos",
+        "_descriptor_channel_len",
+        "_descriptor_channel_pos",
+        "_limit",
+        "_offset",
+        "_v",
+    )
 
     NAME = "ConsumerHello"
     TEMPLATE_ID = 2
@@ -722,8 +796,12 @@ class ConsumerHelloDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 2, 900, acting_version) + (
-            _CONSUMER_HELLO_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            2,
+            900,
+            acting_version,
+            *_CONSUMER_HELLO_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
@@ -999,7 +1077,26 @@ class ConsumerHelloEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ConsumerHello", buf, offset, total, ValueError())
         try:
-            _CONSUMER_HELLO_FULL.pack_into(buf, offset, 39, 2, 900, 1, stream_id, consumer_id, supports_shm, supports_progress, mode, max_rate_hz, expected_layout_version, progress_interval_us, progress_bytes_delta, progress_major_delta_units, descriptor_stream_id, control_stream_id)
+            _CONSUMER_HELLO_FULL.pack_into(
+                buf,
+                offset,
+                39,
+                2,
+                900,
+                1,
+                stream_id,
+                consumer_id,
+                supports_shm,
+                supports_progress,
+                mode,
+                max_rate_hz,
+                expected_layout_version,
+                progress_interval_us,
+                progress_bytes_delta,
+                progress_major_delta_units,
+                descriptor_stream_id,
+                control_stream_id,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ConsumerHello", buf, offset, 47, exc) from None
         pos = offset + 47
@@ -1060,7 +1157,22 @@ class ConsumerHelloEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ConsumerHello", buf, offset, total, ValueError())
         try:
-            _CONSUMER_HELLO_BLOCK.pack_into(buf, offset, stream_id, consumer_id, supports_shm, supports_progress, mode, max_rate_hz, expected_layout_version, progress_interval_us, progress_bytes_delta, progress_major_delta_units, descriptor_stream_id, control_stream_id)
+            _CONSUMER_HELLO_BLOCK.pack_into(
+                buf,
+                offset,
+                stream_id,
+                consumer_id,
+                supports_shm,
+                supports_progress,
+                mode,
+                max_rate_hz,
+                expected_layout_version,
+                progress_interval_us,
+                progress_bytes_delta,
+                progress_major_delta_units,
+                descriptor_stream_id,
+                control_stream_id,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ConsumerHello", buf, offset, 39, exc) from None
         pos = offset + 39
@@ -1084,11 +1196,8 @@ class ConsumerHelloEncoder:
         **_fields: Any,
     ) -> int:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
-        return (
-            47
-            + 4 + _rt.var_length(descriptor_channel)
-            + 4 + _rt.var_length(control_channel)
-        )
+        return 47 + 4 + _rt.var_length(descriptor_channel) + 4 + _rt.var_length(control_channel)
+
 
 _CONSUMER_CONFIG_BLOCK = struct.Struct("<IIBBII")
 _CONSUMER_CONFIG_FULL = struct.Struct("<HHHHIIBBII")
@@ -1107,7 +1216,19 @@ class ConsumerConfigDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_control_channel_len", "_control_channel_pos", "_descriptor_channel_len", "_descriptor_channel_pos", "_limit", "_offset", "_payload_fallback_uri_len", "_payload_fallback_uri_pos", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_control_channel_len",
+        "_control_channel_pos",
+        "_descriptor_channel_len",
+        "_descriptor_channel_pos",
+        "_limit",
+        "_offset",
+        "_payload_fallback_uri_len",
+        "_payload_fallback_uri_pos",
+        "_v",
+    )
 
     NAME = "ConsumerConfig"
     TEMPLATE_ID = 3
@@ -1200,8 +1321,12 @@ class ConsumerConfigDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 3, 900, acting_version) + (
-            _CONSUMER_CONFIG_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            3,
+            900,
+            acting_version,
+            *_CONSUMER_CONFIG_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
@@ -1446,7 +1571,20 @@ class ConsumerConfigEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ConsumerConfig", buf, offset, total, ValueError())
         try:
-            _CONSUMER_CONFIG_FULL.pack_into(buf, offset, 18, 3, 900, 1, stream_id, consumer_id, use_shm, mode, descriptor_stream_id, control_stream_id)
+            _CONSUMER_CONFIG_FULL.pack_into(
+                buf,
+                offset,
+                18,
+                3,
+                900,
+                1,
+                stream_id,
+                consumer_id,
+                use_shm,
+                mode,
+                descriptor_stream_id,
+                control_stream_id,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ConsumerConfig", buf, offset, 26, exc) from None
         pos = offset + 26
@@ -1501,7 +1639,16 @@ class ConsumerConfigEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("ConsumerConfig", buf, offset, total, ValueError())
         try:
-            _CONSUMER_CONFIG_BLOCK.pack_into(buf, offset, stream_id, consumer_id, use_shm, mode, descriptor_stream_id, control_stream_id)
+            _CONSUMER_CONFIG_BLOCK.pack_into(
+                buf,
+                offset,
+                stream_id,
+                consumer_id,
+                use_shm,
+                mode,
+                descriptor_stream_id,
+                control_stream_id,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ConsumerConfig", buf, offset, 18, exc) from None
         pos = offset + 18
@@ -1533,10 +1680,14 @@ class ConsumerConfigEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return (
             26
-            + 4 + _rt.var_length(payload_fallback_uri)
-            + 4 + _rt.var_length(descriptor_channel)
-            + 4 + _rt.var_length(control_channel)
+            + 4
+            + _rt.var_length(payload_fallback_uri)
+            + 4
+            + _rt.var_length(descriptor_channel)
+            + 4
+            + _rt.var_length(control_channel)
         )
+
 
 _FRAME_DESCRIPTOR_BLOCK = struct.Struct("<IQQIQI")
 _FRAME_DESCRIPTOR_FULL = struct.Struct("<HHHHIQQIQI")
@@ -1576,15 +1727,14 @@ class FrameDescriptorDecoder:
             v = _FRAME_DESCRIPTOR_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("FrameDescriptor", buf, offset, 900, 4, 1, 36) from None
-        if v[2] != 900 or v[1] != 4 or v[3] > 1 or v[0] < 36 or offset < 0:
-            raise _rt.wrap_error("FrameDescriptor", buf, offset, 900, 4, 1, 36)
-        if v[0] == 36:
+        if v[0] == 36 and v[2] == 900 and v[1] == 4 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 44
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 4 or v[3] > 1 or v[0] < 36 or offset < 0:
+            raise _rt.wrap_error("FrameDescriptor", buf, offset, 900, 4, 1, 36)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -1621,8 +1771,12 @@ class FrameDescriptorDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 4, 900, acting_version) + (
-            _FRAME_DESCRIPTOR_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            4,
+            900,
+            acting_version,
+            *_FRAME_DESCRIPTOR_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -1658,12 +1812,12 @@ class FrameDescriptorDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _FRAME_DESCRIPTOR_FULL.unpack_from(buf, offset)
+            v = _FRAME_DESCRIPTOR_FULL.unpack_from(buf, offset)
         except struct.error:
-            return FrameDescriptorDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 4 or values[3] > 1 or values[0] != 36 or offset < 0:
-            return FrameDescriptorDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return FrameDescriptorDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 4 or v[3] > 1 or v[0] != 36 or offset < 0:
+            return FrameDescriptorDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def stream_id(self) -> int:
@@ -1751,7 +1905,20 @@ class FrameDescriptorEncoder:
         if offset < 0:
             raise _rt.pack_error("FrameDescriptor", buf, offset, 44, ValueError())
         try:
-            _FRAME_DESCRIPTOR_FULL.pack_into(buf, offset, 36, 4, 900, 1, stream_id, epoch, seq, header_index, timestamp_ns, meta_version)
+            _FRAME_DESCRIPTOR_FULL.pack_into(
+                buf,
+                offset,
+                36,
+                4,
+                900,
+                1,
+                stream_id,
+                epoch,
+                seq,
+                header_index,
+                timestamp_ns,
+                meta_version,
+            )
         except struct.error as exc:
             raise _rt.pack_error("FrameDescriptor", buf, offset, 44, exc) from None
         return 44
@@ -1776,7 +1943,9 @@ class FrameDescriptorEncoder:
         if offset < 0:
             raise _rt.pack_error("FrameDescriptor", buf, offset, 36, ValueError())
         try:
-            _FRAME_DESCRIPTOR_BLOCK.pack_into(buf, offset, stream_id, epoch, seq, header_index, timestamp_ns, meta_version)
+            _FRAME_DESCRIPTOR_BLOCK.pack_into(
+                buf, offset, stream_id, epoch, seq, header_index, timestamp_ns, meta_version
+            )
         except struct.error as exc:
             raise _rt.pack_error("FrameDescriptor", buf, offset, 36, exc) from None
         return 36
@@ -1785,6 +1954,7 @@ class FrameDescriptorEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 44
+
 
 _FRAME_PROGRESS_BLOCK = struct.Struct("<IQQIQB")
 _FRAME_PROGRESS_FULL = struct.Struct("<HHHHIQQIQB")
@@ -1822,15 +1992,14 @@ class FrameProgressDecoder:
             v = _FRAME_PROGRESS_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("FrameProgress", buf, offset, 900, 11, 1, 33) from None
-        if v[2] != 900 or v[1] != 11 or v[3] > 1 or v[0] < 33 or offset < 0:
-            raise _rt.wrap_error("FrameProgress", buf, offset, 900, 11, 1, 33)
-        if v[0] == 33:
+        if v[0] == 33 and v[2] == 900 and v[1] == 11 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 41
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 11 or v[3] > 1 or v[0] < 33 or offset < 0:
+            raise _rt.wrap_error("FrameProgress", buf, offset, 900, 11, 1, 33)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -1867,8 +2036,12 @@ class FrameProgressDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 11, 900, acting_version) + (
-            _FRAME_PROGRESS_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            11,
+            900,
+            acting_version,
+            *_FRAME_PROGRESS_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -1904,12 +2077,12 @@ class FrameProgressDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _FRAME_PROGRESS_FULL.unpack_from(buf, offset)
+            v = _FRAME_PROGRESS_FULL.unpack_from(buf, offset)
         except struct.error:
-            return FrameProgressDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 11 or values[3] > 1 or values[0] != 33 or offset < 0:
-            return FrameProgressDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return FrameProgressDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 11 or v[3] > 1 or v[0] != 33 or offset < 0:
+            return FrameProgressDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def stream_id(self) -> int:
@@ -2000,7 +2173,20 @@ class FrameProgressEncoder:
         if offset < 0:
             raise _rt.pack_error("FrameProgress", buf, offset, 41, ValueError())
         try:
-            _FRAME_PROGRESS_FULL.pack_into(buf, offset, 33, 11, 900, 1, stream_id, epoch, frame_id, header_index, payload_bytes_filled, state)
+            _FRAME_PROGRESS_FULL.pack_into(
+                buf,
+                offset,
+                33,
+                11,
+                900,
+                1,
+                stream_id,
+                epoch,
+                frame_id,
+                header_index,
+                payload_bytes_filled,
+                state,
+            )
         except struct.error as exc:
             raise _rt.pack_error("FrameProgress", buf, offset, 41, exc) from None
         return 41
@@ -2023,7 +2209,9 @@ class FrameProgressEncoder:
         if offset < 0:
             raise _rt.pack_error("FrameProgress", buf, offset, 33, ValueError())
         try:
-            _FRAME_PROGRESS_BLOCK.pack_into(buf, offset, stream_id, epoch, frame_id, header_index, payload_bytes_filled, state)
+            _FRAME_PROGRESS_BLOCK.pack_into(
+                buf, offset, stream_id, epoch, frame_id, header_index, payload_bytes_filled, state
+            )
         except struct.error as exc:
             raise _rt.pack_error("FrameProgress", buf, offset, 33, exc) from None
         return 33
@@ -2032,6 +2220,7 @@ class FrameProgressEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 41
+
 
 _QOS_CONSUMER_BLOCK = struct.Struct("<IIQQQQB")
 _QOS_CONSUMER_FULL = struct.Struct("<HHHHIIQQQQB")
@@ -2070,15 +2259,14 @@ class QosConsumerDecoder:
             v = _QOS_CONSUMER_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("QosConsumer", buf, offset, 900, 5, 1, 41) from None
-        if v[2] != 900 or v[1] != 5 or v[3] > 1 or v[0] < 41 or offset < 0:
-            raise _rt.wrap_error("QosConsumer", buf, offset, 900, 5, 1, 41)
-        if v[0] == 41:
+        if v[0] == 41 and v[2] == 900 and v[1] == 5 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 49
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 5 or v[3] > 1 or v[0] < 41 or offset < 0:
+            raise _rt.wrap_error("QosConsumer", buf, offset, 900, 5, 1, 41)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -2115,8 +2303,12 @@ class QosConsumerDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 5, 900, acting_version) + (
-            _QOS_CONSUMER_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            5,
+            900,
+            acting_version,
+            *_QOS_CONSUMER_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -2152,12 +2344,12 @@ class QosConsumerDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _QOS_CONSUMER_FULL.unpack_from(buf, offset)
+            v = _QOS_CONSUMER_FULL.unpack_from(buf, offset)
         except struct.error:
-            return QosConsumerDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 5 or values[3] > 1 or values[0] != 41 or offset < 0:
-            return QosConsumerDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return QosConsumerDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 5 or v[3] > 1 or v[0] != 41 or offset < 0:
+            return QosConsumerDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def stream_id(self) -> int:
@@ -2255,7 +2447,21 @@ class QosConsumerEncoder:
         if offset < 0:
             raise _rt.pack_error("QosConsumer", buf, offset, 49, ValueError())
         try:
-            _QOS_CONSUMER_FULL.pack_into(buf, offset, 41, 5, 900, 1, stream_id, consumer_id, epoch, last_seq_seen, drops_gap, drops_late, mode)
+            _QOS_CONSUMER_FULL.pack_into(
+                buf,
+                offset,
+                41,
+                5,
+                900,
+                1,
+                stream_id,
+                consumer_id,
+                epoch,
+                last_seq_seen,
+                drops_gap,
+                drops_late,
+                mode,
+            )
         except struct.error as exc:
             raise _rt.pack_error("QosConsumer", buf, offset, 49, exc) from None
         return 49
@@ -2279,7 +2485,17 @@ class QosConsumerEncoder:
         if offset < 0:
             raise _rt.pack_error("QosConsumer", buf, offset, 41, ValueError())
         try:
-            _QOS_CONSUMER_BLOCK.pack_into(buf, offset, stream_id, consumer_id, epoch, last_seq_seen, drops_gap, drops_late, mode)
+            _QOS_CONSUMER_BLOCK.pack_into(
+                buf,
+                offset,
+                stream_id,
+                consumer_id,
+                epoch,
+                last_seq_seen,
+                drops_gap,
+                drops_late,
+                mode,
+            )
         except struct.error as exc:
             raise _rt.pack_error("QosConsumer", buf, offset, 41, exc) from None
         return 41
@@ -2288,6 +2504,7 @@ class QosConsumerEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 49
+
 
 _QOS_PRODUCER_BLOCK = struct.Struct("<IIQQI")
 _QOS_PRODUCER_FULL = struct.Struct("<HHHHIIQQI")
@@ -2325,15 +2542,14 @@ class QosProducerDecoder:
             v = _QOS_PRODUCER_FULL.unpack_from(buf, offset)
         except struct.error:
             raise _rt.wrap_error("QosProducer", buf, offset, 900, 6, 1, 28) from None
-        if v[2] != 900 or v[1] != 6 or v[3] > 1 or v[0] < 28 or offset < 0:
-            raise _rt.wrap_error("QosProducer", buf, offset, 900, 6, 1, 28)
-        if v[0] == 28:
+        if v[0] == 28 and v[2] == 900 and v[1] == 6 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
-            self._body = offset + 8
             self._limit = offset + 36
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 6 or v[3] > 1 or v[0] < 28 or offset < 0:
+            raise _rt.wrap_error("QosProducer", buf, offset, 900, 6, 1, 28)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -2370,8 +2586,12 @@ class QosProducerDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 6, 900, acting_version) + (
-            _QOS_PRODUCER_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            6,
+            900,
+            acting_version,
+            *_QOS_PRODUCER_BLOCK.unpack_from(buf, offset),
         )
         self._limit = limit
         return self
@@ -2407,12 +2627,12 @@ class QosProducerDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _QOS_PRODUCER_FULL.unpack_from(buf, offset)
+            v = _QOS_PRODUCER_FULL.unpack_from(buf, offset)
         except struct.error:
-            return QosProducerDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 6 or values[3] > 1 or values[0] != 28 or offset < 0:
-            return QosProducerDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return QosProducerDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 6 or v[3] > 1 or v[0] != 28 or offset < 0:
+            return QosProducerDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def stream_id(self) -> int:
@@ -2489,7 +2709,9 @@ class QosProducerEncoder:
         if offset < 0:
             raise _rt.pack_error("QosProducer", buf, offset, 36, ValueError())
         try:
-            _QOS_PRODUCER_FULL.pack_into(buf, offset, 28, 6, 900, 1, stream_id, producer_id, epoch, current_seq, watermark)
+            _QOS_PRODUCER_FULL.pack_into(
+                buf, offset, 28, 6, 900, 1, stream_id, producer_id, epoch, current_seq, watermark
+            )
         except struct.error as exc:
             raise _rt.pack_error("QosProducer", buf, offset, 36, exc) from None
         return 36
@@ -2511,7 +2733,9 @@ class QosProducerEncoder:
         if offset < 0:
             raise _rt.pack_error("QosProducer", buf, offset, 28, ValueError())
         try:
-            _QOS_PRODUCER_BLOCK.pack_into(buf, offset, stream_id, producer_id, epoch, current_seq, watermark)
+            _QOS_PRODUCER_BLOCK.pack_into(
+                buf, offset, stream_id, producer_id, epoch, current_seq, watermark
+            )
         except struct.error as exc:
             raise _rt.pack_error("QosProducer", buf, offset, 28, exc) from None
         return 28
@@ -2520,6 +2744,7 @@ class QosProducerEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 36
+
 
 _SHM_REGION_SUPERBLOCK_BLOCK = struct.Struct("<QIQIhHIIIQQQ")
 _SHM_REGION_SUPERBLOCK_FULL = struct.Struct("<HHHHQIQIhHIIIQQQ")
@@ -2564,15 +2789,15 @@ class ShmRegionSuperblockDecoder:
             v = _SHM_REGION_SUPERBLOCK_PROBE(buf, offset)
         except struct.error:
             raise _rt.wrap_error("ShmRegionSuperblock", buf, offset, 900, 50, 1, 64) from None
-        if v[2] != 900 or v[1] != 50 or v[3] > 1 or v[0] < 64 or offset < 0:
-            raise _rt.wrap_error("ShmRegionSuperblock", buf, offset, 900, 50, 1, 64)
-        if v[0] == 64:
+        if v[0] == 64 and v[2] == 900 and v[1] == 50 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
             self._body = offset + 8
             self._limit = offset + 72
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 50 or v[3] > 1 or v[0] < 64 or offset < 0:
+            raise _rt.wrap_error("ShmRegionSuperblock", buf, offset, 900, 50, 1, 64)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -2644,12 +2869,12 @@ class ShmRegionSuperblockDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _SHM_REGION_SUPERBLOCK_FULL.unpack_from(buf, offset)
+            v = _SHM_REGION_SUPERBLOCK_FULL.unpack_from(buf, offset)
         except struct.error:
-            return ShmRegionSuperblockDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 50 or values[3] > 1 or values[0] != 64 or offset < 0:
-            return ShmRegionSuperblockDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return ShmRegionSuperblockDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 50 or v[3] > 1 or v[0] != 64 or offset < 0:
+            return ShmRegionSuperblockDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def magic(self) -> int:
@@ -2782,7 +3007,26 @@ class ShmRegionSuperblockEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmRegionSuperblock", buf, offset, 72, ValueError())
         try:
-            _SHM_REGION_SUPERBLOCK_FULL.pack_into(buf, offset, 64, 50, 900, 1, magic, layout_version, epoch, stream_id, region_type, pool_id, nslots, slot_bytes, stride_bytes, pid, start_timestamp_ns, activity_timestamp_ns)
+            _SHM_REGION_SUPERBLOCK_FULL.pack_into(
+                buf,
+                offset,
+                64,
+                50,
+                900,
+                1,
+                magic,
+                layout_version,
+                epoch,
+                stream_id,
+                region_type,
+                pool_id,
+                nslots,
+                slot_bytes,
+                stride_bytes,
+                pid,
+                start_timestamp_ns,
+                activity_timestamp_ns,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmRegionSuperblock", buf, offset, 72, exc) from None
         return 72
@@ -2811,7 +3055,22 @@ class ShmRegionSuperblockEncoder:
         if offset < 0:
             raise _rt.pack_error("ShmRegionSuperblock", buf, offset, 64, ValueError())
         try:
-            _SHM_REGION_SUPERBLOCK_BLOCK.pack_into(buf, offset, magic, layout_version, epoch, stream_id, region_type, pool_id, nslots, slot_bytes, stride_bytes, pid, start_timestamp_ns, activity_timestamp_ns)
+            _SHM_REGION_SUPERBLOCK_BLOCK.pack_into(
+                buf,
+                offset,
+                magic,
+                layout_version,
+                epoch,
+                stream_id,
+                region_type,
+                pool_id,
+                nslots,
+                slot_bytes,
+                stride_bytes,
+                pid,
+                start_timestamp_ns,
+                activity_timestamp_ns,
+            )
         except struct.error as exc:
             raise _rt.pack_error("ShmRegionSuperblock", buf, offset, 64, exc) from None
         return 64
@@ -2820,6 +3079,7 @@ class ShmRegionSuperblockEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 72
+
 
 _SLOT_HEADER_BLOCK = struct.Struct("<QIIHIQI26s")
 _SLOT_HEADER_FULL = struct.Struct("<HHHHQIIHIQI26s")
@@ -2837,7 +3097,9 @@ class SlotHeaderDecoder:
     property reads the buffer when called, so re-reads see concurrent writes.
     """
 
-    __slots__ = ("_body", "_buf", "_header_bytes_len", "_header_bytes_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body", "_buf", "_header_bytes_len", "_header_bytes_pos", "_limit", "_offset", "_v"
+    )
 
     NAME = "SlotHeader"
     TEMPLATE_ID = 51
@@ -3080,7 +3342,22 @@ class SlotHeaderEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("SlotHeader", buf, offset, total, ValueError())
         try:
-            _SLOT_HEADER_FULL.pack_into(buf, offset, 60, 51, 900, 1, seq_commit, values_len_bytes, payload_slot, pool_id, payload_offset, timestamp_ns, meta_version, pad)
+            _SLOT_HEADER_FULL.pack_into(
+                buf,
+                offset,
+                60,
+                51,
+                900,
+                1,
+                seq_commit,
+                values_len_bytes,
+                payload_slot,
+                pool_id,
+                payload_offset,
+                timestamp_ns,
+                meta_version,
+                pad,
+            )
         except struct.error as exc:
             raise _rt.pack_error("SlotHeader", buf, offset, 68, exc) from None
         pos = offset + 68
@@ -3121,7 +3398,18 @@ class SlotHeaderEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("SlotHeader", buf, offset, total, ValueError())
         try:
-            _SLOT_HEADER_BLOCK.pack_into(buf, offset, seq_commit, values_len_bytes, payload_slot, pool_id, payload_offset, timestamp_ns, meta_version, pad)
+            _SLOT_HEADER_BLOCK.pack_into(
+                buf,
+                offset,
+                seq_commit,
+                values_len_bytes,
+                payload_slot,
+                pool_id,
+                payload_offset,
+                timestamp_ns,
+                meta_version,
+                pad,
+            )
         except struct.error as exc:
             raise _rt.pack_error("SlotHeader", buf, offset, 60, exc) from None
         pos = offset + 60
@@ -3140,6 +3428,7 @@ class SlotHeaderEncoder:
     ) -> int:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return 68 + 4 + _rt.var_length(header_bytes)
+
 
 _TENSOR_HEADER_BLOCK = struct.Struct("<hhBBBI8i8i109s")
 _TENSOR_HEADER_FULL = struct.Struct("<HHHHhhBBBI8i8i109s")
@@ -3186,15 +3475,15 @@ class TensorHeaderDecoder:
             v = _TENSOR_HEADER_PROBE(buf, offset)
         except struct.error:
             raise _rt.wrap_error("TensorHeader", buf, offset, 900, 52, 1, 184) from None
-        if v[2] != 900 or v[1] != 52 or v[3] > 1 or v[0] < 184 or offset < 0:
-            raise _rt.wrap_error("TensorHeader", buf, offset, 900, 52, 1, 184)
-        if v[0] == 184:
+        if v[0] == 184 and v[2] == 900 and v[1] == 52 and v[3] <= 1 and offset >= 0:
             self._buf = buf
             self._offset = offset
             self._body = offset + 8
             self._limit = offset + 192
             self._v = v
             return self
+        if v[2] != 900 or v[1] != 52 or v[3] > 1 or v[0] < 184 or offset < 0:
+            raise _rt.wrap_error("TensorHeader", buf, offset, 900, 52, 1, 184)
         limit = offset + 8 + v[0]
         if type(buf) in _rt.BYTE_TYPES:
             n = len(buf)  # type: ignore[arg-type]
@@ -3266,12 +3555,12 @@ class TensorHeaderDecoder:
     def decode_tuple(buf: Buffer, offset: int = 0) -> tuple[Any, ...]:
         """Header check plus ``raw_tuple`` without a flyweight: the fastest read."""
         try:
-            values = _TENSOR_HEADER_FULL.unpack_from(buf, offset)
+            v = _TENSOR_HEADER_FULL.unpack_from(buf, offset)
         except struct.error:
-            return TensorHeaderDecoder().wrap(buf, offset).raw_tuple()  # raises the precise error
-        if values[2] != 900 or values[1] != 52 or values[3] > 1 or values[0] != 184 or offset < 0:
-            return TensorHeaderDecoder().wrap(buf, offset).raw_tuple()  # slow path: precise checks
-        return values[4:]
+            return TensorHeaderDecoder().wrap(buf, offset).raw_tuple()
+        if v[2] != 900 or v[1] != 52 or v[3] > 1 or v[0] != 184 or offset < 0:
+            return TensorHeaderDecoder().wrap(buf, offset).raw_tuple()
+        return v[4:]
 
     @property
     def dtype(self) -> Dtype:
@@ -3420,7 +3709,23 @@ class TensorHeaderEncoder:
         if offset < 0:
             raise _rt.pack_error("TensorHeader", buf, offset, 192, ValueError())
         try:
-            _TENSOR_HEADER_FULL.pack_into(buf, offset, 184, 52, 900, 1, dtype, major_order, ndims, pad_align, progress_unit, progress_stride_bytes, *dims, *strides, pad)
+            _TENSOR_HEADER_FULL.pack_into(
+                buf,
+                offset,
+                184,
+                52,
+                900,
+                1,
+                dtype,
+                major_order,
+                ndims,
+                pad_align,
+                progress_unit,
+                progress_stride_bytes,
+                *dims,
+                *strides,
+                pad,
+            )
         except struct.error as exc:
             raise _rt.pack_error("TensorHeader", buf, offset, 192, exc) from None
         return 192
@@ -3455,7 +3760,19 @@ class TensorHeaderEncoder:
         if offset < 0:
             raise _rt.pack_error("TensorHeader", buf, offset, 184, ValueError())
         try:
-            _TENSOR_HEADER_BLOCK.pack_into(buf, offset, dtype, major_order, ndims, pad_align, progress_unit, progress_stride_bytes, *dims, *strides, pad)
+            _TENSOR_HEADER_BLOCK.pack_into(
+                buf,
+                offset,
+                dtype,
+                major_order,
+                ndims,
+                pad_align,
+                progress_unit,
+                progress_stride_bytes,
+                *dims,
+                *strides,
+                pad,
+            )
         except struct.error as exc:
             raise _rt.pack_error("TensorHeader", buf, offset, 184, exc) from None
         return 184
@@ -3464,6 +3781,7 @@ class TensorHeaderEncoder:
     def encoded_length(**_fields: Any) -> int:
         """Size of ``encode(...)`` output (header included); fixed for this message."""
         return 192
+
 
 _DATA_SOURCE_ANNOUNCE_BLOCK = struct.Struct("<IIQI")
 _DATA_SOURCE_ANNOUNCE_FULL = struct.Struct("<HHHHIIQI")
@@ -3481,7 +3799,17 @@ class DataSourceAnnounceDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_limit", "_name_len", "_name_pos", "_offset", "_summary_len", "_summary_pos", "_v")
+    __slots__ = (
+        "_body",
+        "_buf",
+        "_limit",
+        "_name_len",
+        "_name_pos",
+        "_offset",
+        "_summary_len",
+        "_summary_pos",
+        "_v",
+    )
 
     NAME = "DataSourceAnnounce"
     TEMPLATE_ID = 7
@@ -3520,20 +3848,28 @@ class DataSourceAnnounceDecoder:
         self._v = v
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce"
+            )
         self._name_pos = pos
         self._name_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce"
+            )
         self._summary_pos = pos
         self._summary_len = length
         pos += length
@@ -3562,25 +3898,37 @@ class DataSourceAnnounceDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 7, 900, acting_version) + (
-            _DATA_SOURCE_ANNOUNCE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            7,
+            900,
+            acting_version,
+            *_DATA_SOURCE_ANNOUNCE_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[0], "DataSourceAnnounce"
+            )
         self._name_pos = pos
         self._name_len = length
         pos += length
         if pos + 4 > n:
-            raise _rt.data_error(buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce"
+            )
         length = _r_u32(buf, pos)[0]
         pos += 4
         if length > 0x40000000 or pos + length > n:
-            raise _rt.data_error(buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce")
+            raise _rt.data_error(
+                buf, pos - 4, n, _DATA_SOURCE_ANNOUNCE_ROOT_DATA[1], "DataSourceAnnounce"
+            )
         self._summary_pos = pos
         self._summary_len = length
         pos += length
@@ -3738,7 +4086,9 @@ class DataSourceAnnounceEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("DataSourceAnnounce", buf, offset, total, ValueError())
         try:
-            _DATA_SOURCE_ANNOUNCE_FULL.pack_into(buf, offset, 20, 7, 900, 1, stream_id, producer_id, epoch, meta_version)
+            _DATA_SOURCE_ANNOUNCE_FULL.pack_into(
+                buf, offset, 20, 7, 900, 1, stream_id, producer_id, epoch, meta_version
+            )
         except struct.error as exc:
             raise _rt.pack_error("DataSourceAnnounce", buf, offset, 28, exc) from None
         pos = offset + 28
@@ -3779,7 +4129,9 @@ class DataSourceAnnounceEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("DataSourceAnnounce", buf, offset, total, ValueError())
         try:
-            _DATA_SOURCE_ANNOUNCE_BLOCK.pack_into(buf, offset, stream_id, producer_id, epoch, meta_version)
+            _DATA_SOURCE_ANNOUNCE_BLOCK.pack_into(
+                buf, offset, stream_id, producer_id, epoch, meta_version
+            )
         except struct.error as exc:
             raise _rt.pack_error("DataSourceAnnounce", buf, offset, 20, exc) from None
         pos = offset + 20
@@ -3803,11 +4155,8 @@ class DataSourceAnnounceEncoder:
         **_fields: Any,
     ) -> int:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
-        return (
-            28
-            + 4 + _rt.var_length(name)
-            + 4 + _rt.var_length(summary)
-        )
+        return 28 + 4 + _rt.var_length(name) + 4 + _rt.var_length(summary)
+
 
 _G_DATA_SOURCE_META_ATTRIBUTES = _rt.GroupSpec(
     name="attributes",
@@ -3828,7 +4177,7 @@ _G_DATA_SOURCE_META_ATTRIBUTES = _rt.GroupSpec(
 
 
 class DataSourceMetaAttributesDecoder:
-    """One entry of group ``DataSourceMeta.attributes`` (flyweight over the message buffer)."""
+    """One entry of group ``DataSourceMeta.attributes`` (flyweight over the message)."""
 
     __slots__ = ("_buf", "_data", "_groups", "_pos")
 
@@ -3847,7 +4196,9 @@ class DataSourceMetaAttributesDecoder:
 
     @property
     def key(self) -> str:
-        return _rt.read_text(self._buf, self._data[0][0], self._data[0][1], "data_source_meta.attributes.key")
+        return _rt.read_text(
+            self._buf, self._data[0][0], self._data[0][1], "data_source_meta.attributes.key"
+        )
 
     @property
     def key_offset(self) -> int:
@@ -3860,7 +4211,9 @@ class DataSourceMetaAttributesDecoder:
 
     @property
     def format(self) -> str:
-        return _rt.read_text(self._buf, self._data[1][0], self._data[1][1], "data_source_meta.attributes.format")
+        return _rt.read_text(
+            self._buf, self._data[1][0], self._data[1][1], "data_source_meta.attributes.format"
+        )
 
     @property
     def format_offset(self) -> int:
@@ -3894,6 +4247,7 @@ class DataSourceMetaAttributesDecoder:
 
     def __repr__(self) -> str:
         return f"DataSourceMetaAttributesDecoder({self.to_dict()!r})"
+
 
 _DATA_SOURCE_META_BLOCK = struct.Struct("<IIQ")
 _DATA_SOURCE_META_FULL = struct.Struct("<HHHHIIQ")
@@ -3971,8 +4325,12 @@ class DataSourceMetaDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 8, 900, acting_version) + (
-            _DATA_SOURCE_META_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            8,
+            900,
+            acting_version,
+            *_DATA_SOURCE_META_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         pos, self._groups = _rt.walk_groups(buf, pos, n, _DATA_SOURCE_META_GROUPS, "DataSourceMeta")
@@ -4081,7 +4439,9 @@ class DataSourceMetaEncoder:
         if offset < 0 or offset + total > have:
             raise _rt.pack_error("DataSourceMeta", buf, offset, total, ValueError())
         try:
-            _DATA_SOURCE_META_FULL.pack_into(buf, offset, 16, 8, 900, 1, stream_id, meta_version, timestamp_ns)
+            _DATA_SOURCE_META_FULL.pack_into(
+                buf, offset, 16, 8, 900, 1, stream_id, meta_version, timestamp_ns
+            )
         except struct.error as exc:
             raise _rt.pack_error("DataSourceMeta", buf, offset, 24, exc) from None
         pos = offset + 24
@@ -4124,6 +4484,7 @@ class DataSourceMetaEncoder:
         """Size of ``encode(...)`` output for the same arguments (header included)."""
         return 24 + _rt.prepare_group(_DATA_SOURCE_META_GROUPS[0], attributes, "DataSourceMeta")[0]
 
+
 _CONTROL_RESPONSE_BLOCK = struct.Struct("<qi")
 _CONTROL_RESPONSE_FULL = struct.Struct("<HHHHqi")
 _CONTROL_RESPONSE_ROOT_DATA = (
@@ -4139,7 +4500,9 @@ class ControlResponseDecoder:
     precompiled Struct): re-wrap to see new bytes. Var data is read on access.
     """
 
-    __slots__ = ("_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v")
+    __slots__ = (
+        "_body", "_buf", "_error_message_len", "_error_message_pos", "_limit", "_offset", "_v"
+    )
 
     NAME = "ControlResponse"
     TEMPLATE_ID = 9
@@ -4208,8 +4571,12 @@ class ControlResponseDecoder:
         self._buf = buf
         self._offset = offset
         self._body = offset
-        self._v = (acting_block_length, 9, 900, acting_version) + (
-            _CONTROL_RESPONSE_BLOCK.unpack_from(buf, offset)
+        self._v = (
+            acting_block_length,
+            9,
+            900,
+            acting_version,
+            *_CONTROL_RESPONSE_BLOCK.unpack_from(buf, offset),
         )
         pos = limit
         if pos + 4 > n:

@@ -52,13 +52,18 @@ def feed_each(b: RateAwareMessageBatcher[str, str], msgs: Sequence[Msg]) -> list
     return out
 
 
-def close_points(b: RateAwareMessageBatcher[str, str], msgs: Sequence[Msg]) -> list[int]:
-    """Indices of the messages whose one-message poll closed at least one batch."""
-    points = []
+def close_points(
+    b: RateAwareMessageBatcher[str, str], msgs: Sequence[Msg]
+) -> tuple[list[int], list[Batch[str, str]]]:
+    """One poll per message; indices of the polls that closed a batch, and the batches."""
+    points: list[int] = []
+    batches: list[Batch[str, str]] = []
     for i, m in enumerate(msgs):
-        if b.feed([m]):
+        closed = b.feed([m])
+        if closed:
             points.append(i)
-    return points
+            batches.extend(closed)
+    return points, batches
 
 
 def converged(

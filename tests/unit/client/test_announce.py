@@ -22,6 +22,8 @@ def _announce(t: AnnounceTracker, *, epoch=1, ts=10 * SEC, clock=CLOCK_MONOTONIC
 def test_s10_1_1_first_fresh_announce_maps() -> None:
     t = _tracker()
     assert _announce(t).verdict is Verdict.MAP
+    assert t.epoch is None  # not until the mapping succeeded
+    t.on_mapped(1, 10 * SEC)
     assert t.epoch == 1
 
 
@@ -64,17 +66,24 @@ def test_s10_1_1_unknown_clock_domain_ignored() -> None:
 def test_s10_1_1_highest_epoch_wins_and_older_epoch_ignored() -> None:
     t = _tracker()
     assert _announce(t, epoch=3).verdict is Verdict.MAP
-    t.on_mapped()
+    t.on_mapped(3, 10 * SEC)
     assert _announce(t, epoch=3).verdict is Verdict.REFRESH
     assert _announce(t, epoch=2).reason == "announce_old_epoch"
     assert _announce(t, epoch=4).verdict is Verdict.MAP
+    t.on_mapped(4, 10 * SEC)
     assert t.epoch == 4
+
+
+def test_s15_21_unmappable_announce_does_not_raise_the_epoch_floor() -> None:
+    t = _tracker()
+    assert _announce(t, epoch=99).verdict is Verdict.MAP  # mapping then fails: no on_mapped
+    assert _announce(t, epoch=1).verdict is Verdict.MAP  # the real producer is still eligible
 
 
 def test_s15_21_refresh_keeps_mapping_alive_and_silence_unmaps() -> None:
     t = _tracker()
     _announce(t, epoch=1, ts=10 * SEC, now=10 * SEC)
-    t.on_mapped()
+    t.on_mapped(1, 10 * SEC)
     assert t.tick(12 * SEC) is None
     _announce(t, epoch=1, ts=12 * SEC, now=12 * SEC)
     assert t.tick(15 * SEC) is None  # 3 s since the last fresh announce: still inside

@@ -399,3 +399,45 @@ def test_s8_3_property_write_then_read_round_trips(shared_stream, arr: np.ndarra
         assert got.array is not None and got.array.dtype == arr.dtype
         np.testing.assert_array_equal(got.array, arr)
     assert s.reader.is_current(got)
+
+
+def test_s15_3_seq_commit_decrease_in_slot_is_stale(stream: Stream) -> None:
+    """§15.3: a slot whose seq_commit went backwards is stale, even if a descriptor names it."""
+    stream.writer.write(11, np.ones(4), timestamp_ns=0)
+    assert stream.reader.read(3, 11) is not None
+    stream.writer.write(3, np.ones(4), timestamp_ns=0)  # a stale producer rewinds slot 3
+    assert _drop(stream, 3, 3) == Reason.SEQ_COMMIT_REGRESSED
+    assert Reason.SEQ_COMMIT_REGRESSED in LATE_REASONS
+    stream.writer.write(19, np.ones(4), timestamp_ns=0)
+    assert stream.reader.read(3, 19) is not None
+
+
+def test_s8_2_padding_and_pad_align_are_ignored(stream: Stream) -> None:
+    """Reserved bytes are opaque: consumers MUST ignore them (SlotHeader pad, TensorHeader pad
+    and pad_align may hold producer-specific data)."""
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    idx = stream.writer.write(1, a, timestamp_ns=0)
+    off = header_slot_offset(idx)
+    mm = stream.header.mmap
+    mm[off + 34 : off + 60] = b"\xa5" * 26
+    mm[off + 147 : off + 256] = b"\x5a" * 109
+    mm[off + 72 + 5] = 0x77  # pad_align
+    got = stream.reader.read(idx, 1)
+    assert got is not None and got.array is not None
+    np.testing.assert_array_equal(got.array, a)
+
+
+def test_s15_1_big_endian_hosts_rejected(stream: Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "byteorder", "big")  # fault injection: a big-endian host
+    with pytest.raises(UnsupportedPlatform):
+        SlotReader(stream.header_ro, stream.pools_ro, allow_weak_memory_order=True)
+
+
+def test_s15_21_read_never_waits_for_an_in_progress_slot(stream: Stream) -> None:
+    """§15.21 rule 5: no blocking or spinning; an in-progress slot is dropped at once."""
+    stream.writer.begin(2)
+    for _ in range(3):
+        assert _drop(stream, 2, 2) == Reason.NOT_COMMITTED
+    assert stream.reader.counters[Reason.NOT_COMMITTED] == 3

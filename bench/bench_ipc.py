@@ -1,0 +1,465 @@
+"""Producer -> consumer across two processes: tensorpool against two baselines (GitHub issue 3).
+
+Run: ``.venv/bin/python -m bench.bench_ipc`` (about 2-3 min on 2 cores; ``--quick`` < 60 s;
+``--sizes 4K,640K`` to pick sizes). Prints one markdown table and a target check list.
+
+Setup: one standalone Aeron media driver process (``MediaDriverProcess``) shared by a producer
+process and a consumer process (``multiprocessing`` spawn; see ``bench._ipc_workers``). Per
+frame size (64 slots, smallest power-of-two stride that fits) it runs:
+
+* **tensorpool**: ``Producer.offer(array)`` copies the frame into the SHM ring and publishes a
+  ``FrameDescriptor``; the consumer polls, sums one byte per 4 KiB page of the zero-copy view,
+  then ``frame.is_current()``. The ring is lossy: a producer outrunning the consumer shows up
+  as drops (gap / resync / late), which are reported.
+* **(a) inline**: the same bytes offered over Aeron IPC with raw ``pyaeron`` (exclusive
+  publication, ``term-length=64m``, C fragment assembly); the consumer touches the assembled
+  message the same way. Reliable and back-pressured: a refused offer is retried.
+* **(b) mp.Queue**: ``multiprocessing.shared_memory`` ring of 64 slots, ``np.copyto`` into the
+  next slot, slot index + timestamp through a ``multiprocessing.Queue`` bounded at 62 (no torn
+  read protection); the consumer blocks in ``get()``.
+* 640 KiB only, **like-for-like with the Julia reference** (20,144 frames/s, one process, 1 MiB
+  pool of 64 slots, consumer not reading the payload): ``claim``/``commit`` stamping 8 bytes,
+  consumer not reading the payload.
+* sizes >= 1 MiB: ``numpy.copyto`` of the same size in the producer process (64 rotating
+  destinations and a single one), against the producer's write rate.
+
+Throughput runs: the producer publishes flat out for ``--duration`` s after a warm-up; the
+consumer counts accepted frames and drops by reason in the same window. Latency runs: the
+producer is paced (``--rate-hz``, at most 1 GB/s) so queues stay empty; latency is consumer
+time at acceptance minus the producer's ``time.monotonic_ns()`` at the start of publish (the
+descriptor's ``timestamp_ns``), for the busy-spin and backoff idle strategies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from bench import _ipc_workers as w
+from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.mediadriver import MediaDriverProcess
+
+JULIA_640K_FPS: Final = 20_144.0
+DEFAULT_SIZES: Final = "4K,64K,640K,4M"
+KIB: Final = 1024
+MIB: Final = 1024 * 1024
+RECV_TIMEOUT_S: Final = 60.0
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    if t.endswith("K"):
+        mult, t = KIB, t[:-1]
+    elif t.endswith("M"):
+        mult, t = MIB, t[:-1]
+    value = int(float(t) * mult)
+    if value <= 8:
+        raise argparse.ArgumentTypeError(f"frame size must be > 8 bytes, got {text}")
+    return value
+
+
+def size_label(n: int) -> str:
+    if n % MIB == 0:
+        return f"{n // MIB} MiB"
+    if n % KIB == 0:
+        return f"{n // KIB} KiB"
+    return f"{n} B"
+
+
+@dataclass(slots=True)
+class Outcome:
+    scenario: w.Scenario
+    producer: w.ProducerResult | None = None
+    consumer: w.ConsumerResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.producer is not None
+            and self.consumer is not None
+            and self.producer.error is None
+            and self.consumer.error is None
+        )
+
+    @property
+    def consumer_fps(self) -> float:
+        c = self.consumer
+        return c.frames / c.seconds if c and c.seconds > 0 else float("nan")
+
+    @property
+    def producer_fps(self) -> float:
+        p = self.producer
+        return p.frames / p.seconds if p and p.seconds > 0 else float("nan")
+
+    def percentile_us(self, q: float) -> float:
+        lat = self.consumer.latencies_ns if self.consumer else []
+        if not lat:
+            return float("nan")
+        return float(np.percentile(np.asarray(lat, np.float64), q)) / 1e3
+
+
+@dataclass(slots=True)
+class Orchestrator:
+    base_dir: str
+    aeron_dir: str
+    profile_dir: str | None
+    verbose: bool
+    key: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+    _p: Any = None
+    _c: Any = None
+    _procs: list[Any] = field(default_factory=list)
+    _queue: Any = None
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._queue = ctx.Queue(maxsize=w.MPQ_DEPTH)
+        shm_base = os.path.join(self.base_dir, "shm")
+        os.makedirs(shm_base, exist_ok=True)
+        self._p, p_child = ctx.Pipe()
+        self._c, c_child = ctx.Pipe()
+        for target, conn in ((w.producer_main, p_child), (w.consumer_main, c_child)):
+            proc = ctx.Process(
+                target=target,
+                args=(conn, self._queue, shm_base, self.aeron_dir),
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+
+    def stop(self) -> None:
+        for conn in (self._p, self._c):
+            try:
+                conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        self._queue.close()
+        self._queue.join_thread()
+
+    def _recv(self, conn: Any, who: str) -> tuple[Any, ...]:
+        if not conn.poll(RECV_TIMEOUT_S):
+            raise RuntimeError(f"{who} worker did not answer within {RECV_TIMEOUT_S} s")
+        return conn.recv()  # type: ignore[no-any-return]
+
+    def copyto(self, size: int, seconds: float) -> dict[str, float]:
+        self._p.send(("copyto", size, seconds))
+        return dict(self._recv(self._p, "producer")[1])
+
+    def run(
+        self,
+        transport: str,
+        size: int,
+        mode: str,
+        idle: str,
+        *,
+        warmup_s: float,
+        duration_s: float,
+        rate_hz: float = 0.0,
+        touch: bool = True,
+    ) -> Outcome:
+        self.key += 1
+        profile = None
+        if self.profile_dir:
+            profile = os.path.join(
+                self.profile_dir, f"{transport}-{size}-{mode}-{idle}"
+            )
+        sc = w.Scenario(
+            key=self.key,
+            transport=transport,
+            size=size,
+            mode=mode,
+            idle=idle,
+            touch=touch,
+            rate_hz=rate_hz,
+            profile_path=profile,
+        )
+        out = Outcome(sc)
+        self._p.send(("setup", sc))
+        reply = self._recv(self._p, "producer")
+        if reply[0] != "setup_ok":
+            out.error = f"producer setup failed:\n{reply[1]}"
+            return self._finish(out)
+        self._c.send(("setup", sc, reply[1]))
+        reply = self._recv(self._c, "consumer")
+        if reply[0] != "ready":
+            out.error = f"consumer setup failed:\n{reply[1]}"
+            self._p.send(("abort",))
+            self._recv(self._p, "producer")
+            return self._finish(out)
+        start = time.monotonic_ns() + 50_000_000
+        measure = start + int(warmup_s * 1e9)
+        win = w.Window(start, measure, measure + int(duration_s * 1e9))
+        self._p.send(("window", win))
+        self._c.send(("window", win))
+        out.producer = self._recv(self._p, "producer")[1]
+        out.consumer = self._recv(self._c, "consumer")[1]
+        return self._finish(out)
+
+    def _finish(self, out: Outcome) -> Outcome:
+        self.outcomes.append(out)
+        sc = out.scenario
+        if not out.ok:
+            err = out.error or (out.producer and out.producer.error) or (
+                out.consumer and out.consumer.error
+            )
+            print(f"  !! {sc.transport} {size_label(sc.size)} {sc.mode} {sc.idle}: {err}",
+                  file=sys.stderr)
+        elif self.verbose:
+            c = out.consumer
+            assert c is not None
+            print(
+                f"  {size_label(sc.size):>7} {sc.transport:8} {sc.mode:4} {sc.idle:7} "
+                f"cons {out.consumer_fps:12,.0f}/s prod {out.producer_fps:12,.0f}/s "
+                f"p50 {out.percentile_us(50):8.1f} p99 {out.percentile_us(99):8.1f} us "
+                f"drops {c.drops} not_sent {out.producer.not_sent if out.producer else 0}",
+                file=sys.stderr,
+            )
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+
+VARIANTS: Final = {
+    (w.TP, "spin"): "tensorpool offer→poll, busy-spin",
+    (w.TP, "backoff"): "tensorpool offer→poll, backoff",
+    (w.INLINE, "spin"): "(a) pyaeron inline, busy-spin",
+    (w.INLINE, "backoff"): "(a) pyaeron inline, backoff",
+    (w.MPQ, "block"): "(b) shm + mp.Queue, blocking get",
+    (w.TP_CLAIM, "spin"): "tensorpool claim/commit, no payload read (Julia like-for-like)",
+}
+
+
+def _fmt(x: float, spec: str = ",.0f") -> str:
+    return "–" if x != x else format(x, spec)
+
+
+def _drops(out: Outcome | None) -> str:
+    if out is None or out.consumer is None:
+        return "–"
+    d = out.consumer.drops
+    total = sum(d.values())
+    if total == 0:
+        return "0"
+    published = out.producer.frames if out.producer else 0
+    share = f" ({100 * total / published:.0f}%)" if published else ""
+    return f"{total:,}{share}"
+
+
+def build_report(orch: Orchestrator, sizes: list[int], copyto: dict[int, dict[str, float]]) -> str:
+    idx: dict[tuple[int, str, str, str], Outcome] = {}
+    for o in orch.outcomes:
+        if o.ok:
+            sc = o.scenario
+            idx[(sc.size, sc.transport, sc.mode, sc.idle)] = o
+    lines = [
+        "| size | variant | frames/s | producer frames/s | GB/s | p50 µs | p99 µs | drops "
+        "| ratio vs baselines |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    targets: list[str] = []
+    for size in sizes:
+        a_spin = idx.get((size, w.INLINE, "tput", "spin"))
+        b = idx.get((size, w.MPQ, "tput", "block"))
+        for (transport, idle), name in VARIANTS.items():
+            tput = idx.get((size, transport, "tput", idle))
+            lat = idx.get((size, transport, "lat", idle))
+            if tput is None and lat is None:
+                continue
+            fps = tput.consumer_fps if tput else float("nan")
+            pfps = tput.producer_fps if tput else float("nan")
+            gbs = fps * size / 1e9
+            p50 = lat.percentile_us(50) if lat else float("nan")
+            p99 = lat.percentile_us(99) if lat else float("nan")
+            ratios: list[str] = []
+            if transport in (w.TP, w.TP_CLAIM) and tput is not None:
+                base_a = idx.get((size, w.INLINE, "tput", idle)) or a_spin
+                if base_a is not None and transport == w.TP:
+                    ratios.append(f"×{fps / base_a.consumer_fps:.2f} (a)")
+                if b is not None and transport == w.TP:
+                    ratios.append(f"×{fps / b.consumer_fps:.2f} (b)")
+                if size == 640 * KIB:
+                    ratios.append(f"×{fps / JULIA_640K_FPS:.2f} Julia")
+                if size in copyto and transport == w.TP:
+                    ratios.append(
+                        f"producer write = {100 * pfps / copyto[size]['rotating']:.0f}% of copyto"
+                    )
+            elif transport in (w.INLINE, w.MPQ):
+                ratios.append("baseline")
+            lines.append(
+                f"| {size_label(size)} | {name} | {_fmt(fps)} | {_fmt(pfps)} | {_fmt(gbs, '.2f')} "
+                f"| {_fmt(p50, ',.1f')} | {_fmt(p99, ',.1f')} | {_drops(tput)} "
+                f"| {', '.join(ratios)} |"
+            )
+        if size in copyto:
+            for kind, label in (("rotating", "64 rotating dst"), ("single", "1 dst")):
+                r = copyto[size][kind]
+                lines.append(
+                    f"| {size_label(size)} | numpy.copyto {size_label(size)}, {label} "
+                    f"(producer process) | {_fmt(r)} | – | {_fmt(r * size / 1e9, '.2f')} "
+                    f"| – | – | – | baseline |"
+                )
+        tp = idx.get((size, w.TP, "tput", "spin"))
+        if tp is not None:
+            fps = tp.consumer_fps
+            if size == 4 * KIB:
+                for label, base, need in (("(b)", b, 3.0), ("(a)", a_spin, 2.0)):
+                    if base is not None:
+                        r = fps / base.consumer_fps
+                        targets.append(
+                            f"- 4 KiB: tensorpool ≥ {need:g}× {label} frames/s: "
+                            f"×{r:.2f} — {'met' if r >= need else 'MISSED'}"
+                        )
+            if size == 640 * KIB:
+                targets.append(
+                    f"- 640 KiB: ≥ 20,000 frames/s (offer + page-touching consumer): "
+                    f"{fps:,.0f} — {'met' if fps >= 20_000 else 'MISSED'}"
+                )
+                claim = idx.get((size, w.TP_CLAIM, "tput", "spin"))
+                if claim is not None:
+                    cf = claim.consumer_fps
+                    targets.append(
+                        f"- 640 KiB like-for-like (claim/commit, no payload read): {cf:,.0f} "
+                        f"frames/s — {'met' if cf >= 20_000 else 'MISSED'} "
+                        f"(Julia: {JULIA_640K_FPS:,.0f})"
+                    )
+            if size == 4 * MIB and size in copyto:
+                r = tp.producer_fps / copyto[size]["rotating"]
+                targets.append(
+                    f"- 4 MiB: producer write ≥ 80% of numpy.copyto: {100 * r:.0f}% "
+                    f"— {'met' if r >= 0.8 else 'MISSED'}"
+                )
+    details = ["", "Drops by reason (throughput runs, measured window):", ""]
+    for o in orch.outcomes:
+        if o.ok and o.scenario.mode == "tput" and o.consumer and (
+            o.consumer.drops or (o.producer and o.producer.not_sent)
+        ):
+            sc = o.scenario
+            ns = o.producer.not_sent if o.producer else 0
+            what = "back-pressured offers (retried)" if sc.transport == w.INLINE else (
+                "descriptors not sent"
+            )
+            details.append(
+                f"- {size_label(sc.size)} {VARIANTS[(sc.transport, sc.idle)]}: "
+                f"{dict(sorted(o.consumer.drops.items()))}; producer {what}: {ns:,}"
+            )
+    return "\n".join([*lines, "", "Targets:", "", *targets, *details])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.bench_ipc", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--quick", action="store_true", help="short runs, no backoff throughput runs")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list (default {DEFAULT_SIZES})")
+    ap.add_argument("--duration", type=float, help="measured seconds per throughput run")
+    ap.add_argument("--lat-duration", type=float, help="measured seconds per latency run")
+    ap.add_argument("--rate-hz", type=float, default=1000.0, help="latency-run frame rate cap")
+    ap.add_argument("--json", help="write raw results here")
+    ap.add_argument("--profile", metavar="DIR", help="cProfile both workers per scenario into DIR")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario")
+    args = ap.parse_args(argv)
+
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    quick = args.quick
+    tput_s = args.duration or (0.8 if quick else 2.0)
+    lat_s = args.lat_duration or (0.6 if quick else 2.0)
+    warm_tput = 0.2 if quick else 0.5
+    warm_lat = 0.1 if quick else 0.2
+    tput_idles = ("spin",) if quick else ("spin", "backoff")
+
+    t_begin = time.monotonic()
+    load_before = os.getloadavg()
+    base = tempfile.mkdtemp(
+        prefix="tp-bench-ipc-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    driver = MediaDriverProcess(config=TransportConfig(embedded_parent_dir=base))
+    orch: Orchestrator | None = None
+    copyto: dict[int, dict[str, float]] = {}
+    try:
+        driver.start()
+        orch = Orchestrator(base, driver.dir, args.profile, args.verbose)
+        orch.start()
+        for size in sizes:
+            rate = min(args.rate_hz, 1e9 / size)  # paced at <= 1 GB/s: queues stay empty
+            for idle in tput_idles:
+                orch.run(w.TP, size, "tput", idle, warmup_s=warm_tput, duration_s=tput_s)
+                orch.run(w.INLINE, size, "tput", idle, warmup_s=warm_tput, duration_s=tput_s)
+            orch.run(w.MPQ, size, "tput", "block", warmup_s=warm_tput, duration_s=tput_s)
+            if size == 640 * KIB:
+                orch.run(
+                    w.TP_CLAIM, size, "tput", "spin", warmup_s=warm_tput, duration_s=tput_s,
+                    touch=False,
+                )
+            for transport, idle in (
+                (w.TP, "spin"), (w.TP, "backoff"), (w.INLINE, "spin"), (w.INLINE, "backoff"),
+                (w.MPQ, "block"),
+            ):
+                orch.run(
+                    transport, size, "lat", idle, warmup_s=warm_lat, duration_s=lat_s,
+                    rate_hz=rate,
+                )
+            if size >= MIB:
+                copyto[size] = orch.copyto(size, 1.0 if quick else 1.5)
+        report = build_report(orch, sizes, copyto)
+    finally:
+        if orch is not None:
+            orch.stop()
+        driver.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        for leftover in glob.glob(f"/dev/shm/tpbench-ipc-{os.getpid()}-*"):
+            os.unlink(leftover)
+    load_after = os.getloadavg()
+    elapsed = time.monotonic() - t_begin
+    cmd = "python -m bench.bench_ipc " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"`{cmd.strip()}` — {platform.machine()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}, numpy {np.__version__}; load avg "
+          f"{load_before[0]:.2f} → {load_after[0]:.2f}; {elapsed:.0f} s\n")
+    print(report)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(
+                {
+                    "argv": argv if argv is not None else sys.argv[1:],
+                    "copyto": copyto,
+                    "outcomes": [
+                        {
+                            "scenario": asdict(o.scenario),
+                            "producer": asdict(o.producer) if o.producer else None,
+                            "consumer": asdict(o.consumer) if o.consumer else None,
+                            "error": o.error,
+                        }
+                        for o in orch.outcomes  # type: ignore[union-attr]
+                    ],
+                },
+                fh,
+            )
+    return 0 if all(o.ok for o in orch.outcomes) else 1  # type: ignore[union-attr]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
