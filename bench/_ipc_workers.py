@@ -80,6 +80,8 @@ class Scenario:
     """Consumer sums one byte per 4 KiB page of every payload."""
     rate_hz: float = 0.0
     inline_channel: str = "aeron:ipc?term-length=64m"
+    seq_gap: int | None = None
+    """tensorpool consumer's ``max_outstanding_seq_gap`` (None: the library default)."""
     profile_path: str | None = None
 
 
@@ -136,6 +138,17 @@ def tp_stream_id(sc: Scenario) -> int:
 
 def inline_stream_id(sc: Scenario) -> int:
     return 30_000 + sc.key
+
+
+def make_touch(size: int) -> Callable[[np.ndarray], int]:
+    """Sum one byte per 4 KiB page (the same function for every transport).
+
+    For a few pages a Python ``sum`` over ``tolist()`` is cheaper than numpy's reduction
+    (~0.4 vs ~1.9 us here); both read exactly one byte per page.
+    """
+    if size <= 16 * PAGE:
+        return lambda u8: sum(u8[::PAGE].tolist())
+    return lambda u8: int(u8[::PAGE].sum())
 
 
 def make_idle(name: str) -> IdleStrategy:
@@ -468,17 +481,18 @@ class _ConsumerRun:
         sc = self.sc
         settings = settings_for(sc, shm_base_dir, aeron_dir)
         self.ctx = AeronContext(settings.transport).start()
-        c = Consumer(self.ctx, tp_stream_id(sc), settings)
+        kw = {} if sc.seq_gap is None else {"max_outstanding_seq_gap": sc.seq_gap}
+        c = Consumer(self.ctx, tp_stream_id(sc), settings, **kw)
         self.consumer = c
         rec = self.rec
         latency = self.latency
         mono = _mono
-        page = PAGE
+        touch = make_touch(sc.size)
 
         if sc.touch:
 
             def handler(frame: Frame) -> None:
-                frame.array[::page].sum()
+                touch(frame.array)
                 if frame.is_current() and latency:
                     ts = frame.timestamp_ns
                     if rec.lat_from <= ts < rec.lat_to:
@@ -514,16 +528,15 @@ class _ConsumerRun:
         self._sub = sub
         rec = self.rec
         latency = self.latency
-        touch = sc.touch
+        touch = make_touch(sc.size) if sc.touch else None
         mono = _mono
-        page = PAGE
         frombuffer = np.frombuffer
         u8 = np.uint8
         unpack_ts = _i64.unpack_from
 
         def handler(buffer: object, header: object) -> None:
-            if touch:
-                frombuffer(buffer, u8)[::page].sum()  # type: ignore[call-overload]
+            if touch is not None:
+                touch(frombuffer(buffer, u8))  # type: ignore[call-overload]
             rec.frames += 1
             if latency:
                 ts = unpack_ts(buffer, 0)[0]  # type: ignore[arg-type]
@@ -549,9 +562,8 @@ class _ConsumerRun:
         views = list(slots)
         rec = self.rec
         latency = self.latency
-        touch = sc.touch
+        touch = make_touch(sc.size) if sc.touch else None
         mono = _mono
-        page = PAGE
         get = self.mpq.get
         empty = queue_mod.Empty
 
@@ -564,8 +576,8 @@ class _ConsumerRun:
                 self.sentinel_seen = True
                 return 0
             i, ts = item
-            if touch:
-                views[i][::page].sum()
+            if touch is not None:
+                touch(views[i])
             rec.frames += 1
             if latency and rec.lat_from <= ts < rec.lat_to:
                 rec.lat.append(mono() - ts)

@@ -322,10 +322,11 @@ class RateAwareMessageBatcher[S: Hashable, T]:
     batch_length_ns:
         Window length in nanoseconds (> 0).
     gated:
-        Which streams may gate: a collection of stream ids, a predicate, or
-        ``None`` (every stream is a candidate; irregular streams never converge to
-        an integer rate, so they ride along anyway). Decided once per stream, when
-        it is first seen.
+        Which streams may gate: a collection of stream ids or a predicate, decided
+        once per stream when it is first seen. Required, because it is a property of
+        the data: a gated stream is expected to be pulsed; an irregular stream that
+        is gated by mistake can happen to snap to an integer rate and hold windows
+        open until the timeout.
     timeout_factor:
         Close an incomplete window once the HWM is this many batch lengths past its
         start; in ``(0, HOLD_BATCHES]`` because the HWM never runs further ahead.
@@ -340,7 +341,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         self,
         batch_length_ns: int,
         *,
-        gated: Collection[S] | Callable[[S], bool] | None = None,
+        gated: Collection[S] | Callable[[S], bool],
         timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
         start_ns: int | None = None,
     ) -> None:
@@ -985,7 +986,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         cls,
         state: Mapping[str, Any],
         *,
-        gated: Collection[S] | Callable[[S], bool] | None = None,
+        gated: Collection[S] | Callable[[S], bool],
     ) -> RateAwareMessageBatcher[S, T]:
         """Rebuild a batcher from :meth:`snapshot` output (also after a JSON round trip).
 
@@ -1085,9 +1086,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
 # -- helpers --------------------------------------------------------------------
 
 
-def _gate_policy(gated: Collection[Any] | Callable[[Any], bool] | None) -> Callable[[Any], bool]:
-    if gated is None:
-        return lambda _sid: True
+def _gate_policy(gated: Collection[Any] | Callable[[Any], bool]) -> Callable[[Any], bool]:
     if callable(gated):
         return gated
     if isinstance(gated, str | bytes):
@@ -1095,7 +1094,7 @@ def _gate_policy(gated: Collection[Any] | Callable[[Any], bool] | None) -> Calla
     if isinstance(gated, Collection):
         members = frozenset(gated)
         return members.__contains__
-    raise TypeError(f"gated must be a collection of stream ids, a predicate or None, got {gated!r}")
+    raise TypeError(f"gated must be a collection of stream ids or a predicate, got {gated!r}")
 
 
 def _ns(value: object, name: str) -> int:

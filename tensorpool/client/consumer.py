@@ -31,6 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorpool.client.announce import AnnounceTracker, StreamLayout, Verdict
+from tensorpool.client.driver_client import (
+    ROLE_CONSUMER,
+    Attached,
+    DriverClient,
+    LeaseLost,
+    LeaseState,
+    LeaseTimings,
+    ProducerRevoked,
+)
 from tensorpool.client.sequence import DEFAULT_MAX_OUTSTANDING_SEQ_GAP, SeqTracker, SeqVerdict
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import LATE_REASONS, DropCounters, Reason
@@ -175,6 +184,9 @@ class Consumer:
         max_outstanding_seq_gap: int = DEFAULT_MAX_OUTSTANDING_SEQ_GAP,
         clock: NanoClock = now_ns,
         fragment_limit: int = 64,
+        driver: bool = False,
+        client_id: int | None = None,
+        lease_timings: LeaseTimings | None = None,
     ) -> None:
         if mode not in (MODE_STREAM, MODE_RATE_LIMITED):
             raise ValueError(f"mode must be STREAM or RATE_LIMITED, got {mode}")
@@ -226,6 +238,24 @@ class Consumer:
         )
         self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
         self._pub_qos = ctx.add_publication(ch.qos_channel, ch.qos_stream_id)
+        # Driver mode (Driver Model §2.3): the lease is the licence to map; announces only
+        # refresh or move an attached consumer to the epoch the driver bumped.
+        self._driver: DriverClient | None = None
+        if driver:
+            self._driver = DriverClient(
+                ctx,
+                self.settings,
+                stream_id,
+                ROLE_CONSUMER,
+                client_id=client_id,
+                timings=lease_timings,
+                clock=clock,
+            )
+
+    @property
+    def lease_state(self) -> LeaseState | None:
+        """The driver lease state (None in standalone mode)."""
+        return None if self._driver is None else self._driver.state
 
     # --- public API ---------------------------------------------------------------------------
     @property
@@ -345,8 +375,7 @@ class Consumer:
         result = reader.read(index, seq)
         if result is None:
             if reader.last_drop_reason == Reason.SEQ_MISMATCH:
-                word = reader._words[(64 + index * 256) >> 3]
-                self._seq.observe_head(word >> 1)
+                self._seq.observe_head(reader.slot_seq(index))
             return
         frame = self._frame
         frame._read = result
@@ -408,6 +437,9 @@ class Consumer:
         try:
             stream_id = dec.stream_id
             if stream_id != self.stream_id:
+                return
+            if self._driver is not None and self._driver.state is not LeaseState.ATTACHED:
+                self.stats.control.increment("announce_without_lease")
                 return
             join = self._sub_control.join_time_ns(header.session_id)  # type: ignore[attr-defined]
             decision = self._tracker.on_announce(
@@ -533,6 +565,16 @@ class Consumer:
             self._count_control(exc.reason)
 
     def _duties(self, now: int) -> None:
+        if self._driver is not None:
+            for ev in self._driver.do_work(now):
+                if isinstance(ev, Attached):
+                    self._map(ev.layout, now)
+                elif isinstance(ev, LeaseLost):
+                    self.stats.control.increment("lease_lost")
+                    self._unmap(ev.reason)
+                elif isinstance(ev, ProducerRevoked):
+                    self.stats.control.increment("producer_revoked")
+                    self._unmap("producer_revoked")  # remap on the epoch-bumped announce
         decision = self._tracker.tick(now)
         if decision is not None:
             self.stats.control.increment(decision.reason)
@@ -578,6 +620,8 @@ class Consumer:
 
     def close(self) -> None:
         self._unmap("close")
+        if self._driver is not None:
+            self._driver.close()
 
     def __enter__(self) -> Consumer:
         return self

@@ -26,21 +26,33 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tensorpool.client.announce import StreamLayout
+from tensorpool.client.driver_client import (
+    ROLE_PRODUCER,
+    Attached,
+    AttachFailed,
+    DriverClient,
+    LeaseLost,
+    LeaseTimings,
+)
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import DropCounters, Reason
+from tensorpool.shm.errors import ShmError
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import EpochLayout, ShmRegion, create_region
+from tensorpool.shm.region import EpochLayout, ShmRegion, create_region, map_region
 from tensorpool.shm.seqlock import SlotWriter
-from tensorpool.shm.superblock import LAYOUT_VERSION, SuperblockFields
+from tensorpool.shm.superblock import LAYOUT_VERSION, ExpectedRegion, SuperblockFields
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
 from tensorpool.specs import CodecError, decode_any
 from tensorpool.specs.generated import wire
+from tensorpool.specs.generated.driver import PublishMode, ResponseCode
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 
@@ -48,6 +60,14 @@ log = logging.getLogger(__name__)
 
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
+NO_LEASE = "no_lease"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ResponseCode(code).name
+    except ValueError:
+        return f"code {code}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,49 +154,51 @@ def _record_epoch(instance_dir: str, epoch: int) -> None:
     os.replace(tmp, os.path.join(instance_dir, LAST_EPOCH_FILE))
 
 
+class AttachError(RuntimeError):
+    """The driver refused the attach (e.g. REJECTED: the stream already has a producer)."""
+
+
 class Producer:
-    """Single-writer producer of one stream (use from one thread)."""
+    """Single-writer producer of one stream (use from one thread).
+
+    Standalone (default): creates and owns its regions. Driver mode (`driver=True`):
+    attaches through the SHM driver as the stream's exclusive producer, writes into the
+    driver's regions, never creates or announces them (Driver Model §2.2, §3), and
+    reattaches with a fresh epoch after losing its lease.
+    """
 
     def __init__(
         self,
         ctx: AeronContext,
-        stream: StreamConfig,
+        stream: StreamConfig | int,
         settings: ClientSettings | None = None,
         *,
-        producer_id: int = 1,
+        driver: bool = False,
+        producer_id: int | None = None,
         instance_id: str | None = None,
         clock: NanoClock = now_ns,
         prefault: bool = False,
         cleanup_on_close: bool = True,
         keep_epochs: int = 1,
+        attach_timeout_s: float = 10.0,
+        lease_timings: LeaseTimings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
-        self.stream = stream
-        self.stream_id = stream.stream_id
-        self.producer_id = producer_id
-        self.instance_id = instance_id or f"producer-{stream.stream_id}"
+        stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
+        self.stream = stream_cfg
+        self.stream_id = stream_cfg.stream_id
         self._clock = clock
-        self._cleanup = cleanup_on_close
+        self._cleanup = cleanup_on_close and not driver
         self.stats = ProducerStats()
         self.meta_version = 0
         self._meta_attributes: list[tuple[str, str, bytes]] = []
         self._seq = 0
         self._closed = False
-
+        self._regions: list[ShmRegion] = []
+        self._writer: SlotWriter | None = None
+        self._layout: EpochLayout | None = None
+        self.epoch = 0
         s = self.settings
-        instance_dir = os.path.join(s.shm_base_dir, s.namespace, self.instance_id)
-        self.epoch = next_epoch(instance_dir)
-        self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, self.epoch)
-        self._gc_old_epochs(instance_dir, keep=keep_epochs)
-        self._regions = self._create_regions(prefault)
-        _record_epoch(instance_dir, self.epoch)
-        header, pools = self._regions[0], self._regions[1:]
-        self._writer = SlotWriter(header, pools, counters=self.stats.drops)
-        self._pool_uris = tuple(
-            (pc.pool_id, stream.header_nslots, pc.stride_bytes, format_shm_uri(r.path))
-            for pc, r in zip(stream.pools, pools, strict=True)
-        )
-        self._header_uri = format_shm_uri(header.path)
 
         ch = s.channels
         self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
@@ -194,12 +216,146 @@ class Producer:
         self._next_qos_ns = 0
         self._announce_now = False
         self._pending_configs: list[tuple[int, int]] = []
+
+        self._driver: DriverClient | None = None
+        if driver:
+            self._driver = DriverClient(
+                ctx,
+                s,
+                self.stream_id,
+                ROLE_PRODUCER,
+                client_id=producer_id,
+                timings=lease_timings,
+                publish_mode=int(PublishMode.EXISTING_OR_CREATE),
+                clock=clock,
+            )
+            self.producer_id = self._driver.client_id
+            self.instance_id = instance_id or ""
+            self._wait_attached(attach_timeout_s)
+            return
+
+        self.producer_id = producer_id if producer_id is not None else 1
+        self.instance_id = instance_id or f"producer-{self.stream_id}"
+        instance_dir = os.path.join(s.shm_base_dir, s.namespace, self.instance_id)
+        epoch = next_epoch(instance_dir)
+        self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, epoch)
+        self._gc_old_epochs(instance_dir, keep=keep_epochs)
+        regions = self._create_regions(epoch, prefault)
+        _record_epoch(instance_dir, epoch)
+        self._install(regions, epoch)
         log.info(
             "producer stream=%d epoch=%d regions under %s",
             self.stream_id,
             self.epoch,
             self._layout.directory,
         )
+
+    def _install(self, regions: list[ShmRegion], epoch: int) -> None:
+        """Start writing into `regions` as `epoch`, from seq 0 (§15.2)."""
+        header, pools = regions[0], regions[1:]
+        self._writer = SlotWriter(header, pools, counters=self.stats.drops)
+        self._regions = regions
+        self.epoch = epoch
+        self._seq = 0
+        self._pool_uris = tuple(
+            (r.pool_id, r.nslots, r.stride_bytes, format_shm_uri(r.path)) for r in pools
+        )
+        self._header_uri = format_shm_uri(header.path)
+
+    def _uninstall(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        for region in self._regions:
+            region.close()
+        self._regions = []
+
+    # --- driver mode ----------------------------------------------------------------------------
+    def _wait_attached(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._writer is None:
+            failure = self._poll_driver()
+            if failure is not None and failure.code is not None:
+                raise AttachError(
+                    f"driver refused producer attach for stream {self.stream_id}: "
+                    f"{_code_name(failure.code)} {failure.message}".rstrip()
+                )
+            if time.monotonic() > deadline:
+                raise AttachError(
+                    f"no attach response from the driver for stream {self.stream_id} "
+                    f"within {timeout_s:g} s (is `tensorpool driver` running?)"
+                )
+            time.sleep(0.001)
+
+    def _poll_driver(self) -> AttachFailed | None:
+        assert self._driver is not None
+        failure = None
+        for ev in self._driver.do_work(self._clock()):
+            if isinstance(ev, Attached):
+                self._attach_layout(ev.layout)
+            elif isinstance(ev, LeaseLost):
+                log.warning("producer stream %d lost its lease: %s", self.stream_id, ev.reason)
+                self._uninstall()
+            elif isinstance(ev, AttachFailed):
+                failure = ev
+        return failure
+
+    def _attach_layout(self, layout: StreamLayout) -> None:
+        self._uninstall()
+        policy = PathPolicy(self.settings.base_dirs)
+        regions: list[ShmRegion] = []
+        try:
+            regions.append(
+                map_region(
+                    layout.header_region_uri,
+                    ExpectedRegion.header_ring(
+                        epoch=layout.epoch,
+                        stream_id=layout.stream_id,
+                        nslots=layout.header_nslots,
+                        layout_version=layout.layout_version,
+                    ),
+                    policy,
+                    writable=True,
+                )
+            )
+            for pool in layout.pools:
+                regions.append(
+                    map_region(
+                        pool.region_uri,
+                        ExpectedRegion.payload_pool(
+                            epoch=layout.epoch,
+                            stream_id=layout.stream_id,
+                            pool_id=pool.pool_id,
+                            nslots=pool.nslots,
+                            stride_bytes=pool.stride_bytes,
+                            layout_version=layout.layout_version,
+                        ),
+                        policy,
+                        writable=True,
+                    )
+                )
+        except ShmError as exc:
+            for r in regions:
+                r.close()
+            self.stats.drops.increment(exc.reason)
+            log.error("producer stream %d cannot map driver regions: %s", self.stream_id, exc)
+            return
+        self.stream = StreamConfig(
+            self.stream_id,
+            header_nslots=layout.header_nslots,
+            pools=tuple(PoolConfig(p.pool_id, p.stride_bytes) for p in layout.pools),
+            layout_version=layout.layout_version,
+            name=self.stream.name,
+            summary=self.stream.summary,
+        )
+        self._install(regions, layout.epoch)
+        self._announce_now = True  # metadata for the new epoch right away
+        log.info("producer stream=%d attached, epoch %d", self.stream_id, layout.epoch)
+
+    @property
+    def attached(self) -> bool:
+        """True while the producer holds regions it may write (always, standalone)."""
+        return self._writer is not None
 
     # --- setup --------------------------------------------------------------------------------
     def _gc_old_epochs(self, instance_dir: str, keep: int) -> None:
@@ -212,15 +368,16 @@ class Producer:
         for _, name in old[: max(0, len(old) - keep)]:
             shutil.rmtree(os.path.join(instance_dir, name), ignore_errors=True)
 
-    def _create_regions(self, prefault: bool) -> list[ShmRegion]:
+    def _create_regions(self, epoch: int, prefault: bool) -> list[ShmRegion]:
         s, st, lay = self.settings, self.stream, self._layout
+        assert lay is not None
         policy = PathPolicy(s.base_dirs)
         now = self._clock()
         regions = [
             create_region(
                 lay.header_path,
                 SuperblockFields.header_ring(
-                    epoch=self.epoch,
+                    epoch=epoch,
                     stream_id=st.stream_id,
                     nslots=st.header_nslots,
                     now_ns=now,
@@ -236,7 +393,7 @@ class Producer:
                 create_region(
                     lay.pool_path(pc.pool_id),
                     SuperblockFields.payload_pool(
-                        epoch=self.epoch,
+                        epoch=epoch,
                         stream_id=st.stream_id,
                         pool_id=pc.pool_id,
                         nslots=st.header_nslots,
@@ -264,10 +421,14 @@ class Producer:
         meta_version: int | None = None,
     ) -> int | None:
         """Copy `array` in as the next frame; return its seq, or None if no pool fits it."""
+        writer = self._writer
+        if writer is None:
+            self.stats.drops.increment(NO_LEASE)
+            return None
         seq = self._seq
         ts = self._clock() if timestamp_ns is None else timestamp_ns
         mv = self.meta_version if meta_version is None else meta_version
-        index = self._writer.write(seq, array, timestamp_ns=ts, meta_version=mv)
+        index = writer.write(seq, array, timestamp_ns=ts, meta_version=mv)
         if index is None:
             return None
         self._seq = seq + 1
@@ -282,14 +443,18 @@ class Producer:
         The slot is marked in-progress now (§8.3 step 1); consumers reading it drop until
         `commit`. Returns None (counted `no_pool_fits`) when no pool is large enough.
         """
+        writer = self._writer
+        if writer is None:
+            self.stats.drops.increment(NO_LEASE)
+            return None
         layout = TensorLayout.contiguous(tuple(shape), np.dtype(dtype), order=order)
-        pool_id = self._writer.pools.select(layout.extent_bytes)
+        pool_id = writer.pools.select(layout.extent_bytes)
         if pool_id is None:
             self.stats.drops.increment(Reason.NO_POOL_FITS)
             return None
         seq = self._seq
-        index = self._writer.begin(seq)
-        view = self._writer.payload_view(pool_id, index, layout)
+        index = writer.begin(seq)
+        view = writer.payload_view(pool_id, index, layout)
         return FrameClaim(seq, index, pool_id, layout, view)
 
     def commit(
@@ -298,14 +463,21 @@ class Producer:
         *,
         timestamp_ns: int | None = None,
         meta_version: int | None = None,
-    ) -> int:
-        """Write the header, commit the slot, then publish its descriptor; return the seq."""
+    ) -> int | None:
+        """Write the header, commit the slot, then publish its descriptor; return the seq.
+
+        Returns None if the lease was lost since the claim (the slot is gone with it).
+        """
+        writer = self._writer
+        if writer is None:
+            self.stats.drops.increment(NO_LEASE)
+            return None
         if claim.seq != self._seq:
             raise ValueError(f"claim for seq {claim.seq} is not the open claim ({self._seq})")
         ts = self._clock() if timestamp_ns is None else timestamp_ns
         mv = self.meta_version if meta_version is None else meta_version
         nbytes = claim.layout.extent_bytes
-        self._writer.write_header(
+        writer.write_header(
             claim.header_index,
             pool_id=claim.pool_id,
             layout=claim.layout,
@@ -313,7 +485,7 @@ class Producer:
             timestamp_ns=ts,
             meta_version=mv,
         )
-        self._writer.commit(claim.seq)
+        writer.commit(claim.seq)
         self._seq = claim.seq + 1
         self._publish(claim.seq, claim.header_index, ts, mv, nbytes)
         return claim.seq
@@ -395,6 +567,8 @@ class Producer:
         """Poll the control stream and run due periodic duties; return work done."""
         now = self._clock() if now_ns is None else now_ns
         work = self._sub_control.poll()
+        if self._driver is not None:
+            self._poll_driver()
         if self._pending_configs:
             for consumer_id, mode in self._pending_configs:
                 self._send_consumer_config(consumer_id, mode)
@@ -403,7 +577,8 @@ class Producer:
         if self._announce_now or now >= self._next_announce_ns:
             self._announce_now = False
             self._next_announce_ns = now + self.settings.announce_period_ns
-            self._announce(now)
+            if self._driver is None:  # in driver mode the driver announces (§8)
+                self._announce(now)
             self._send_metadata(now)
             work += 1
         if now >= self._next_qos_ns:
@@ -466,8 +641,8 @@ class Producer:
         return self._pub_desc.is_connected
 
     @property
-    def epoch_directory(self) -> str:
-        return self._layout.directory
+    def epoch_directory(self) -> str | None:
+        return None if self._layout is None else self._layout.directory
 
     @property
     def header_region_path(self) -> str:
@@ -482,10 +657,10 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        self._writer.close()
-        for region in self._regions:
-            region.close()
-        if self._cleanup:
+        self._uninstall()
+        if self._driver is not None:
+            self._driver.close()
+        if self._cleanup and self._layout is not None:
             shutil.rmtree(self._layout.directory, ignore_errors=True)
 
     def __enter__(self) -> Producer:
@@ -496,6 +671,7 @@ class Producer:
 
 
 __all__ = [
+    "AttachError",
     "FrameClaim",
     "PoolConfig",
     "Producer",

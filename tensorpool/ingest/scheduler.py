@@ -214,7 +214,7 @@ class IngressScheduler:
             else:
                 timed = True
                 last = t0
-                if max_millis is not None:
+                if max_millis is not None and not misconfigured:
                     limit = max_millis
         elif max_millis is not None:
             log.warning("scheduler %r: max_millis without now_millis is ignored", self._name)

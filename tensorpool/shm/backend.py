@@ -14,10 +14,10 @@ backing page size, and of the hugepage size when hugepages are required.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import sys
+from collections.abc import Callable
 
 from tensorpool.counters import Reason
 from tensorpool.shm.errors import BackendError
@@ -33,13 +33,18 @@ PAGE_SIZE: int = mmap.PAGESIZE
 _STATFS_BUF_BYTES = 256
 
 
-def _load_fstatfs():  # type: ignore[no-untyped-def]
+def _load_fstatfs() -> Callable[[int, object], int] | None:
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.fstatfs
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+    # The running interpreter already links libc: CDLL(None) finds fstatfs without spawning
+    # ``ldconfig`` the way ctypes.util.find_library would.
+    for name in (None, "libc.so.6"):
+        try:
+            fn = ctypes.CDLL(name, use_errno=True).fstatfs
+            break
+        except (OSError, AttributeError):  # pragma: no cover - exotic libc
+            continue
+    else:  # pragma: no cover
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
     fn.restype = ctypes.c_int

@@ -443,6 +443,14 @@ class SlotReader:
         so an accepted result is guaranteed untorn without calling :meth:`is_current`."""
         return self.read(header_index, seq, True)
 
+    def slot_seq(self, header_index: int) -> int:
+        """The logical seq the slot holds right now (committed or in progress).
+
+        Consumers use it to learn how far ahead the producer is when a read finds the slot
+        already reused (§15.4 resync); it is a hint, not a validated read.
+        """
+        return self._words[(SUPERBLOCK_SIZE + header_index * HEADER_SLOT_BYTES) >> 3] >> 1
+
     def is_current(self, result: SlotRead) -> bool:
         """True if the slot still holds ``result``'s frame (call after consuming a view).
 

@@ -505,3 +505,13 @@ def test_fuzz_mutated_valid_messages(key: str, msg: Message, data: st.DataObject
     cut = data.draw(st.integers(0, len(raw)))
     _decode_everything(bytes(raw[:cut]))
     _decode_everything(bytes(raw))
+
+
+def test_s10_1_1_unsynchronised_clock_domain_has_no_value() -> None:
+    """§10.1.1: only MONOTONIC and REALTIME_SYNCED exist; any other byte is rejected."""
+    raw = _announce(0)
+    raw[8 + wire.ShmPoolAnnounceDecoder.ANNOUNCE_CLOCK_DOMAIN_OFFSET] = 0
+    dec = wire.ShmPoolAnnounceDecoder().wrap(raw)
+    assert dec.announce_clock_domain_raw == 0
+    with pytest.raises(UnknownEnumValue):
+        _ = dec.announce_clock_domain

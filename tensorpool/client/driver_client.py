@@ -1,0 +1,488 @@
+"""Attaching to the SHM driver: leases, keepalives, revocation (Driver Model §4).
+
+`LeaseMachine` is the sans-IO state machine of §4.12.1 for one (stream, role):
+
+    UNATTACHED -> ATTACHING -> ATTACHED -> DETACHING -> UNATTACHED
+                      |            |
+                      v            v  (revoked, driver shutdown, keepalive failure)
+                   BACKOFF  <------+   -> ATTACHING again after the backoff delay
+
+Inputs are decoded control messages and `now_ns`; outputs are `Send*` actions
+(requests to encode and offer) and events (`Attached`, `LeaseLost`,
+`ProducerRevoked`, `AttachFailed`). Every check of §4.2 is applied to an OK
+response, and any failure is a protocol error: the attach is dropped and retried
+(fail closed, §4.7a). `DriverClient` is the thin I/O shell around it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import random
+from dataclasses import dataclass
+
+from tensorpool.client.announce import PoolSpec, StreamLayout
+from tensorpool.client.settings import ClientSettings
+from tensorpool.shm.errors import ShmError
+from tensorpool.shm.uri import parse_shm_uri
+from tensorpool.specs import CodecError, decode_any, peek_header
+from tensorpool.specs.generated import driver as dp
+from tensorpool.specs.generated.wire import MAX_DIMS_CONST
+from tensorpool.transport.clock import NanoClock, now_ns
+from tensorpool.transport.context import AeronContext
+
+log = logging.getLogger(__name__)
+
+SEC = 1_000_000_000
+DRIVER_SCHEMA_ID = 901
+ROLE_PRODUCER = int(dp.Role.PRODUCER)
+ROLE_CONSUMER = int(dp.Role.CONSUMER)
+_OK = int(dp.ResponseCode.OK)
+
+
+class LeaseState(enum.Enum):
+    UNATTACHED = "unattached"
+    ATTACHING = "attaching"
+    ATTACHED = "attached"
+    DETACHING = "detaching"
+    BACKOFF = "backoff"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttach:
+    correlation_id: int
+    stream_id: int
+    client_id: int
+    role: int
+    expected_layout_version: int
+    publish_mode: int | None
+    require_hugepages: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendKeepalive:
+    lease_id: int
+    stream_id: int
+    client_id: int
+    role: int
+    client_timestamp_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendDetach:
+    correlation_id: int
+    lease_id: int
+    stream_id: int
+    client_id: int
+    role: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    lease_id: int
+    layout: StreamLayout
+    lease_expiry_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost:
+    """Our lease is gone: stop using its regions now, drop in-flight frames (§4.9)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerRevoked:
+    """The producer of the stream we consume lost its lease: await the new epoch (§4.9)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttachFailed:
+    """An attach was refused or malformed; retried after backoff. `code` None = protocol."""
+
+    code: int | None
+    message: str
+
+
+Action = (
+    SendAttach
+    | SendKeepalive
+    | SendDetach
+    | Attached
+    | LeaseLost
+    | ProducerRevoked
+    | (AttachFailed)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTimings:
+    keepalive_interval_ns: int = SEC
+    attach_timeout_ns: int = 2 * SEC
+    backoff_initial_ns: int = 100_000_000
+    backoff_max_ns: int = 5 * SEC
+
+
+class LeaseMachine:
+    """One client's lease on one stream in one role (sans-IO)."""
+
+    def __init__(
+        self,
+        stream_id: int,
+        role: int,
+        client_id: int,
+        *,
+        timings: LeaseTimings | None = None,
+        expected_layout_version: int = 0,
+        publish_mode: int | None = None,
+        require_hugepages: int = int(dp.HugepagesPolicy.UNSPECIFIED),
+        correlation_seed: int | None = None,
+    ) -> None:
+        self.stream_id = stream_id
+        self.role = role
+        self.client_id = client_id
+        self.timings = timings or LeaseTimings()
+        self.expected_layout_version = expected_layout_version
+        self.publish_mode = publish_mode
+        self.require_hugepages = require_hugepages
+        self.state = LeaseState.UNATTACHED
+        self.lease_id: int | None = None
+        self.lease_expiry_ns: int | None = None
+        self.layout: StreamLayout | None = None
+        self._corr = correlation_seed if correlation_seed is not None else random.getrandbits(40)
+        self._pending: int | None = None
+        self._deadline = 0
+        self._next_keepalive = 0
+        self._backoff_ns = self.timings.backoff_initial_ns
+        self.counters: dict[str, int] = {}
+
+    def _count(self, key: str) -> None:
+        self.counters[key] = self.counters.get(key, 0) + 1
+
+    def _next_corr(self) -> int:
+        self._corr = (self._corr + 1) & 0x7FFFFFFFFFFFFFFF
+        return self._corr
+
+    # --- commands -----------------------------------------------------------------------------
+    def attach(self, now: int) -> list[Action]:
+        if self.state not in (LeaseState.UNATTACHED, LeaseState.BACKOFF):
+            return []
+        corr = self._next_corr()
+        self._pending = corr
+        self.state = LeaseState.ATTACHING
+        self._deadline = now + self.timings.attach_timeout_ns
+        return [
+            SendAttach(
+                corr,
+                self.stream_id,
+                self.client_id,
+                self.role,
+                self.expected_layout_version,
+                self.publish_mode,
+                self.require_hugepages,
+            )
+        ]
+
+    def detach(self, now: int) -> list[Action]:
+        if self.state is not LeaseState.ATTACHED or self.lease_id is None:
+            self.state = LeaseState.CLOSED
+            return []
+        corr = self._next_corr()
+        self._pending = corr
+        self.state = LeaseState.DETACHING
+        self._deadline = now + self.timings.attach_timeout_ns
+        return [SendDetach(corr, self.lease_id, self.stream_id, self.client_id, self.role)]
+
+    # --- inputs -------------------------------------------------------------------------------
+    def on_attach_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
+        if self.state is not LeaseState.ATTACHING or r.correlation_id != self._pending:
+            return []  # someone else's response on the shared control stream
+        self._pending = None
+        code = r.code_raw
+        if code != _OK:
+            self._count(f"attach_code_{code}")
+            return [*self._to_backoff(now), AttachFailed(code, r.error_message)]
+        try:
+            lease_id, expiry, layout = _validate_ok_response(r, self.stream_id)
+        except (ValueError, CodecError, ShmError) as exc:
+            self._count("attach_protocol_error")
+            return [*self._to_backoff(now), AttachFailed(None, f"protocol error: {exc}")]
+        self.state = LeaseState.ATTACHED
+        self.lease_id = lease_id
+        self.lease_expiry_ns = expiry
+        self.layout = layout
+        self._backoff_ns = self.timings.backoff_initial_ns
+        self._next_keepalive = now + self.timings.keepalive_interval_ns
+        return [Attached(lease_id, layout, expiry)]
+
+    def on_detach_response(self, r: dp.ShmDetachResponseDecoder, now: int) -> list[Action]:
+        if self.state is LeaseState.DETACHING and r.correlation_id == self._pending:
+            self._pending = None
+            self.state = LeaseState.CLOSED
+            self.lease_id = None
+        return []
+
+    def on_lease_revoked(self, r: dp.ShmLeaseRevokedDecoder, now: int) -> list[Action]:
+        # Required enums are checked first: unknown reason/role values are rejected (§4.9).
+        r.reason  # noqa: B018 - raises UnknownEnumValue
+        role = int(r.role)
+        if self.lease_id is not None and r.lease_id == self.lease_id:
+            if self.state in (LeaseState.ATTACHED, LeaseState.DETACHING):
+                self._count("lease_revoked")
+                return [LeaseLost(f"revoked:{r.reason.name.lower()}"), *self._to_backoff(now)]
+            return []
+        if (
+            role == ROLE_PRODUCER
+            and self.role == ROLE_CONSUMER
+            and r.stream_id == self.stream_id
+            and self.state is LeaseState.ATTACHED
+        ):
+            return [ProducerRevoked(r.stream_id)]
+        return []
+
+    def on_driver_shutdown(self, now: int) -> list[Action]:
+        if self.state in (LeaseState.ATTACHED, LeaseState.ATTACHING, LeaseState.DETACHING):
+            self._count("driver_shutdown")
+            lost = [LeaseLost("driver_shutdown")] if self.state is LeaseState.ATTACHED else []
+            return [*lost, *self._to_backoff(now)]
+        return []
+
+    def on_keepalive_failed(self, now: int) -> list[Action]:
+        """§4.4: a keepalive that cannot be sent is fatal for the lease: reattach."""
+        if self.state is LeaseState.ATTACHED:
+            self._count("keepalive_send_failed")
+            return [LeaseLost("keepalive_send_failed"), *self._to_backoff(now)]
+        return []
+
+    def tick(self, now: int) -> list[Action]:
+        st = self.state
+        if st is LeaseState.ATTACHED:
+            assert self.lease_id is not None
+            if (
+                self.lease_expiry_ns is not None
+                and now >= self.lease_expiry_ns
+                and (self._next_keepalive > self.lease_expiry_ns)
+            ):
+                return [LeaseLost("lease_expired"), *self._to_backoff(now)]
+            if now >= self._next_keepalive:
+                self._next_keepalive = now + self.timings.keepalive_interval_ns
+                return [
+                    SendKeepalive(self.lease_id, self.stream_id, self.client_id, self.role, now)
+                ]
+        elif st is LeaseState.ATTACHING and now >= self._deadline:
+            self._count("attach_timeout")
+            return [*self._to_backoff(now), AttachFailed(None, "attach timed out")]
+        elif st is LeaseState.DETACHING and now >= self._deadline:
+            self.state = LeaseState.CLOSED
+        elif st is LeaseState.BACKOFF and now >= self._deadline:
+            return self.attach(now)
+        return []
+
+    def _to_backoff(self, now: int) -> list[Action]:
+        self.state = LeaseState.BACKOFF
+        self.lease_id = None
+        self.lease_expiry_ns = None
+        self.layout = None
+        self._pending = None
+        self._deadline = now + self._backoff_ns
+        self._backoff_ns = min(self._backoff_ns * 2, self.timings.backoff_max_ns)
+        return []
+
+
+def _validate_ok_response(
+    r: dp.ShmAttachResponseDecoder, stream_id: int
+) -> tuple[int, int | None, StreamLayout]:
+    """Driver Model §4.2: required fields non-null, 256-byte slots, schema maxDims, pools
+    present with nslots equal to the header's, URIs non-blank and valid."""
+    required = {
+        "lease_id": r.lease_id,
+        "stream_id": r.stream_id,
+        "epoch": r.epoch,
+        "layout_version": r.layout_version,
+        "header_nslots": r.header_nslots,
+        "header_slot_bytes": r.header_slot_bytes,
+        "max_dims": r.max_dims,
+    }
+    missing = [k for k, v in required.items() if v is None]
+    if missing:
+        raise ValueError(f"null required fields {missing}")
+    if r.stream_id != stream_id:
+        raise ValueError(f"response for stream {r.stream_id}, asked for {stream_id}")
+    if r.header_slot_bytes != 256:
+        raise ValueError(f"headerSlotBytes {r.header_slot_bytes} != 256")
+    if r.max_dims != MAX_DIMS_CONST:
+        raise ValueError(f"maxDims {r.max_dims} != {MAX_DIMS_CONST}")
+    header_uri = r.header_region_uri
+    if not header_uri.strip():
+        raise ValueError("empty headerRegionUri")
+    parse_shm_uri(header_uri)
+    pools: list[PoolSpec] = []
+    for p in r.payload_pools:
+        uri = p.region_uri
+        if not uri.strip():
+            raise ValueError(f"empty regionUri for pool {p.pool_id}")
+        parse_shm_uri(uri)
+        if p.pool_nslots != r.header_nslots:
+            raise ValueError(f"pool {p.pool_id} nslots {p.pool_nslots} != {r.header_nslots}")
+        pools.append(PoolSpec(p.pool_id, p.pool_nslots, p.stride_bytes, uri))
+    if not pools:
+        raise ValueError("empty payloadPools")
+    layout = StreamLayout(
+        stream_id=stream_id,
+        producer_id=0,
+        epoch=int(r.epoch),  # type: ignore[arg-type]
+        layout_version=int(r.layout_version),  # type: ignore[arg-type]
+        header_nslots=int(r.header_nslots),  # type: ignore[arg-type]
+        header_slot_bytes=256,
+        header_region_uri=header_uri,
+        pools=tuple(pools),
+        announce_timestamp_ns=0,
+        clock_domain=1,
+    )
+    return int(r.lease_id), r.lease_expiry_timestamp_ns, layout  # type: ignore[arg-type]
+
+
+def default_client_id() -> int:
+    """Unique per client process and lease (§4.8); random bits avoid pid reuse collisions."""
+    return ((os.getpid() & 0xFFFF) << 15 | random.getrandbits(15)) & 0x7FFFFFFF or 1
+
+
+class DriverClient:
+    """Sends the lease machine's requests and feeds it the driver's control messages.
+
+    `do_work(now)` returns the events (`Attached`, `LeaseLost`, ...) for the owner.
+    """
+
+    def __init__(
+        self,
+        ctx: AeronContext,
+        settings: ClientSettings,
+        stream_id: int,
+        role: int,
+        *,
+        client_id: int | None = None,
+        timings: LeaseTimings | None = None,
+        publish_mode: int | None = None,
+        clock: NanoClock = now_ns,
+        on_other_message: object = None,
+    ) -> None:
+        self.machine = LeaseMachine(
+            stream_id,
+            role,
+            client_id if client_id is not None else default_client_id(),
+            timings=timings,
+            publish_mode=publish_mode,
+        )
+        self._clock = clock
+        ch = settings.channels
+        self._pub = ctx.add_publication(ch.control_channel, ch.control_stream_id)
+        self._sub = ctx.add_subscription(ch.control_channel, ch.control_stream_id, self._on_msg)
+        self._buf = bytearray(512)
+        self._events: list[Action] = []
+        self.control_drops: dict[str, int] = {}
+
+    @property
+    def client_id(self) -> int:
+        return self.machine.client_id
+
+    @property
+    def state(self) -> LeaseState:
+        return self.machine.state
+
+    @property
+    def lease_id(self) -> int | None:
+        return self.machine.lease_id
+
+    def _drop(self, reason: str) -> None:
+        self.control_drops[reason] = self.control_drops.get(reason, 0) + 1
+
+    def _on_msg(self, buffer: object, header: object) -> None:
+        try:
+            if peek_header(buffer)[2] != DRIVER_SCHEMA_ID:
+                return
+            dec = decode_any(buffer)
+            now = self._clock()
+            m = self.machine
+            if isinstance(dec, dp.ShmAttachResponseDecoder):
+                self._events += m.on_attach_response(dec, now)
+            elif isinstance(dec, dp.ShmLeaseRevokedDecoder):
+                self._events += m.on_lease_revoked(dec, now)
+            elif isinstance(dec, dp.ShmDriverShutdownDecoder):
+                dec.reason  # noqa: B018 - unknown reasons are rejected
+                self._events += m.on_driver_shutdown(now)
+            elif isinstance(dec, dp.ShmDetachResponseDecoder):
+                self._events += m.on_detach_response(dec, now)
+        except CodecError as exc:
+            self._drop(exc.reason)
+
+    def do_work(self, now: int | None = None) -> list[Action]:
+        now = self._clock() if now is None else now
+        self._sub.poll()
+        m = self.machine
+        if m.state is LeaseState.UNATTACHED:
+            self._events += m.attach(now)
+        self._events += m.tick(now)
+        out: list[Action] = []
+        events, self._events = self._events, []
+        for ev in events:
+            if isinstance(ev, SendAttach | SendKeepalive | SendDetach):
+                if not self._send(ev) and isinstance(ev, SendKeepalive):
+                    out += m.on_keepalive_failed(now)
+            else:
+                if isinstance(ev, AttachFailed):
+                    log.warning("attach to stream %d failed: %s", m.stream_id, ev.message)
+                out.append(ev)
+        return out
+
+    def _send(self, ev: SendAttach | SendKeepalive | SendDetach) -> bool:
+        buf = self._buf
+        if isinstance(ev, SendAttach):
+            n = dp.ShmAttachRequestEncoder.encode(
+                buf,
+                0,
+                correlation_id=ev.correlation_id,
+                stream_id=ev.stream_id,
+                client_id=ev.client_id,
+                role=ev.role,
+                expected_layout_version=ev.expected_layout_version,
+                max_dims=0,
+                publish_mode=ev.publish_mode,
+                require_hugepages=ev.require_hugepages,
+            )
+        elif isinstance(ev, SendKeepalive):
+            n = dp.ShmLeaseKeepaliveEncoder.encode(
+                buf,
+                0,
+                lease_id=ev.lease_id,
+                stream_id=ev.stream_id,
+                client_id=ev.client_id,
+                role=ev.role,
+                client_timestamp_ns=ev.client_timestamp_ns,
+            )
+        else:
+            n = dp.ShmDetachRequestEncoder.encode(
+                buf,
+                0,
+                correlation_id=ev.correlation_id,
+                lease_id=ev.lease_id,
+                stream_id=ev.stream_id,
+                client_id=ev.client_id,
+                role=ev.role,
+            )
+        return self._pub.offer(buf, 0, n)
+
+    def close(self, timeout_ns: int = SEC) -> None:
+        """Best-effort detach (§4.9): send it, wait briefly for the response."""
+        now = self._clock()
+        for ev in self.machine.detach(now):
+            if isinstance(ev, SendDetach):
+                self._send(ev)
+        deadline = now + timeout_ns
+        while self.machine.state is LeaseState.DETACHING and self._clock() < deadline:
+            self._sub.poll()
+            self.machine.tick(self._clock())
+        self.machine.state = LeaseState.CLOSED

@@ -1,0 +1,172 @@
+"""LeaseMachine: the client side of the Driver Model (§4.2, §4.4, §4.7a, §4.9, §4.12, §4.13)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorpool.client.driver_client import (
+    ROLE_CONSUMER,
+    ROLE_PRODUCER,
+    AttachFailed,
+    Attached,
+    LeaseLost,
+    LeaseMachine,
+    LeaseState,
+    LeaseTimings,
+    ProducerRevoked,
+    SendAttach,
+    SendDetach,
+    SendKeepalive,
+)
+from tensorpool.specs import CodecError
+from tensorpool.specs.generated import driver as dp
+
+MS = 1_000_000
+T = LeaseTimings(keepalive_interval_ns=100 * MS, attach_timeout_ns=500 * MS,
+                 backoff_initial_ns=50 * MS, backoff_max_ns=400 * MS)
+
+
+def _response(corr: int, **over: object) -> dp.ShmAttachResponseDecoder:
+    fields: dict[str, object] = dict(
+        correlation_id=corr, code=dp.ResponseCode.OK, lease_id=77, lease_expiry_timestamp_ns=None,
+        stream_id=5, epoch=3, layout_version=1, header_nslots=8, header_slot_bytes=256,
+        max_dims=8,
+        payload_pools=[(1, 8, 4096, "shm:file?path=/dev/shm/x/payload-1.pool")],
+        header_region_uri="shm:file?path=/dev/shm/x/header.ring",
+    )
+    fields.update(over)
+    buf = bytearray(4096)
+    dp.ShmAttachResponseEncoder.encode(buf, 0, **fields)
+    return dp.ShmAttachResponseDecoder().wrap(buf)
+
+
+def _revoked(lease_id: int, role: int, stream: int = 5, reason: int = 2) -> object:
+    buf = bytearray(256)
+    dp.ShmLeaseRevokedEncoder.encode(buf, 0, timestamp_ns=1, lease_id=lease_id, stream_id=stream,
+                                     client_id=9, role=role, reason=reason, error_message="")
+    return dp.ShmLeaseRevokedDecoder().wrap(buf)
+
+
+def _attached(role: int = ROLE_CONSUMER) -> tuple[LeaseMachine, int]:
+    m = LeaseMachine(5, role, client_id=42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    assert isinstance(req, SendAttach)
+    (ev,) = m.on_attach_response(_response(req.correlation_id), 0)
+    assert isinstance(ev, Attached)
+    return m, req.correlation_id
+
+
+def test_s4_2_ok_response_attaches_with_layout_and_lease() -> None:
+    m, _ = _attached()
+    assert m.state is LeaseState.ATTACHED and m.lease_id == 77
+    assert m.layout is not None and m.layout.epoch == 3 and m.layout.pools[0].stride_bytes == 4096
+
+
+def test_s4_2_response_with_other_correlation_id_ignored() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    assert m.on_attach_response(_response(req.correlation_id + 5), 0) == []
+    assert m.state is LeaseState.ATTACHING
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"lease_id": None}, "null required"),
+        ({"epoch": None}, "null required"),
+        ({"header_slot_bytes": 128}, "headerSlotBytes"),
+        ({"max_dims": 4}, "maxDims"),
+        ({"payload_pools": []}, "empty payloadPools"),
+        ({"payload_pools": [(1, 16, 4096, "shm:file?path=/dev/shm/x/p")]}, "nslots"),
+        ({"header_region_uri": ""}, "empty headerRegionUri"),
+        ({"payload_pools": [(1, 8, 4096, "  ")]}, "empty regionUri"),
+        ({"header_region_uri": "shm:file?path=/x|bogus=1"}, "uri_unknown_parameter"),
+    ],
+)
+def test_s4_7a_malformed_ok_response_is_a_protocol_error_and_reattaches(over, why) -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    evs = m.on_attach_response(_response(req.correlation_id, **over), 0)
+    assert len(evs) == 1 and isinstance(evs[0], AttachFailed) and evs[0].code is None
+    assert why in evs[0].message
+    assert m.state is LeaseState.BACKOFF and m.lease_id is None
+    assert m.tick(10 * MS) == []  # still backing off
+    (again,) = m.tick(60 * MS)
+    assert isinstance(again, SendAttach) and again.correlation_id != req.correlation_id
+
+
+def test_s4_12_rejected_attach_backs_off_exponentially() -> None:
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    r = _response(req.correlation_id, code=dp.ResponseCode.REJECTED, lease_id=None, epoch=None,
+                  error_message="stream 5 already has a producer")
+    (failed,) = m.on_attach_response(r, 0)
+    assert isinstance(failed, AttachFailed) and failed.code == int(dp.ResponseCode.REJECTED)
+    assert "already has a producer" in failed.message
+    (req2,) = m.tick(50 * MS)
+    m.on_attach_response(_response(req2.correlation_id, code=3, lease_id=None), 50 * MS)
+    assert m.tick(50 * MS + 99 * MS) == []  # second backoff is twice as long
+    assert isinstance(m.tick(50 * MS + 100 * MS)[0], SendAttach)
+
+
+def test_s4_2_attach_timeout_retries() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=1)
+    m.attach(0)
+    evs = m.tick(500 * MS)
+    assert isinstance(evs[0], AttachFailed) and m.state is LeaseState.BACKOFF
+
+
+def test_s4_4_keepalives_at_the_configured_interval() -> None:
+    m, _ = _attached()
+    assert m.tick(99 * MS) == []
+    (ka,) = m.tick(100 * MS)
+    assert isinstance(ka, SendKeepalive) and ka.lease_id == 77 and ka.client_timestamp_ns == 100 * MS
+    assert m.tick(150 * MS) == []
+    assert isinstance(m.tick(200 * MS)[0], SendKeepalive)
+
+
+def test_s4_4_keepalive_send_failure_is_fatal_and_reattaches() -> None:
+    m, _ = _attached()
+    (lost,) = m.on_keepalive_failed(0)
+    assert isinstance(lost, LeaseLost) and m.state is LeaseState.BACKOFF
+
+
+def test_s4_9_own_lease_revoked_stops_and_reattaches() -> None:
+    m, _ = _attached()
+    (lost,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
+    assert isinstance(lost, LeaseLost) and lost.reason == "revoked:expired"
+    assert m.state is LeaseState.BACKOFF and m.layout is None
+    assert m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0) == []  # duplicates are harmless
+
+
+def test_s4_9_producer_revoked_on_consumed_stream_waits_for_new_epoch() -> None:
+    m, _ = _attached(ROLE_CONSUMER)
+    (ev,) = m.on_lease_revoked(_revoked(12, ROLE_PRODUCER), 0)
+    assert isinstance(ev, ProducerRevoked) and m.state is LeaseState.ATTACHED
+    assert m.on_lease_revoked(_revoked(12, ROLE_PRODUCER, stream=6), 0) == []  # other stream
+    assert m.on_lease_revoked(_revoked(13, ROLE_CONSUMER), 0) == []  # someone else's lease
+
+
+def test_s4_9_revoked_with_unknown_reason_rejected() -> None:
+    m, _ = _attached()
+    with pytest.raises(CodecError):
+        m.on_lease_revoked(_revoked(77, ROLE_CONSUMER, reason=99), 0)
+    assert m.state is LeaseState.ATTACHED
+
+
+def test_s4_13_driver_shutdown_invalidates_the_lease() -> None:
+    m, _ = _attached()
+    (lost,) = m.on_driver_shutdown(0)
+    assert isinstance(lost, LeaseLost) and lost.reason == "driver_shutdown"
+    assert m.state is LeaseState.BACKOFF
+
+
+def test_s4_9_detach_round_trip() -> None:
+    m, _ = _attached()
+    (d,) = m.detach(0)
+    assert isinstance(d, SendDetach) and d.lease_id == 77 and m.state is LeaseState.DETACHING
+    buf = bytearray(64)
+    dp.ShmDetachResponseEncoder.encode(buf, 0, correlation_id=d.correlation_id, code=0,
+                                       error_message="")
+    m.on_detach_response(dp.ShmDetachResponseDecoder().wrap(buf), 0)
+    assert m.state is LeaseState.CLOSED
