@@ -17,13 +17,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
 from tensorpool.ingest import IngressBuffer, IngressScheduler
 
-N = 200_000
-REPEATS = 3
+N = 100_000
+REPEATS = 5
 LANES4 = ("a", "b", "c", "d")
 
 
@@ -174,97 +175,57 @@ def time_call(fn: Callable[[], object], reps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     global N, REPEATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="20k items, 1 repeat (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="10k items, 1 repeat (smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
-        N, REPEATS = 20_000, 1
+        N, REPEATS = 10_000, 1
     rows: list[tuple[str, str, int, float, float]] = []  # op, config, lanes, rate, floor rate
 
-    f_ing = {ln: N / _best(lambda ln=ln: floor_ingest(_items(N, ln))) for ln in (1, 4)}
-    f_drn = {ln: N / _best(lambda ln=ln: floor_drain(_items(N, ln))) for ln in (1, 4)}
+    f_ing = {ln: N / _best(partial(floor_ingest, _items(N, ln))) for ln in (1, 4)}
+    f_drn = {ln: N / _best(partial(floor_drain, _items(N, ln))) for ln in (1, 4)}
 
-    def add(op: str, cfg: str, lanes: int, seconds: float, floor: dict[int, float]) -> None:
-        rows.append((op, cfg, lanes, N / seconds, floor[lanes]))
+    def add(
+        op: str, cfg: str, lanes: int, run: Callable[[], float], floor: dict[int, float], n: int = 0
+    ) -> None:
+        rows.append((op, cfg, lanes, (n or N) / _best(run), floor[lanes]))
 
     for lanes in (1, 4):
         items = _items(N, lanes)
         for mode in ("queue", "dedup_set", "latest_by_key"):
-            add("ingest", mode, lanes, _best(lambda: ours_ingest(mode, lanes, items, N)), f_ing)
+            add("ingest", mode, lanes, partial(ours_ingest, mode, lanes, items, N), f_ing)
         for mode in ("dedup_set", "latest_by_key"):
-            add(
-                "ingest",
-                f"{mode} fifo",
-                lanes,
-                _best(lambda: ours_ingest(mode, lanes, items, N, ordering="fifo")),
-                f_ing,
-            )
+            run = partial(ours_ingest, mode, lanes, items, N, ordering="fifo")
+            add("ingest", f"{mode} fifo", lanes, run, f_ing)
         add(
             "ingest_many",
             "queue",
             lanes,
-            _best(lambda: ours_ingest_many("queue", lanes, items, N)),
+            partial(ours_ingest_many, "queue", lanes, items, N),
             f_ing,
         )
-        add(
-            "ingest",
-            "queue full, drop_oldest",
-            lanes,
-            _best(lambda: ours_ingest("queue", lanes, items, N // 10)),
-            f_ing,
-        )
+        run = partial(ours_ingest, "queue", lanes, items, N // 10)
+        add("ingest", "queue full, drop_oldest", lanes, run, f_ing)
         for mode in ("dedup_set", "latest_by_key"):
-            add(
-                "ingest",
-                f"{mode} full, evict_lru",
-                lanes,
-                _best(lambda: ours_ingest(mode, lanes, items, N // 10)),
-                f_ing,
-            )
-            add(
-                "ingest",
-                f"{mode} hot keys (1000)",
-                lanes,
-                _best(lambda: ours_reingest(mode, lanes, items, 1000)),
-                f_ing,
-            )
+            run = partial(ours_ingest, mode, lanes, items, N // 10)
+            add("ingest", f"{mode} full, evict_lru", lanes, run, f_ing)
+            run = partial(ours_reingest, mode, lanes, items, 1000)
+            add("ingest", f"{mode} hot keys (1000)", lanes, run, f_ing)
         for mode in ("queue", "dedup_set", "latest_by_key"):
-            add("drain", mode, lanes, _best(lambda: ours_drain(mode, lanes, items)), f_drn)
-        add(
-            "drain",
-            "dedup_set fifo",
-            lanes,
-            _best(lambda: ours_drain("dedup_set", lanes, items, ordering="fifo")),
-            f_drn,
-        )
-        add(
-            "drain",
-            "queue, max_millis + clock",
-            lanes,
-            _best(lambda: ours_drain_timed("queue", lanes, items)),
-            f_drn,
-        )
-        add(
-            "drain",
-            "queue, 100 items/call",
-            lanes,
-            _best(lambda: ours_drain_ticks("queue", lanes, items, 100)),
-            f_drn,
-        )
-        add(
-            "drain",
-            "queue, 1 item/call",
-            lanes,
-            _best(lambda: ours_drain_ticks("queue", lanes, items[: N // 10], 1)) * 10,
-            f_drn,
-        )
-    rows.append(
-        (
-            "drain_tick",
-            "scheduler, 4 buffers, 100/tick",
-            1,
-            N / _best(lambda: ours_scheduler(_items(N, 1), 100)),
-            f_drn[1],
-        )
+            add("drain", mode, lanes, partial(ours_drain, mode, lanes, items), f_drn)
+        run = partial(ours_drain, "dedup_set", lanes, items, ordering="fifo")
+        add("drain", "dedup_set fifo", lanes, run, f_drn)
+        run = partial(ours_drain_timed, "queue", lanes, items)
+        add("drain", "queue, max_millis + clock", lanes, run, f_drn)
+        run = partial(ours_drain_ticks, "queue", lanes, items, 100)
+        add("drain", "queue, 100 items/call", lanes, run, f_drn)
+        run = partial(ours_drain_ticks, "queue", lanes, items[: N // 10], 1)
+        add("drain", "queue, 1 item/call", lanes, run, f_drn, n=N // 10)
+    add(
+        "drain_tick",
+        "scheduler, 4 buffers, 100/tick",
+        1,
+        partial(ours_scheduler, _items(N, 1), 100),
+        f_drn,
     )
 
     print(f"# tensorpool.ingest throughput (N={N:,}, best of {REPEATS})\n")

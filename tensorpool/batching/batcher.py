@@ -118,6 +118,7 @@ __all__ = [
     "ABSENT_BATCHES_FOR_EVICTION",
     "DEFAULT_TIMEOUT_FACTOR",
     "HOLD_BATCHES",
+    "INITIAL_RATE_CONFIRMATIONS",
     "MAX_ORIGIN_OFFSET_BATCHES",
     "MIN_DIFFS_FOR_GATE",
     "RATE_CHANGE_CONFIRMATIONS",
@@ -135,13 +136,15 @@ DEFAULT_TIMEOUT_FACTOR = 1.2
 #: An existing grid origin further than this many batch lengths from the active
 #: window is re-anchored on a pulse of the window (or, failing that, dropped).
 MAX_ORIGIN_OFFSET_BATCHES = 1000
+#: Evaluations in a row that must report the same rate before a stream gets its first
+#: grid: an estimate from the first handful of jittery diffs can be off by 1 Hz.
+INITIAL_RATE_CONFIRMATIONS = 2
 #: Evaluations in a row in which the estimator must report the same new rate before
 #: a grid changes rate. One noisy estimate (heavy jitter) must not re-grid a stream.
 RATE_CHANGE_CONFIRMATIONS = 3
-#: A stream's rate is re-evaluated at a close only once this many new diffs have
-#: entered its ring since the last evaluation (or as many as the ring held then,
-#: if fewer): the medians are the costliest thing the batcher does, and a ring
-#: that has barely changed cannot say anything new.
+#: A gridded stream's rate is re-evaluated at a close only once this many new diffs
+#: have entered its ring since the last evaluation: the medians are the costliest
+#: thing the batcher does, and a ring that has barely changed cannot say anything new.
 RATE_REEVALUATE_DIFFS = DIFF_RING_SIZE
 SNAPSHOT_VERSION = 1
 
@@ -290,16 +293,18 @@ class _Stream:
         self.eval_mark = 0  # est.total_diffs at the last rate evaluation
 
     def fresh_rate(self) -> tuple[bool, int | None]:
-        """``(evaluated, rate)``: the estimator's rate if the ring changed enough."""
+        """``(evaluated, rate)``: the estimator's rate, if its ring changed enough.
+
+        A stream without a grid is evaluated whenever its ring has new diffs; one
+        with a grid only after ``RATE_REEVALUATE_DIFFS`` new diffs, since all it is
+        looking for then is a rate change.
+        """
         est = self.est
         assert est is not None
         total = est.total_diffs
         new = total - self.eval_mark
-        count = est.diff_count
-        # Entries that were already in the ring last time: slow streams are thus
-        # re-evaluated after their ring doubles, fast ones every RATE_REEVALUATE_DIFFS.
-        seen_before = count - new
-        if count < MIN_DIFFS_FOR_GATE or new < min(RATE_REEVALUATE_DIFFS, max(seen_before, 1)):
+        needed = 1 if self.grid is None else RATE_REEVALUATE_DIFFS
+        if est.diff_count < MIN_DIFFS_FOR_GATE or new < needed:
             return False, None
         self.eval_mark = total
         return True, est.rate_hz()
@@ -364,6 +369,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         self._start: int | None = None
         self._end = 0
         self._deadline = 0
+        self._hwm_cap = 0  # start + hold: the HWM clamp of the active window
         self._hwm: int | None = None
         # Active-window bookkeeping, maintained incrementally so the per-message
         # close test is two comparisons.
@@ -465,18 +471,16 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         ts = timestamp_ns if type(timestamp_ns) is int else _ns(timestamp_ns, "timestamp_ns")
         st = self._streams.get(stream_id)
         if st is None:
+            # Streams are registered only once a window exists, so this one test
+            # also covers the bootstrap phase.
+            if self._start is None:
+                return self._bootstrap(stream_id, ts, item)
             st = self._add_stream(stream_id)
-        start = self._start
-        if start is None:
-            return self._bootstrap(stream_id, ts, item)
         if ts > self._hwm:  # type: ignore[operator]
-            cap = start + self._hold_ns
-            if ts <= cap:
+            if ts <= self._hwm_cap:
                 self._hwm = ts
-            elif ts <= self._end + self._hold_ns or not (self._empty or self._provisional):
-                self._clamp_hwm(cap)
-            # else: it becomes a gap candidate and moves the clock only once it is
-            # confirmed (jump) or falls through (see _first_content).
+            else:
+                self._far_ahead_clock(ts)
         est = st.est
         if est is not None:
             est.observe(ts)
@@ -538,11 +542,10 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         if start is None:
             return 0
         if now > self._hwm:  # type: ignore[operator]
-            cap = start + self._hold_ns
-            if now <= cap:
+            if now <= self._hwm_cap:
                 self._hwm = now
             else:
-                self._clamp_hwm(cap)
+                self._clamp_hwm(self._hwm_cap)
         if now >= self._end:
             return self._settle(True)
         if self._wake or self._hwm >= self._deadline:  # type: ignore[operator]
@@ -615,6 +618,16 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         replay = sorted([partner, (sid, ts, item)], key=_AT)
         replay.extend(p for p in pool if p is not partner)
         return sum(self.offer(p_sid, p_ts, p_item) for p_sid, p_ts, p_item in replay)
+
+    def _far_ahead_clock(self, ts: int) -> None:
+        """HWM update for a timestamp beyond ``start + 3 batch lengths``.
+
+        One that will be routed into a window (overflow, held back, falling through)
+        moves the clock to the cap; one that becomes a gap candidate moves it only
+        once it is confirmed (jump) or falls through after all (_first_content).
+        """
+        if ts <= self._end + self._hold_ns or not (self._empty or self._provisional):
+            self._clamp_hwm(self._hwm_cap)
 
     def _clamp_hwm(self, cap: int) -> None:
         """A timestamp beyond start + 3 batches: move the HWM to the cap, never back."""
@@ -785,6 +798,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         self._start = start
         self._end = end
         self._deadline = start + self._timeout_ns
+        self._hwm_cap = start + self._hold_ns
         self._empty = True
         n = 0
         for st in self._streams.values():
@@ -863,43 +877,44 @@ class RateAwareMessageBatcher[S: Hashable, T]:
             if not self._hit_window(st):
                 # Not one message on a slot of the window: the stream's clock no
                 # longer agrees with the windows (epoch jump, long lag). Gating on
-                # it would only force timeouts; demote it and try afresh below.
+                # it would only force timeouts; demote it. It may earn a new grid.
                 self._stats.grids_dropped += 1
                 st.set_grid(None)
-                g = None
                 st.votes = 0
             elif evaluated and rate is not None and rate != g.rate_hz:
-                if rate == st.vote_rate:
-                    st.votes += 1
-                else:
-                    st.vote_rate = rate
-                    st.votes = 1
-                if st.votes < RATE_CHANGE_CONFIRMATIONS:
+                if _vote(st, rate) < RATE_CHANGE_CONFIRMATIONS:
                     self._rescale_grid(st, length)
                     return
                 self._stats.rate_changes += 1
-                st.votes = 0
-                st.set_grid(None)
-                g = None
+                self._build_grid(st, rate, start, end, length)
+                return
             else:
                 if evaluated:
                     st.votes = 0
                 if abs(g.origin_ns - end) <= MAX_ORIGIN_OFFSET_BATCHES * length:
                     self._rescale_grid(st, length)
-                    return
-                # Origin too old to trust: re-anchor on a pulse of this window.
-                rate = g.rate_hz
-                st.set_grid(None)
-                g = None
-        if rate is None:
-            return
+                else:  # origin too old to trust: re-anchor on a pulse of this window
+                    self._build_grid(st, g.rate_hz, start, end, length)
+                return
+        if evaluated:
+            if rate is None:
+                st.votes = 0
+                return
+            _vote(st, rate)
+        if st.votes >= INITIAL_RATE_CONFIRMATIONS:
+            self._build_grid(st, st.vote_rate, start, end, length)
+
+    def _build_grid(self, st: _Stream, rate: int, start: int, end: int, length: int) -> None:
         if rate * length < _NS:
-            return  # fewer than one pulse per batch: cannot fill a slot every window
+            st.set_grid(None)  # fewer than one pulse per batch: cannot fill a slot each window
+            return
         origin = self._pick_origin(st, rate, start, end)
         if origin is None or abs(origin - end) > MAX_ORIGIN_OFFSET_BATCHES * length:
             self._stats.origins_refused += 1
+            st.set_grid(None)
             return
         st.set_grid(PulseGrid(origin, rate, slots_for(rate, length)))
+        st.votes = 0
         self._stats.grids_built += 1
 
     def _rescale_grid(self, st: _Stream, length: int) -> None:
@@ -960,6 +975,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
                     "done": st.done,
                     "absent": st.absent,
                     "vote": [st.vote_rate, st.votes],
+                    "eval_mark": st.eval_mark,
                     "bucket": [[ts, item] for ts, item in st.bucket],
                 }
             )
@@ -1056,6 +1072,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         st.done = bool(rec["done"])
         st.absent = _int(rec["absent"], "absent")
         st.vote_rate, st.votes = (_int(v, "vote") for v in rec["vote"])
+        st.eval_mark = _int(rec["eval_mark"], "eval_mark")
         st.bucket = [(_int(ts, "bucket ts"), item) for ts, item in rec["bucket"]]
         if sid in self._streams:
             raise ValueError(f"batcher snapshot: stream {sid!r} listed twice")
@@ -1066,6 +1083,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         self._start = start
         self._end = start + self._L
         self._deadline = start + self._timeout_ns
+        self._hwm_cap = start + self._hold_ns
         n = unsat = 0
         empty = True
         for st in self._streams.values():
@@ -1120,6 +1138,16 @@ def _int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"batcher snapshot: {name} must be an integer, got {value!r}")
     return value
+
+
+def _vote(st: _Stream, rate: int) -> int:
+    """Count consecutive evaluations agreeing on ``rate``; return the streak length."""
+    if rate == st.vote_rate:
+        st.votes += 1
+    else:
+        st.vote_rate = rate
+        st.votes = 1
+    return st.votes
 
 
 def _freeze(value: Any) -> Any:

@@ -142,7 +142,7 @@ class Frame:
 
     def copy(self) -> np.ndarray | None:
         """An owned copy of the tensor, or None if the slot was overwritten meanwhile."""
-        out = self.array.copy()
+        out = self.array.copy(order="K")  # keep the producer's memory layout
         return out if self.is_current() else None
 
 

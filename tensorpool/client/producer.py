@@ -436,23 +436,40 @@ class Producer:
         return seq
 
     def claim(
-        self, shape: Iterable[int], dtype: np.dtype | type | str, *, order: str = "C"
+        self,
+        shape: Iterable[int] | None = None,
+        dtype: np.dtype | type | str | None = None,
+        *,
+        order: str = "C",
+        layout: TensorLayout | None = None,
+        seq: int | None = None,
     ) -> FrameClaim | None:
-        """Reserve the next slot and return a writable view shaped `shape` to fill in place.
+        """Reserve a slot and return a writable view to fill in place, then `commit`.
 
-        The slot is marked in-progress now (§8.3 step 1); consumers reading it drop until
-        `commit`. Returns None (counted `no_pool_fits`) when no pool is large enough.
+        Give `shape` + `dtype` (contiguous in `order`), or a ready `layout` (e.g. a source
+        frame's, to re-materialize it exactly). `seq` defaults to the next sequence number;
+        a relay that preserves its source's numbering (rate limiter, bridge) passes it, and
+        it must not go backwards. The slot is marked in-progress now (§8.3 step 1);
+        consumers reading it drop until `commit`. Returns None (counted) when no pool fits
+        or, in driver mode, while no lease is held.
         """
         writer = self._writer
         if writer is None:
             self.stats.drops.increment(NO_LEASE)
             return None
-        layout = TensorLayout.contiguous(tuple(shape), np.dtype(dtype), order=order)
+        if layout is None:
+            if shape is None or dtype is None:
+                raise TypeError("claim() needs shape and dtype, or layout")
+            layout = TensorLayout.contiguous(tuple(shape), np.dtype(dtype), order=order)
+        if seq is None:
+            seq = self._seq
+        elif seq < self._seq:
+            raise ValueError(f"seq {seq} goes backwards (next is {self._seq})")
         pool_id = writer.pools.select(layout.extent_bytes)
         if pool_id is None:
             self.stats.drops.increment(Reason.NO_POOL_FITS)
             return None
-        seq = self._seq
+        self._seq = seq
         index = writer.begin(seq)
         view = writer.payload_view(pool_id, index, layout)
         return FrameClaim(seq, index, pool_id, layout, view)
@@ -509,10 +526,17 @@ class Producer:
             stats.descriptors_not_sent += 1
 
     # --- metadata -----------------------------------------------------------------------------
-    def set_metadata(self, attributes: Mapping[str, str | bytes | tuple[str, bytes]]) -> int:
-        """Replace the stream's metadata, bump `meta_version`, publish it; return the version.
+    def set_metadata(
+        self,
+        attributes: Mapping[str, str | bytes | tuple[str, bytes]],
+        *,
+        meta_version: int | None = None,
+    ) -> int:
+        """Replace the stream's metadata, publish it, return its `meta_version`.
 
-        Values: str (format text/plain), bytes (application/octet-stream) or (format, bytes).
+        The version is bumped by one unless given (a relay forwarding its source's metadata
+        preserves the source's version). Values: str (format text/plain), bytes
+        (application/octet-stream) or (format, bytes).
         """
         attrs: list[tuple[str, str, bytes]] = []
         for key, value in attributes.items():
@@ -524,7 +548,7 @@ class Producer:
                 fmt, raw = "application/octet-stream", bytes(value)
             attrs.append((key, fmt, raw))
         self._meta_attributes = attrs
-        self.meta_version += 1
+        self.meta_version = self.meta_version + 1 if meta_version is None else meta_version
         self._send_metadata(self._clock())
         return self.meta_version
 

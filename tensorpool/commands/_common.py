@@ -27,6 +27,12 @@ def add_transport_args(p: argparse.ArgumentParser) -> None:
         "start one with `tensorpool mediadriver`",
     )
     g.add_argument(
+        "--driver",
+        action="store_true",
+        help="attach through a running `tensorpool driver` (it owns the SHM) instead of "
+        "standalone mode",
+    )
+    g.add_argument(
         "--embedded",
         action="store_true",
         help="start a private embedded media driver (IPC then reaches only this process)",

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             mode=mode,
             max_rate_hz=args.max_rate_hz,
             max_outstanding_seq_gap=args.max_outstanding_seq_gap,
+            driver=args.driver,
         )
     except ValueError as exc:
         ctx.close()

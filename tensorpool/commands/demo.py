@@ -31,24 +31,41 @@ def _cli(*args: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tensorpool.transport.mediadriver import MediaDriverProcess
 
-    work = tempfile.mkdtemp(prefix="tensorpool-demo-", dir="/dev/shm" if os.path.isdir(
-        "/dev/shm") else None)
+    work = tempfile.mkdtemp(
+        prefix="tensorpool-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
     shm = os.path.join(work, "shm")
     procs: list[subprocess.Popen[bytes]] = []
     print(f"demo: media driver, camera producer and consumer under {work}", flush=True)
     try:
         with MediaDriverProcess(os.path.join(work, "aeron")) as md:
             common = ("--aeron-dir", md.dir, "--shm-base-dir", shm, "--stream-id", "1")
-            procs.append(subprocess.Popen(
-                _cli("produce", *common, "--rate", str(args.rate), "--shape", args.shape,
-                     "--pattern", "moving", "--duration", str(args.duration + 2), "--quiet",
-                     "--meta", "instrument=demo-camera"),
-                stdin=subprocess.DEVNULL,
-            ))
-            procs.append(subprocess.Popen(
-                _cli("consume", *common, "--duration", str(args.duration)),
-                stdin=subprocess.DEVNULL,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    _cli(
+                        "produce",
+                        *common,
+                        "--rate",
+                        str(args.rate),
+                        "--shape",
+                        args.shape,
+                        "--pattern",
+                        "moving",
+                        "--duration",
+                        str(args.duration + 2),
+                        "--quiet",
+                        "--meta",
+                        "instrument=demo-camera",
+                    ),
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+            procs.append(
+                subprocess.Popen(
+                    _cli("consume", *common, "--duration", str(args.duration)),
+                    stdin=subprocess.DEVNULL,
+                )
+            )
             deadline = time.monotonic() + args.duration + 15
             while procs[1].poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -236,10 +236,10 @@ def check_superblock(fields: SuperblockFields, file_bytes: int) -> list[dict[str
 def scan_header_ring(buf: Any, nslots: int) -> Report:
     """Classify every slot of a header ring mapping (§8.3) and summarise what it holds.
 
-    ``buf`` is the read-only mapping of the ring (superblock included) holding ``nslots``
-    complete slots. Per slot: ``seq_commit`` load, header fields, second load; a committed
-    slot whose word changed in between, or whose sequence does not belong to this index
-    (``seq & (nslots-1)``, §15.18) is not counted as committed.
+    ``buf`` is the read-only mapping of the ring (superblock included) holding at least
+    ``nslots`` complete slots. Per slot: ``seq_commit`` load, header fields, second load; a
+    committed slot whose word changed in between, or whose sequence does not belong to this
+    index (``seq & (nslots-1)``, §15.18) is not counted as committed.
     """
     from tensorpool.shm.layout import (
         HEADER_SLOT_BYTES,
@@ -248,7 +248,8 @@ def scan_header_ring(buf: Any, nslots: int) -> Report:
         SUPERBLOCK_SIZE,
     )
 
-    words = memoryview(buf).cast("Q")
+    view = memoryview(buf)
+    words = view[: SUPERBLOCK_SIZE + nslots * HEADER_SLOT_BYTES].cast("Q")
     unpack = SLOT_FIELDS_READ.unpack_from
     stride_words = HEADER_SLOT_BYTES >> 3
     committed = in_progress = empty = misplaced = 0
@@ -290,6 +291,7 @@ def scan_header_ring(buf: Any, nslots: int) -> Report:
                 oldest = (seq, index)
     finally:
         words.release()
+        view.release()
     return {
         "slots_scanned": nslots,
         "occupancy": {
@@ -369,8 +371,9 @@ def inspect_region(path: str, policy: PathPolicy, *, now_ns: int, probe: PidProb
             elif nslots == 0:
                 report["ring"] = scan_header_ring(b"", 0)
             else:
-                length = SUPERBLOCK_SIZE + nslots * HEADER_SLOT_BYTES
-                mm = mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ)
+                # The whole file: on hugetlbfs it is a whole number of hugepages, as the
+                # mapping and unmapping lengths must be.
+                mm = mmap.mmap(fd, file_bytes, mmap.MAP_SHARED, mmap.PROT_READ)
                 try:
                     report["ring"] = scan_header_ring(mm, nslots)
                 finally:

@@ -99,7 +99,7 @@ class Pattern:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+    from tensorpool.client.producer import AttachError, PoolConfig, Producer, StreamConfig
 
     settings = client_settings(args)
     try:
@@ -135,7 +135,13 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     ctx = start_context(settings)
     try:
-        producer = Producer(ctx, stream, settings, producer_id=args.producer_id)
+        if args.driver:
+            producer = Producer(ctx, args.stream_id, settings, driver=True)
+        else:
+            producer = Producer(ctx, stream, settings, producer_id=args.producer_id)
+    except AttachError as exc:
+        ctx.close()
+        raise UserError(str(exc)) from None
     except (OSError, ValueError) as exc:
         ctx.close()
         raise UserError(f"cannot create SHM regions: {exc}") from None
@@ -173,9 +179,14 @@ def _loop(
                 continue
         claim = p.claim(args.shape, pattern.dtype)
         if claim is None:
+            if not p.attached:  # lease lost: the driver client reattaches in do_work
+                p.do_work()
+                time.sleep(0.01)
+                continue
             raise UserError(f"frame of shape {args.shape} does not fit any pool")
         pattern.fill(claim.array, claim.seq)
-        p.commit(claim)
+        if p.commit(claim) is None:
+            continue
         sent += 1
         if not period and sent % 64 == 0:
             p.do_work()

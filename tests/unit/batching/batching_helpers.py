@@ -74,16 +74,19 @@ def converged(
     phases: dict[str, float] | None = None,
     batch_s: int = 1,
 ) -> tuple[RateAwareMessageBatcher[str, str], list[Batch[str, str]]]:
-    """A batcher anchored at T0 that has seen ``warm_s`` seconds of exact pulses.
+    """A batcher anchored at T0 - 1 s that has seen exact pulses from -1 s to ``warm_s``.
 
-    The first window closes on timeout (no grid yet) and the streams gate from
-    then on; on return the active window is ``[warm_s, warm_s + batch_s)``.
+    The first two windows close on timeout (the rate must be estimated twice, at
+    two closes, before a grid is built) and the streams gate from then on; on
+    return the active window is ``[warm_s, warm_s + batch_s)``.
     """
     phases = phases or {}
     b: RateAwareMessageBatcher[str, str] = RateAwareMessageBatcher(
-        batch_s * S, gated=set(rates) if gated is None else set(gated), start_ns=T0
+        batch_s * S, gated=set(rates) if gated is None else set(gated), start_ns=at(-1)
     )
-    traffic = merge(*(pulses(sid, r, 0, warm_s, phases.get(sid, 0.0)) for sid, r in rates.items()))
+    traffic = merge(
+        *(pulses(sid, r, -1, warm_s, phases.get(sid, 0.0)) for sid, r in rates.items())
+    )
     batches = b.feed(traffic)
     return b, batches
 

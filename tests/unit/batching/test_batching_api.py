@@ -62,7 +62,7 @@ def test_gated_policy_forms() -> None:
     b_set = RateAwareMessageBatcher(S, gated=frozenset({DET}), start_ns=T0)
     b_pred = RateAwareMessageBatcher(S, gated=lambda sid: sid.startswith("d"), start_ns=T0)
     # A perfectly periodic log still never gates when the policy says it is not gated.
-    traffic = merge(pulses(DET, 14, 0, 3), pulses(LOG, 2, 0, 3))
+    traffic = merge(pulses(DET, 14, 0, 4), pulses(LOG, 2, 0, 4))
     for b in (b_set, b_pred):
         feed_each(b, traffic)
         assert b.is_gating(DET) and not b.is_gating(LOG)

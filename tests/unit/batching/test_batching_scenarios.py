@@ -45,16 +45,18 @@ def by_window(batches: list[Batch[str, str]]) -> dict[tuple[float, float], Batch
 
 
 def test_seed_happy_path_14hz_slot_gate_close() -> None:
-    """Steady 14 Hz: after the warm-up window every batch closes exactly on slot 13."""
+    """Steady 14 Hz: after the warm-up windows every batch closes exactly on slot 13."""
     b = RateAwareMessageBatcher(S, gated={DET}, start_ns=T0)
-    msgs = pulses(DET, 14, 0, 4)
+    msgs = pulses(DET, 14, 0, 5)
     points, batches = close_points(b, msgs)
 
-    assert [span(x) for x in batches] == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    # No grid during the first window: it can only close on timeout (HWM >= 1.2 s).
-    assert batches[0].reason is CloseReason.TIMEOUT
+    assert [span(x) for x in batches] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    # No grid until the rate has been estimated at two closes: the first two
+    # windows can only close on timeout (HWM >= start + 1.2 s).
+    assert [x.reason for x in batches[:2]] == [CloseReason.TIMEOUT] * 2
     assert msgs[points[0]][1] == at(1 + 3 / 14) > at(1.2)
-    for k, batch in enumerate(batches[1:], start=1):
+    assert msgs[points[1]][1] == at(2 + 3 / 14) > at(2.2)
+    for k, batch in enumerate(batches[2:], start=2):
         assert batch.reason is CloseReason.SLOT_GATE
         assert batch.items(DET) == [f"det#{i}" for i in range(14 * k, 14 * k + 14)]
         # ...and it closed on the poll that delivered the last pulse of its window.
@@ -207,7 +209,7 @@ def test_seed_phase_offset_grid_aligns_to_pulses(phase_s: float) -> None:
 def test_seed_gap_recovery_window_jumps_past_silence() -> None:
     """Five silent batches: no placeholders, the window jumps to where traffic resumes."""
     b, warm = converged({DET: 14})
-    assert [span(x) for x in warm] == [(0, 1), (1, 2)]
+    assert [span(x) for x in warm] == [(-1, 0), (0, 1), (1, 2)]
     after = feed_each(b, pulses(DET, 14, 8, 10))
 
     assert [span(x) for x in after] == [(8, 9), (9, 10)]
@@ -279,7 +281,7 @@ def test_seed_sub_hz_stream_rides_along_without_grid() -> None:
     for m in pulses(DET, 14, 0, 11):
         alone.offer(*m)
     assert b.stats["overflowed"] == alone.stats["overflowed"]
-    assert all(x.reason is CloseReason.SLOT_GATE for x in batches[1:-1])
+    assert all(x.reason is CloseReason.SLOT_GATE for x in batches[2:-1])
     located = {item: span(x) for x in batches for _, item in x.stream(MON)}
     assert located == {f"mon#{i}": (2 * i, 2 * i + 1) for i in range(6)}
 
@@ -348,8 +350,8 @@ def test_seed_broken_stream_disjoint_epoch_rejected() -> None:
     batches = b.take()
     assert not b.is_gating(MON)
     assert b.stats["origins_refused"] >= 1
-    det_batches = [x for x in batches if span(x)[0] >= 1]
-    assert [span(x) for x in det_batches] == [(1, 2), (2, 3), (3, 4), (4, 5)]
+    det_batches = [x for x in batches if span(x)[0] >= 2]
+    assert [span(x) for x in det_batches] == [(2, 3), (3, 4), (4, 5)]
     assert all(x.reason is CloseReason.SLOT_GATE and len(x.stream(DET)) == 14 for x in det_batches)
     batches += b.flush()
     assert sorted(delivered(batches)) == sorted(m[2] for m in traffic)
@@ -371,7 +373,7 @@ def test_seed_broken_stream_cannot_anchor_the_windows(broken_lead: int) -> None:
     batches = feed_each(b, traffic)
     good = [x for x in batches if x.window_start_ns >= T0]
     assert len(good) >= 4
-    assert all(x.reason is CloseReason.SLOT_GATE for x in good[1:])
+    assert all(x.reason is CloseReason.SLOT_GATE for x in good[2:])
     assert b.is_gating(DET) and not b.is_gating(MON)
     batches += b.flush()
     assert sorted(delivered(batches)) == sorted(m[2] for m in traffic)

@@ -9,6 +9,7 @@ checked through :func:`build_report` with an injected clock reading.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from tensorpool.shm import (
     SlotWriter,
     SuperblockFields,
     create_region,
+    write_superblock,
 )
 
 STREAM_ID = 77
@@ -434,7 +436,7 @@ def test_dead_producer_pid_is_reported_not_alive(
 
 
 # --- problems inside readable regions (exit 1) ---------------------------------------------------
-def test_unknown_layout_version_is_a_problem_and_the_ring_is_not_guessed(
+def test_s7_1_unknown_layout_version_is_a_problem_and_the_ring_is_not_guessed(
     shm_base: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ep = make_epoch(shm_base, layout_version=2)
@@ -446,6 +448,51 @@ def test_unknown_layout_version_is_a_problem_and_the_ring_is_not_guessed(
     assert rc == 1 and report["ok"] is False
     assert [p["reason"] for p in region["problems"]] == ["superblock_layout_version_mismatch"]
     assert region["ring"] is None
+
+
+def header_fields(**changes: int) -> SuperblockFields:
+    fields = SuperblockFields.header_ring(epoch=EPOCH, stream_id=STREAM_ID, nslots=8, now_ns=NOW_NS)
+    return dataclasses.replace(fields, **changes)
+
+
+def pool_fields(**changes: int) -> SuperblockFields:
+    fields = SuperblockFields.payload_pool(
+        epoch=EPOCH, stream_id=STREAM_ID, pool_id=1, nslots=8, stride_bytes=4096, now_ns=NOW_NS
+    )
+    return dataclasses.replace(fields, **changes)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reasons"),
+    [
+        (header_fields(), []),
+        (header_fields(pool_id=3), ["superblock_pool_id_mismatch"]),
+        (header_fields(slot_bytes=128), ["superblock_slot_bytes_mismatch"]),
+        (header_fields(nslots=6), ["superblock_nslots_not_power_of_two"]),
+        (pool_fields(), []),
+        (pool_fields(slot_bytes=0xFFFFFFFF), []),  # the C reference's null slot_bytes
+        (pool_fields(slot_bytes=8192), ["superblock_slot_bytes_mismatch"]),
+        (pool_fields(stride_bytes=6000, slot_bytes=6000), ["stride_bytes_not_power_of_two"]),
+        (pool_fields(region_type=7), ["superblock_region_type_mismatch"]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_s7_1_superblock_rules_are_checked(
+    shm_base: str, capsys: pytest.CaptureFixture[str], fields: SuperblockFields, reasons: list[str]
+) -> None:
+    """§7.1: header ring pool_id 0 and 256-byte slots; pools sized by their stride (§15.22)."""
+    path = os.path.join(shm_base, "region")
+    buf = bytearray(64 + fields.nslots * max(fields.stride_bytes, 256))
+    write_superblock(buf, fields)
+    with open(path, "wb") as f:
+        f.write(buf)
+    rc, report = inspect_json(capsys, path)
+    (region,) = report["regions"]
+    assert [p["reason"] for p in region["problems"]] == reasons
+    assert rc == (1 if reasons else 0) and report["ok"] is (not reasons)
+    if fields.region_type == 7:
+        assert region["superblock"]["region_type"] == "UNKNOWN(7)"
+        assert "ring" not in region and "pool" not in region
 
 
 def test_truncated_ring_scans_only_complete_slots(

@@ -167,7 +167,7 @@ def test_hex_that_cannot_be_decoded_exits_2(
     assert expect in tap_fails(capsys, "--hex", text)
 
 
-def test_hex_newer_schema_version_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_s4_4a_hex_newer_schema_version_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     raw = bytearray(frame_descriptor())
     raw[6] = 2  # message header version: newer than ours
     assert "unsupported_version" in tap_fails(capsys, "--hex", raw.hex())
@@ -186,7 +186,7 @@ def test_undecodable_record_has_reason_ids_and_a_64_byte_preview() -> None:
     json.dumps(record)  # printable as is
 
 
-def test_unknown_enum_value_is_an_error_record_not_a_crash() -> None:
+def test_s15_8_unknown_enum_value_is_an_error_record_not_a_guess() -> None:
     raw = bytearray(shm_pool_announce())
     raw[8 + 24] = 9  # announce_clock_domain: no such ClockDomain
     record = message_record(raw, ts_ns=1, stream_id=1000, session_id=1)

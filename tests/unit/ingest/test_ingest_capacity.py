@@ -74,9 +74,7 @@ def test_s11_lowest_priority_lane_loses(mode: str) -> None:
 @pytest.mark.parametrize("mode", ["queue", "dedup_set", "latest_by_key"])
 def test_s11_arrival_in_the_lowest_lane_is_itself_the_victim(mode: str) -> None:
     """A low-priority arrival cannot displace higher-priority work: its own lane loses."""
-    buf = IngressBuffer(
-        "b", mode=mode, capacity=2, key=KEY, lane=LANE, lane_priority={"hi": 2}
-    )
+    buf = IngressBuffer("b", mode=mode, capacity=2, key=KEY, lane=LANE, lane_priority={"hi": 2})
     buf.ingest((1, "hi"))
     buf.ingest((2, "hi"))
     assert buf.ingest((3, "lo")) is IngestResult.DROPPED
@@ -89,9 +87,7 @@ def test_s11_arrival_in_the_lowest_lane_is_itself_the_victim(mode: str) -> None:
 @pytest.mark.parametrize("mode", ["queue", "dedup_set", "latest_by_key"])
 def test_s11_tied_lowest_lanes_rotate_round_robin_deterministically(mode: str) -> None:
     drops: list[DropInfo] = []
-    buf = IngressBuffer(
-        "b", mode=mode, capacity=6, key=KEY, lane=LANE, on_drop=drops.append
-    )
+    buf = IngressBuffer("b", mode=mode, capacity=6, key=KEY, lane=LANE, on_drop=drops.append)
     for i in range(6):
         buf.ingest((i, "xyz"[i % 3]))  # x: 0,3  y: 1,4  z: 2,5
     for i in range(6, 10):
@@ -197,9 +193,7 @@ def test_s11_key_none_is_bad_key_dropped_warned_and_hooked(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     drops: list[DropInfo] = []
-    buf = IngressBuffer(
-        "b", mode=mode, capacity=4, key=KEY, lane=LANE, on_drop=drops.append
-    )
+    buf = IngressBuffer("b", mode=mode, capacity=4, key=KEY, lane=LANE, on_drop=drops.append)
     with caplog.at_level(logging.WARNING, logger="tensorpool.ingest"):
         assert buf.ingest((None, "x")) is IngestResult.DROPPED
     assert buf.pending == 0

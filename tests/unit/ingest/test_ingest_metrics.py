@@ -125,9 +125,7 @@ def test_s12_running_means_and_ema_are_sampled_after_each_drain() -> None:
 
 
 def test_s12_per_lane_summaries() -> None:
-    buf = IngressBuffer(
-        "b", mode="queue", capacity=4, lane=LANE, lane_priority={"hi": 2}
-    )
+    buf = IngressBuffer("b", mode="queue", capacity=4, lane=LANE, lane_priority={"hi": 2})
     for item in [(1, "hi"), (2, "lo"), (3, "lo"), (4, "lo"), (5, "hi")]:
         buf.ingest(item)  # the fifth evicts lo's oldest
     buf.drain(3, noop)  # hi: 1, 5 then lo: 3

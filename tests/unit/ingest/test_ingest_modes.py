@@ -131,9 +131,7 @@ def test_s5_3_overflow_drop_oldest() -> None:
 
 def test_s5_3_overflow_drop_newest() -> None:
     drops: list[DropInfo] = []
-    buf = IngressBuffer(
-        "b", mode="queue", capacity=3, overflow="drop_newest", on_drop=drops.append
-    )
+    buf = IngressBuffer("b", mode="queue", capacity=3, overflow="drop_newest", on_drop=drops.append)
     results = [buf.ingest(x) for x in range(5)]
     assert results[3:] == [IngestResult.DROPPED, IngestResult.DROPPED]
     assert drain_all(buf) == [0, 1, 2]
@@ -185,9 +183,11 @@ def test_s5_3_overflow_fail_raises_counts_logs_and_keeps_contents(
     buf = IngressBuffer("b", mode="queue", capacity=2, overflow="fail", on_drop=drops.append)
     buf.ingest("a")
     buf.ingest("b")
-    with caplog.at_level(logging.WARNING, logger="tensorpool.ingest"):
-        with pytest.raises(IngressOverflowError) as err:
-            buf.ingest("c")
+    with (
+        caplog.at_level(logging.WARNING, logger="tensorpool.ingest"),
+        pytest.raises(IngressOverflowError) as err,
+    ):
+        buf.ingest("c")
     assert err.value.item == "c" and err.value.capacity == 2 and err.value.buffer == "b"
     assert any("refused (reason overflow)" in r.getMessage() for r in caplog.records)
     assert [(d.reason, d.item) for d in drops] == [(DropReason.OVERFLOW, "c")]
