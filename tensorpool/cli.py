@@ -29,6 +29,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("tensorpool.commands.inspect", "show a region's superblock and ring state"),
     "tap": ("tensorpool.commands.tap", "print every tensorpool message on a stream as JSON"),
     "mediadriver": ("tensorpool.commands.mediadriver", "run a standalone Aeron media driver"),
+    "driver": ("tensorpool.commands.driver", "run the SHM driver (also: driver status/shutdown)"),
 }
 
 
@@ -74,6 +75,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,7 +18,8 @@ def default_aeron_dir() -> str:
     return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
 
 
-def add_transport_args(p: argparse.ArgumentParser) -> None:
+def add_transport_args(p: argparse.ArgumentParser, *, driver: bool = True) -> None:
+    """`--aeron-dir`/`--embedded`, and `--driver` for commands that attach to streams."""
     g = p.add_argument_group("Aeron")
     g.add_argument(
         "--aeron-dir",
@@ -26,12 +27,13 @@ def add_transport_args(p: argparse.ArgumentParser) -> None:
         help=f"media driver directory to join (env {ENV_AERON_DIR}; default %(default)s); "
         "start one with `tensorpool mediadriver`",
     )
-    g.add_argument(
-        "--driver",
-        action="store_true",
-        help="attach through a running `tensorpool driver` (it owns the SHM) instead of "
-        "standalone mode",
-    )
+    if driver:
+        g.add_argument(
+            "--driver",
+            action="store_true",
+            help="attach through a running `tensorpool driver` (it owns the SHM) instead of "
+            "standalone mode",
+        )
     g.add_argument(
         "--embedded",
         action="store_true",

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tensorpool.cli", *args]
+    return [sys.executable, "-m", "tensorpool", *args]
 
 
 def run(args: argparse.Namespace) -> int:

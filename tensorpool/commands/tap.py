@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decode this one message (hex, whitespace and a 0x prefix allowed) and exit; "
         "no Aeron is used",
     )
-    add_transport_args(p)
+    add_transport_args(p, driver=False)
 
 
 # --- pure formatting ----------------------------------------------------------------------------

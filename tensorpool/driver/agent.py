@@ -1,4 +1,4 @@
-"""The SHM driver agent: the I/O shell around the sans-IO :class:`~tensorpool.driver.core.DriverCore`.
+"""The SHM driver agent: the I/O shell around the sans-IO ``DriverCore``.
 
 One duty cycle (:meth:`DriverAgent.do_work`, run by an :class:`~tensorpool.transport.AgentRunner`
 with a backoff idle strategy, so an idle driver sleeps instead of spinning):

@@ -10,31 +10,56 @@ Layout (one job per module):
 - ``idle``        idle strategies (busy spin, yield, sleep, backoff; native wrappers).
 - ``channels``    Aeron URI builders and parsers.
 - ``clock``       now_ns (CLOCK_MONOTONIC) and a ManualClock for tests.
+
+Names are re-exported lazily (PEP 562): importing a light module such as
+``tensorpool.transport.config`` must not load pyaeron, so `tensorpool tap --hex` and
+`tensorpool inspect` start fast.
 """
 
-from tensorpool.transport.agent import Agent, AgentRunner, AgentTermination, CompositeAgent
-from tensorpool.transport.channels import ChannelError, ipc_channel, udp_channel
-from tensorpool.transport.clock import ManualClock, NanoClock, now_ns
-from tensorpool.transport.config import TransportConfig, TransportConfigError
-from tensorpool.transport.context import AeronContext, TransportClosed
-from tensorpool.transport.idle import (
-    BackoffIdleStrategy,
-    BusySpinIdleStrategy,
-    IdleStrategy,
-    NativeIdleStrategy,
-    NoOpIdleStrategy,
-    SleepingIdleStrategy,
-    YieldingIdleStrategy,
-    idle_strategy,
-)
-from tensorpool.transport.mediadriver import MediaDriverError, MediaDriverProcess
-from tensorpool.transport.publication import OfferCounters, OfferRejected, Publisher
-from tensorpool.transport.subscription import (
-    FragmentHandler,
-    ImageEvent,
-    ImageEventKind,
-    Subscriber,
-)
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "AeronContext": "tensorpool.transport.context",
+    "Agent": "tensorpool.transport.agent",
+    "AgentRunner": "tensorpool.transport.agent",
+    "AgentTermination": "tensorpool.transport.agent",
+    "BackoffIdleStrategy": "tensorpool.transport.idle",
+    "BusySpinIdleStrategy": "tensorpool.transport.idle",
+    "ChannelError": "tensorpool.transport.channels",
+    "CompositeAgent": "tensorpool.transport.agent",
+    "FragmentHandler": "tensorpool.transport.subscription",
+    "IdleStrategy": "tensorpool.transport.idle",
+    "ImageEvent": "tensorpool.transport.subscription",
+    "ImageEventKind": "tensorpool.transport.subscription",
+    "ManualClock": "tensorpool.transport.clock",
+    "MediaDriverError": "tensorpool.transport.mediadriver",
+    "MediaDriverProcess": "tensorpool.transport.mediadriver",
+    "NanoClock": "tensorpool.transport.clock",
+    "NativeIdleStrategy": "tensorpool.transport.idle",
+    "NoOpIdleStrategy": "tensorpool.transport.idle",
+    "OfferCounters": "tensorpool.transport.publication",
+    "OfferRejected": "tensorpool.transport.publication",
+    "Publisher": "tensorpool.transport.publication",
+    "SleepingIdleStrategy": "tensorpool.transport.idle",
+    "Subscriber": "tensorpool.transport.subscription",
+    "TransportClosed": "tensorpool.transport.context",
+    "TransportConfig": "tensorpool.transport.config",
+    "TransportConfigError": "tensorpool.transport.config",
+    "YieldingIdleStrategy": "tensorpool.transport.idle",
+    "idle_strategy": "tensorpool.transport.idle",
+    "ipc_channel": "tensorpool.transport.channels",
+    "now_ns": "tensorpool.transport.clock",
+    "udp_channel": "tensorpool.transport.channels",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "AeronContext",

@@ -1,0 +1,296 @@
+"""Running the SHM driver as a process: start-up order, signals, clean shutdown, logs.
+
+Start-up, in this order so that a failure leaves as little behind as possible:
+
+1. the configuration is already validated (:func:`tensorpool.driver.config.load_driver_config`
+   has no side effects); the backing filesystem is probed for hugepages and, when
+   ``shm.require_hugepages`` is set, checked before anything is created;
+2. the namespace lock is taken (:mod:`tensorpool.driver.lock`) — one driver per
+   ``<base>/<namespace>``, released by the kernel if this process dies;
+3. the epoch directories and ``last-epoch`` markers left by earlier drivers are scanned
+   (:func:`tensorpool.driver.regions.scan_epochs`) and become the core's epoch floors, and the
+   previous status file's ``next_lease_id`` joins the wall clock in seeding lease ids, so
+   neither epochs nor lease ids repeat across restarts (§4.8, §10);
+4. Aeron: with ``driver.embedded_media_driver`` the media driver runs inside this process,
+   serving the configured directory so clients can join it (a directory left by a killed
+   driver is taken over once its heartbeat has gone stale); otherwise the driver joins the
+   external media driver at ``driver.aeron_dir``;
+5. the agent runs on the main thread under a backoff idle strategy.
+
+Signals: the first SIGINT/SIGTERM starts the graceful drain (§4.13: final announces,
+``ShmDriverShutdown`` after ``policies.shutdown_timeout_ms``, every lease invalidated); a second
+one skips the drain. Afterwards the status file says ``STOPPED``, ``cleanup_shm_on_exit``
+removes the epoch directories (the markers stay), the Aeron client and an embedded media
+driver close, and the lock is released. Exit status: 0 after a clean stop, 1 after a fatal
+error (e.g. ``mlock`` failure).
+
+Logs are structured: every record is ``<event> key=value ...`` and, with
+:class:`JsonLogFormatter`, one JSON object per line with the same keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import pyaeron
+
+from tensorpool.config_util import ConfigError
+from tensorpool.driver.agent import DEFAULT_LINGER_NS, DriverAgent, log_event
+from tensorpool.driver.config import DriverConfig
+from tensorpool.driver.core import DriverCore
+from tensorpool.driver.leases import lease_id_seed
+from tensorpool.driver.lock import NamespaceLock
+from tensorpool.driver.regions import RegionFiles, dir_mode_for, probe_hugepage_size, scan_epochs
+from tensorpool.driver.status import StatusUnavailable, read_status, status_path
+from tensorpool.transport.agent import AgentRunner
+from tensorpool.transport.clock import NanoClock, now_ns
+from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.context import AeronContext
+from tensorpool.transport.idle import BackoffIdleStrategy, IdleStrategy
+from tensorpool.transport.mediadriver import (
+    ACTIVE_CHECK_TIMEOUT_MS,
+    MediaDriverError,
+    close_media_driver,
+    is_active,
+    start_media_driver,
+)
+
+__all__ = [
+    "DaemonOptions",
+    "DriverStartupError",
+    "JsonLogFormatter",
+    "default_idle_strategy",
+    "run_driver",
+]
+
+log = logging.getLogger("tensorpool.driver")
+
+
+class DriverStartupError(RuntimeError):
+    """The driver could not start (lock held, no media driver, ...); nothing was served."""
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, event and the event's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        event = getattr(record, "event", None)
+        if event is not None:
+            doc["event"] = event
+            fields = getattr(record, "fields", {})
+            for key, value in fields.items():
+                plain = isinstance(value, (int, float, bool, type(None)))
+                doc[key] = value if plain else str(value)
+        else:
+            doc["message"] = record.getMessage()
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, separators=(",", ":"))
+
+
+def default_idle_strategy(max_park_ns: int = 1_000_000) -> IdleStrategy:
+    """Spin a little, yield a little, then park up to ``max_park_ns``.
+
+    Responds within microseconds while traffic flows and costs ~1k short sleeps per second
+    when idle (see docs/benchmarks/driver.md for the measured CPU).
+    """
+    return BackoffIdleStrategy(
+        max_spins=10, max_yields=5, min_park_ns=50_000, max_park_ns=max_park_ns
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonOptions:
+    """How to run one driver process (everything not in the TOML file)."""
+
+    aeron_dir: str
+    """Resolved media driver directory (served when embedded, joined otherwise)."""
+    idle: IdleStrategy | None = None
+    linger_ns: int = DEFAULT_LINGER_NS
+    install_signal_handlers: bool = True
+    media_driver_takeover_s: float = 3 * ACTIVE_CHECK_TIMEOUT_MS / 1000
+    """How long to wait for a dead driver's media driver directory to go stale."""
+
+
+def resolve_aeron_dir(config: DriverConfig, embedded_default: str) -> str:
+    """``driver.aeron_dir``, or the default: ``embedded_default`` for an embedded media driver,
+    Aeron's library default directory when joining an external one (§17)."""
+    if config.driver.aeron_dir:
+        return config.driver.aeron_dir
+    if config.driver.embedded_media_driver:
+        return embedded_default
+    return str(pyaeron.default_path())
+
+
+def _check_hugepages(config: DriverConfig) -> int:
+    size = probe_hugepage_size(config.shm.base_dir)
+    if config.shm.require_hugepages:
+        if not size:
+            raise ConfigError(
+                config.source,
+                "shm.require_hugepages",
+                f"shm.base_dir {config.shm.base_dir!r} is not on a hugetlbfs mount, so no "
+                "hugepage-backed region could ever be created",
+            )
+        config.check_hugepage_strides(size)
+    return size
+
+
+def _persisted_next_lease_id(config: DriverConfig) -> int:
+    try:
+        doc = read_status(status_path(config))
+    except StatusUnavailable:
+        return 0
+    value = doc.get("next_lease_id")
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> pyaeron.MediaDriver:
+    """Serve ``aeron_dir`` from this process; wait out a killed predecessor's heartbeat."""
+    cnc = os.path.join(aeron_dir, "cnc.dat")
+    deadline = time.monotonic() + takeover_s
+    while os.path.exists(cnc) and is_active(aeron_dir):
+        if time.monotonic() >= deadline:
+            raise DriverStartupError(
+                f"a media driver is already active in {aeron_dir}; set driver.aeron_dir to "
+                "another directory, or driver.embedded_media_driver = false to join it"
+            )
+        time.sleep(0.1)
+    try:
+        return start_media_driver(aeron_dir, TransportConfig(aeron_dir=aeron_dir))
+    except MediaDriverError as exc:
+        raise DriverStartupError(str(exc)) from exc
+
+
+def run_driver(
+    config: DriverConfig,
+    options: DaemonOptions,
+    *,
+    clock: NanoClock = now_ns,
+    on_agent: Callable[[DriverAgent], object] | None = None,
+) -> int:
+    """Run the driver until it is shut down; returns the process exit status.
+
+    Raises ConfigError (hugepage checks) or DriverStartupError before anything is served.
+    ``on_agent`` receives the agent once it exists (tests and embedding use it to stop it).
+    """
+    hugepage_size = _check_hugepages(config)
+    shm = config.shm
+    namespace_dir = os.path.join(shm.base_dir, shm.namespace)
+    pid = os.getpid()
+    try:
+        lock = NamespaceLock.acquire(
+            namespace_dir,
+            owner=f"pid={pid} instance={config.driver.instance_id}",
+            dir_mode=dir_mode_for(shm.permissions_mode),
+            file_mode=shm.permissions_mode,
+        )
+    except OSError as exc:  # LockHeld (another driver) propagates as is
+        raise DriverStartupError(f"cannot lock {namespace_dir}: {exc}") from exc
+    media_driver: pyaeron.MediaDriver | None = None
+    ctx: AeronContext | None = None
+    files: RegionFiles | None = None
+    previous_handlers: dict[int, Any] = {}
+    try:
+        disk = scan_epochs(config)
+        seed = lease_id_seed(time.time_ns(), _persisted_next_lease_id(config))
+        aeron_dir = options.aeron_dir
+        if config.driver.embedded_media_driver:
+            media_driver = _start_embedded_media_driver(aeron_dir, options.media_driver_takeover_s)
+        elif not (os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)):
+            raise DriverStartupError(
+                f"no running media driver in {aeron_dir}: start one (tensorpool mediadriver "
+                f"--dir {aeron_dir}) or set driver.embedded_media_driver = true"
+            )
+        ctx = AeronContext(
+            TransportConfig(
+                aeron_dir=aeron_dir, client_name=f"tensorpool-driver-{config.driver.instance_id}"
+            ),
+            clock=clock,
+        )
+        try:
+            ctx.start()
+        except MediaDriverError as exc:
+            raise DriverStartupError(str(exc)) from exc
+        core = DriverCore(
+            config,
+            now_ns=clock(),
+            lease_id_start=seed,
+            epoch_floors=disk.floors,
+            known_epochs=disk.known,
+            hugepages_backed=hugepage_size > 0,
+        )
+        files = RegionFiles(config, hugepage_size=hugepage_size)
+        agent = DriverAgent(
+            config,
+            ctx,
+            core,
+            files,
+            clock=clock,
+            status_file=status_path(config),
+            aeron_dir=aeron_dir,
+            linger_ns=options.linger_ns,
+        )
+        log_event(
+            logging.INFO,
+            "driver_starting",
+            pid=pid,
+            config=config.source,
+            lock=lock.path,
+            epoch_floors=dict(sorted(disk.floors.items())),
+            first_lease_id=seed,
+            embedded_media_driver=config.driver.embedded_media_driver,
+        )
+        if on_agent is not None:
+            on_agent(agent)
+        runner = AgentRunner(agent, options.idle or default_idle_strategy())
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        if options.install_signal_handlers and on_main_thread:
+            signals_seen = 0
+
+            def on_signal(signum: int, _frame: FrameType | None) -> None:
+                nonlocal signals_seen
+                signals_seen += 1
+                if signals_seen == 1:
+                    agent.request_shutdown()
+                else:
+                    agent.force_stop()
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous_handlers[sig] = signal.signal(sig, on_signal)
+        runner.run()
+        log_event(
+            logging.INFO,
+            "driver_stopped",
+            exit_code=agent.exit_code,
+            errors=runner.errors,
+            duty_cycles=runner.duty_cycles,
+        )
+        return agent.exit_code
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        if files is not None:
+            files.close()
+            if config.policies.cleanup_shm_on_exit:
+                removed = files.remove_all_epochs()
+                log_event(logging.INFO, "shm_cleanup", epochs_removed=removed)
+        if ctx is not None:
+            ctx.close()
+        if media_driver is not None:
+            close_media_driver(media_driver)
+        lock.release()
