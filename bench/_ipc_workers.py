@@ -57,6 +57,7 @@ MPQ_DEPTH: Final = NSLOTS - 2
 (usually) off the slot the consumer is reading; nothing *guarantees* that — no seqlock."""
 
 _mono = time.monotonic_ns
+_cpu = time.process_time
 _i64 = struct.Struct("<q")
 
 # transports
@@ -100,6 +101,8 @@ class ProducerResult:
     not_sent: int = 0
     """tensorpool: descriptors Aeron refused; inline: back-pressured offers (retried)."""
     total_frames: int = 0
+    cpu_s: float = 0.0
+    """CPU time of the whole process (all threads) during the measured window."""
     error: str | None = None
 
 
@@ -110,6 +113,8 @@ class ConsumerResult:
     drops: dict[str, int] = field(default_factory=dict)
     latencies_ns: list[int] = field(default_factory=list)
     total_frames: int = 0
+    cpu_s: float = 0.0
+    """CPU time of the whole process (all threads) during the measured window."""
     error: str | None = None
 
 
@@ -289,9 +294,12 @@ def _run_producer(run: _ProducerRun, win: Window) -> ProducerResult:
     while _mono() < win.start_ns:
         idle_work()
     if sc.mode == "tput":
-        n, t0, n0, ns0, t1, n1, ns1 = _producer_flat_out(publish, idle_work, win, run)
+        n, t0, n0, ns0, t1, n1, ns1, cpu = _producer_flat_out(publish, idle_work, win, run)
     else:
-        n, t0, n0, ns0, t1, n1, ns1 = _producer_paced(publish, idle_work, win, run, sc.rate_hz)
+        n, t0, n0, ns0, t1, n1, ns1, cpu = _producer_paced(
+            publish, idle_work, win, run, sc.rate_hz
+        )
+    res.cpu_s = cpu
     res.frames = n1 - n0
     res.seconds = (t1 - t0) / 1e9
     res.not_sent = ns1 - ns0
@@ -301,7 +309,7 @@ def _run_producer(run: _ProducerRun, win: Window) -> ProducerResult:
 
 def _producer_flat_out(
     publish: Callable[[], None], idle_work: Callable[[], object], win: Window, run: _ProducerRun
-) -> tuple[int, int, int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, int, int, float]:
     mono = _mono
     n = 0
     measure_ns, end_ns = win.measure_ns, win.end_ns
@@ -313,14 +321,14 @@ def _producer_flat_out(
         if not n & 63:
             idle_work()
         now = mono()
-    t0, n0, ns0 = now, n, run.not_sent()
+    t0, n0, ns0, cpu0 = now, n, run.not_sent(), _cpu()
     while now < end_ns:
         publish()
         n += 1
         if not n & 63:
             idle_work()
         now = mono()
-    return n, t0, n0, ns0, now, n, run.not_sent()
+    return n, t0, n0, ns0, now, n, run.not_sent(), _cpu() - cpu0
 
 
 def _producer_paced(
@@ -329,7 +337,7 @@ def _producer_paced(
     win: Window,
     run: _ProducerRun,
     rate_hz: float,
-) -> tuple[int, int, int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, int, int, float]:
     """One frame per period; sleep in between (the timestamp is taken at publish, so pacing
     jitter does not enter the latency, and a sleeping producer leaves the CPU to the consumer)."""
     mono = _mono
@@ -337,11 +345,12 @@ def _producer_paced(
     period = round(1e9 / rate_hz)
     n = 0
     t0 = n0 = ns0 = -1
+    cpu0 = 0.0
     next_ns = win.start_ns
     now = mono()
     while now < win.end_ns:
         if t0 < 0 and now >= win.measure_ns:
-            t0, n0, ns0 = now, n, run.not_sent()
+            t0, n0, ns0, cpu0 = now, n, run.not_sent(), _cpu()
         if now >= next_ns:
             publish()
             n += 1
@@ -353,8 +362,8 @@ def _producer_paced(
             sleep((next_ns - now) / 1e9)
         now = mono()
     if t0 < 0:
-        t0, n0, ns0 = now, n, run.not_sent()
-    return n, t0, n0, ns0, now, n, run.not_sent()
+        t0, n0, ns0, cpu0 = now, n, run.not_sent(), _cpu()
+    return n, t0, n0, ns0, now, n, run.not_sent(), _cpu() - cpu0
 
 
 def copyto_rate(size: int, seconds: float) -> dict[str, float]:
@@ -633,11 +642,11 @@ def _run_consumer(run: _ConsumerRun, win: Window) -> ConsumerResult:
     while now < win.measure_ns:
         idle(step())
         now = mono()
-    t0, d0 = now, run.drops()
+    t0, d0, cpu0 = now, run.drops(), _cpu()
     while now < win.end_ns:
         idle(step())
         now = mono()
-    t1, d1 = now, run.drops()
+    t1, d1, cpu1 = now, run.drops(), _cpu()
     # drain what was published inside the window (latency samples), then stop; mp.Queue runs
     # until the producer's sentinel so the next scenario starts with an empty queue
     give_up = quit_ns + 5_000_000_000
@@ -651,6 +660,7 @@ def _run_consumer(run: _ConsumerRun, win: Window) -> ConsumerResult:
     res.drops = delta
     res.latencies_ns = rec.lat
     res.total_frames = run.drops().get("frames", 0)
+    res.cpu_s = cpu1 - cpu0
     return res
 
 

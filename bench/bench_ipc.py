@@ -233,7 +233,9 @@ class Orchestrator:
                 f"  {size_label(sc.size):>7} {sc.transport:8} {sc.mode:4} {sc.idle:7} "
                 f"cons {out.consumer_fps:12,.0f}/s prod {out.producer_fps:12,.0f}/s "
                 f"p50 {out.percentile_us(50):8.1f} p99 {out.percentile_us(99):8.1f} us "
-                f"drops {c.drops} not_sent {out.producer.not_sent if out.producer else 0}",
+                f"drops {c.drops} not_sent {out.producer.not_sent if out.producer else 0} "
+                f"cpu c/p {c.cpu_s / c.seconds:.2f}/"
+                f"{out.producer.cpu_s / out.producer.seconds if out.producer else 0:.2f}",
                 file=sys.stderr,
             )
         return out

@@ -7,71 +7,87 @@ payload, a ring offset, anything). The batcher cuts them into consecutive window
 ``[window_start_ns, window_end_ns)`` of ``batch_length_ns`` and hands each closed
 window out as a :class:`Batch` holding, per stream, the ``(timestamp_ns, item)``
 pairs that belong to it. It never reads a clock: its *logical clock* is the high-
-water mark (HWM) of the timestamps it was given.
+water mark (HWM) of the timestamps it was given, and a host may add its own time
+with :meth:`~RateAwareMessageBatcher.tick`.
 
 Streams are *gated* or not (the ``gated`` policy given to the constructor). A gated
-stream whose rate has converged (:class:`StreamPeriodEstimator`, an integer Hz
-rate of at least one pulse per batch) gets a fixed :class:`PulseGrid`; its
-messages are placed by pulse slot, and it *gates*: a window closes as soon as
-every gating stream has a message in (or past) its last slot of the window -- not
-after N messages, so a missing pulse does not hang the batch and a split pulse
-does not close it early. Everything else (non-gated streams, gated streams whose
-rate is unknown, not integral or below one pulse per batch) is *ungridded* and
-rides along by timestamp.
+stream whose integer rate has been estimated the same at two closes
+(:class:`StreamPeriodEstimator`) and gives at least one pulse per batch gets a
+fixed :class:`PulseGrid`: its messages are placed on pulse slots, and it *gates*.
+A window is complete when every gating stream has a message in (or past) its last
+slot -- not after N messages, so a missing pulse does not hang the batch and a split
+pulse does not complete it early. Everything else (non-gated streams, gated streams
+whose rate is unknown, not an integer, or below one pulse per batch) is
+*ungridded* and rides along by timestamp.
 
 Routing of one message against the active window ``[start, end)``:
 
-* gridded, slot inside the window -> the window (a slot before the window is a
-  late message and also joins the window);
-* gridded, slot past the last slot, ``ts <= end + 3*batch_length`` -> *overflow*:
-  kept for the next window, and the stream counts as having passed its last slot;
-* ungridded, ``ts < end`` -> the window (earlier ones are late and join it too);
-  ``end <= ts <= end + 3*batch_length`` -> *held back* for a later window, so a
-  reading stamped in the future is not paired with this window's detector data;
-* anything further ahead than ``end + 3*batch_length`` is implausible: it falls
-  through to the active window -- unless the window is still empty, in which case
-  it waits as a *gap candidate*: two candidates within ``3*batch_length`` of each
-  other are taken as traffic resuming after a silence and the window jumps to
-  them; the first message that lands in the window turns waiting candidates into
-  fall-throughs.
+* gridded, its pulse owned by the window -> the window (a pulse of an earlier
+  window is late and joins it too). A window owns the pulses whose nominal time is
+  in ``[start - P/4, end - P/4)``; see :mod:`tensorpool.batching.grid`;
+* gridded, past the window's last slot, ``ts <= end + 3*batch_length`` ->
+  *overflow*: kept for the next window; the stream counts as past its last slot;
+* ungridded, ``ts < end`` -> the window (late ones too); ``end <= ts <= end +
+  3*batch_length`` -> *held back* for a later window, so a reading stamped in the
+  future is not paired with this window's detector data;
+* further ahead than ``end + 3*batch_length`` is implausible: it falls through to
+  the active window -- unless the window is still empty, where it waits as a *gap
+  candidate*: two candidates within ``3*batch_length`` of each other mean traffic
+  resumed after a silence, and the window jumps to them; the first message that
+  lands in the window turns waiting candidates into fall-throughs.
 
-A window closes, in this order of precedence:
+The first window opens at ``start_ns`` if given; otherwise once two messages agree
+(lie within ``3*batch_length`` of each other) at the earlier of the two, so a lone
+first message with a broken epoch cannot anchor the windows. Until the first batch
+is emitted that window is provisional: far-ahead messages stay gap candidates even
+though it holds messages, so a pair of broken messages arriving first is
+overridden by the real traffic that follows.
+
+Closing, in this order of precedence (re-applied until nothing fires):
 
 1. gap recovery: overflow exists but no gating stream has anything in the window
-   (the gridded traffic has moved past it). A non-empty window is emitted
-   (reason ``gap``); an empty one is skipped by jumping straight to the window that
-   owns the earliest pending message;
-2. slot gate: every gating stream has passed its last slot (reason ``slot_gate``);
+   (its gridded traffic has moved past it), or two gap candidates agree. A
+   non-empty window is emitted (reason ``gap``); an empty one is skipped by jumping
+   to the window that owns the earliest waiting message;
+2. slot gate: every gating stream is past its last slot (reason ``slot_gate``).
+   The window is emitted as soon as there is proof that nothing more belongs to it
+   (a message waits in overflow or hold-back, the HWM reached the timeout) or the
+   host says its input is drained (:meth:`~RateAwareMessageBatcher.feed` at the
+   end of each poll, :meth:`~RateAwareMessageBatcher.settle`, ``tick`` past the
+   window end). So the late parts of a split last pulse still join their batch;
 3. timeout: ``HWM >= start + timeout_factor * batch_length`` (default 1.2). A
-   non-empty window is emitted (reason ``timeout``); an empty one is skipped one
-   window at a time.
+   non-empty window is emitted (reason ``timeout``); an empty one is skipped.
 
 A new HWM is clamped to ``max(old HWM, start + 3*batch_length)``: one far-future
-timestamp moves the logical clock by at most three batches, which the following
-closes walk off within a few windows instead of emitting millions of empty ones.
+timestamp moves the logical clock at most three batches ahead, which the next few
+closes walk off, instead of pinning it and emitting millions of empty batches.
 
-At each emitted close, for every stream present in the window the grid is built
-or checked; streams absent from ``ABSENT_BATCHES_FOR_EVICTION`` (5) consecutive
-emitted batches are forgotten (and start afresh if they return); a batch length
-set with :meth:`RateAwareMessageBatcher.set_batch_length` takes effect for the
-next window, keeping each grid's origin and recomputing its slot count.
+At each emitted close every stream present in the window has its grid built or
+checked: a first grid needs ``INITIAL_RATE_CONFIRMATIONS`` equal estimates; a rate
+change needs ``RATE_CHANGE_CONFIRMATIONS``; a grid none of whose slots the window
+hit is dropped (the stream's clock no longer agrees); an origin is kept while it is
+within ``MAX_ORIGIN_OFFSET_BATCHES`` windows, and a new origin must be a pulse seen
+inside the window -- a stream stamped in another epoch (the "43 years off" case) is
+refused and never gates, but is still delivered. Streams absent from
+``ABSENT_BATCHES_FOR_EVICTION`` (5) consecutive emitted batches are forgotten and
+start afresh if they return. :meth:`~RateAwareMessageBatcher.set_batch_length`
+applies from the next window on, keeping each grid's origin and recomputing its
+slot count (14 -> 28 for 1 s -> 2 s at 14 Hz).
 
 Invariants (each has a test)
 ----------------------------
 * Every message offered is delivered exactly once, in exactly one batch; none is
   dropped -- also when ``slots_per_batch == 1``. :meth:`flush` delivers whatever
-  is still buffered.
+  is still buffered. No batch is empty.
 * Window starts strictly increase; windows never overlap.
-* A stream that does not gate (non-gated, ungridded, evicted, refused) never
-  delays a close: only gating streams' slots are waited for, and the timeout bounds
-  the wait for a gating stream that falls silent until it is evicted.
+* A stream that does not gate (non-gated, ungridded, sub-Hz, evicted, refused)
+  never holds a window open; a gating stream that falls silent holds it at most
+  until the timeout, and is evicted after five absent batches.
 * An ungridded message in a batch has ``ts < window_end`` unless it was
   implausibly far ahead (``> window_end + 3*batch_length``) when it arrived.
-* The HWM never decreases and never moves more than ``3*batch_length`` past the
-  active window start in one step.
-* A grid's origin is kept across batch-length changes and re-checks while it stays
-  within ``MAX_ORIGIN_OFFSET_BATCHES`` windows of the active window; a new origin is
-  always a pulse observed inside the window being closed.
+* The HWM never decreases, and a timestamp moves it at most to the active window
+  start plus three batch lengths.
+* A grid's origin survives batch-length changes while it is plausible.
 * Output is a pure function of the sequence of calls: the same calls produce the
   same batches, and :meth:`snapshot` / :meth:`restore` resume it exactly.
 
@@ -86,25 +102,28 @@ the messages whose timestamps fall inside it. This one deliberately does not:
    batch arrivals see nothing during a gap, and window starts can skip ahead by
    many batch lengths.
 2. **Batches are cut on the pulse grid, not on raw timestamps.** A gridded message
-   goes to the window owning its nearest pulse, so its raw timestamp may lie up to
-   half a period outside ``[window_start, window_end)``. The seed's edge case is
-   ``slots_per_batch == 1``: a 1 Hz stray at ``t0 + 0.6 s`` rounds to the pulse at
-   ``t0 + 1 s`` and is delivered with the *next* window. The seed's batcher emits
-   an empty batch for the current window in that case; this one instead skips the
-   empty window (departure 1). Either way the message is delivered once, never lost.
+   goes to the window that owns its nearest pulse, so its raw timestamp may lie up
+   to 3/4 of a period before ``window_start`` or 1/4 after ``window_end``. The
+   seed's edge case is ``slots_per_batch == 1``: a 1 Hz stray at ``t0 + 0.6 s``
+   rounds to the pulse at ``t0 + 1 s`` and is delivered with the *next* window. The
+   seed's batcher emits an empty batch for the current window in that case; this
+   one skips the empty window instead (departure 1). Either way the message is
+   delivered exactly once, never lost.
 
 Replay and persistence
 ----------------------
 The batcher is a sans-IO state machine: :meth:`snapshot` returns plain data
 (JSON-compatible when stream ids and items are), :meth:`restore` rebuilds an
-identical batcher, and feeding it the same messages in the same order re-cuts the
-same windows. A micro-batch source can therefore record ``snapshot()`` with the
-offsets of a window and, on restart, restore it and re-read the same messages to
-reproduce that window bit for bit.
+identical batcher, and feeding it the same messages in the same polls re-cuts the
+same windows. A micro-batch source (Spark ``latestOffset``) can record
+``snapshot()`` next to the offsets of the windows it hands out and, on restart,
+restore it and re-read the same messages to reproduce those windows exactly; each
+:class:`Batch` carries a ``sequence`` number for that bookkeeping.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -196,7 +215,9 @@ class Batch[S: Hashable, T]:
             "window_start_ns": self.window_start_ns,
             "window_end_ns": self.window_end_ns,
             "reason": self.reason.value,
-            "messages": [[sid, [[ts, item] for ts, item in msgs]] for sid, msgs in self.messages.items()],
+            "messages": [
+                [sid, [[ts, item] for ts, item in msgs]] for sid, msgs in self.messages.items()
+            ],
         }
 
     @classmethod
@@ -336,10 +357,10 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         Close an incomplete window once the HWM is this many batch lengths past its
         start; in ``(0, HOLD_BATCHES]`` because the HWM never runs further ahead.
     start_ns:
-        Start of the first window. Without it the first message's timestamp starts
-        it; pass the host's notion of "now" when the first message might be an
-        outlier (a wrong epoch in the first message would otherwise anchor the
-        windows).
+        Start of the first window, e.g. the host's "now". Without it the first
+        window opens at the earlier of the first two messages that lie within
+        ``3*batch_length`` of each other, and stays provisional until it is emitted
+        (see the module docstring).
     """
 
     def __init__(
@@ -374,7 +395,6 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         # Active-window bookkeeping, maintained incrementally so the per-message
         # close test is two comparisons.
         self._empty = True  # no message in the active window yet
-        self._n_gating = 0
         self._unsat = -1  # gating streams not yet past their last slot; -1: none gate
         self._wake = False  # something may need closing/jumping: run _settle
         self._overflow: list[_Pending] = []
@@ -597,8 +617,8 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         error); anchoring the windows on it would strand every later message. So
         messages are pooled until one lies within the hold-back horizon of another;
         the window opens at the earlier of the two, and the pool is replayed through
-        :meth:`offer` (the agreeing pair first, so an outlier meets a non-empty
-        window and falls through instead of steering it).
+        :meth:`offer`, the agreeing pair first, so that an outlier meets a window
+        that already has content and cannot steer it.
         """
         hold = self._hold_ns
         partner = None
@@ -761,7 +781,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         """Earliest candidate with another candidate within the hold-back horizon."""
         far = sorted(self._far, key=_TS)
         hold = self._hold_ns
-        for a, b in zip(far, far[1:], strict=False):
+        for a, b in itertools.pairwise(far):
             if b[0] - a[0] <= hold:
                 return a
         return None
@@ -808,7 +828,6 @@ class RateAwareMessageBatcher[S: Hashable, T]:
                 st.last = st.hi - 1
                 st.done = False
                 n += 1
-        self._n_gating = n
         self._unsat = n if n else -1
         self._wake = False
 
@@ -932,10 +951,7 @@ class RateAwareMessageBatcher[S: Hashable, T]:
     @staticmethod
     def _hit_window(st: _Stream) -> bool:
         lo, hi, origin, rate2 = st.lo, st.hi, st.origin, st.rate2
-        for ts, _ in st.bucket:
-            if lo <= ((ts - origin) * rate2 + _NS) // _NS2 < hi:
-                return True
-        return False
+        return any(lo <= ((ts - origin) * rate2 + _NS) // _NS2 < hi for ts, _ in st.bucket)
 
     @staticmethod
     def _pick_origin(st: _Stream, rate: int, start: int, end: int) -> int | None:
@@ -1015,7 +1031,8 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         version = state.get("version")
         if version != SNAPSHOT_VERSION:
             raise ValueError(
-                f"batcher snapshot version {version!r} is not supported (expected {SNAPSHOT_VERSION})"
+                f"batcher snapshot version {version!r} is not supported "
+                f"(expected {SNAPSHOT_VERSION})"
             )
         try:
             self = cls(
@@ -1047,8 +1064,8 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         except TypeError as exc:
             raise ValueError(f"batcher snapshot: malformed value: {exc}") from exc
         if start is None:
-            if self.buffered_count != len(self._boot):
-                raise ValueError("batcher snapshot: buffered messages without an active window")
+            if self._streams or self.buffered_count != len(self._boot):
+                raise ValueError("batcher snapshot: streams or messages without an active window")
             self._hwm = None if hwm is None else _int(hwm, "hwm_ns")
             return self
         self._hwm = _int(hwm, "hwm_ns")
@@ -1067,7 +1084,9 @@ class RateAwareMessageBatcher[S: Hashable, T]:
         if grid is not None:
             origin, rate, slots = grid
             st.set_grid(
-                PulseGrid(_int(origin, "grid origin"), _int(rate, "grid rate"), _int(slots, "grid slots"))
+                PulseGrid(
+                    _int(origin, "grid origin"), _int(rate, "grid rate"), _int(slots, "grid slots")
+                )
             )
         st.done = bool(rec["done"])
         st.absent = _int(rec["absent"], "absent")
@@ -1096,7 +1115,6 @@ class RateAwareMessageBatcher[S: Hashable, T]:
                 n += 1
                 unsat += not st.done
         self._empty = empty
-        self._n_gating = n
         self._unsat = unsat if n else -1
         self._wake = False
 

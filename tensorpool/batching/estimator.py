@@ -18,6 +18,12 @@ Algorithm (seed 000, "StreamPeriodEstimator"):
 4. ``1e9 / period`` is snapped to the nearest integer rate when it lies within a
    small tolerance of it, otherwise the stream has no usable rate yet.
 
+Limits: the median of single differences carries the jitter of two timestamps, so
+with large jitter (beyond ~15 ms at 14 Hz) one estimate can snap to a neighbouring
+integer; the batcher therefore only builds or changes a grid after repeated agreeing
+estimates. Split parts must carry the same timestamp (as split pulses do); parts
+stamped slightly apart make up half of the differences and defeat the median seed.
+
 Nothing here reads a clock: timestamps are passed in as integer nanoseconds.
 """
 

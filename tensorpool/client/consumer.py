@@ -48,6 +48,7 @@ from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion, map_region
 from tensorpool.shm.seqlock import SlotRead, SlotReader
 from tensorpool.shm.superblock import ExpectedRegion, is_fresh
+from tensorpool.shm.tensor import TensorLayout
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
@@ -117,6 +118,11 @@ class Frame:
     @property
     def dtype(self) -> np.dtype:
         return self._r.layout.dtype
+
+    @property
+    def layout(self) -> TensorLayout:
+        """The validated tensor layout of the slot (a relay re-materializes it unchanged)."""
+        return self._r.layout
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -328,6 +334,31 @@ class Consumer:
                 return
             if idle is not None:
                 idle()
+
+    # --- relay hooks (rate limiter, bridge) ------------------------------------------------------
+    def reread(self, epoch: int, seq: int, header_index: int) -> SlotRead | None:
+        """Read frame ``seq`` again from its slot, from the fields of a descriptor seen earlier.
+
+        For relays that keep a descriptor and copy the payload later (the rate limiter holds
+        the newest frame until its rate slot opens). Returns None when ``epoch`` is no longer
+        the mapped epoch or the slot no longer holds that frame (counted like any slot-read
+        drop; ``last_read_drop_reason`` says which). The view is zero-copy: call
+        :meth:`confirm` after using it.
+        """
+        reader = self._reader
+        if reader is None or epoch != self._epoch:
+            return None
+        return reader.read(header_index, seq)
+
+    def confirm(self, result: SlotRead) -> bool:
+        """True if the slot still holds ``result``'s frame (a False answer counts as torn)."""
+        return self._confirm(result)
+
+    @property
+    def last_read_drop_reason(self) -> str | None:
+        """Why the most recent slot read was refused (None before any refusal)."""
+        reader = self._reader
+        return None if reader is None else reader.last_drop_reason
 
     @property
     def drops_gap(self) -> int:

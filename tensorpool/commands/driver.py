@@ -39,9 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get(ENV_CONFIG),
         help=f"driver TOML file (env {ENV_CONFIG})",
     )
-    p.add_argument(
-        "--log-format", choices=("text", "json"), default="text", help="log line format"
-    )
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     p.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
@@ -249,8 +247,11 @@ def _shutdown(args: argparse.Namespace) -> int:
         except CodecError:
             pass
 
-    reason = {"normal": drv.ShutdownReason.NORMAL, "admin": drv.ShutdownReason.ADMIN,
-              "error": drv.ShutdownReason.ERROR}[args.reason]
+    reason = {
+        "normal": drv.ShutdownReason.NORMAL,
+        "admin": drv.ShutdownReason.ADMIN,
+        "error": drv.ShutdownReason.ERROR,
+    }[args.reason]
     buf = bytearray(4096 + len(args.token) + len(args.message))
     try:
         n = drv.ShmDriverShutdownRequestEncoder.encode(

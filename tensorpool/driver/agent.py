@@ -446,8 +446,9 @@ class DriverAgent:
         except RegionError as exc:
             if not exc.no_space:
                 raise
-            log_event(logging.WARNING, "regions_no_space", stream=action.stream_id,
-                      detail=exc.detail)
+            log_event(
+                logging.WARNING, "regions_no_space", stream=action.stream_id, detail=exc.detail
+            )
             self._execute(self.core.reclaim_space(now), now)
             self.files.create(action, now)
 
@@ -655,4 +656,3 @@ class DriverAgent:
             n = self.counters["status_write_failed"]
             if n & (n - 1) == 0:
                 log_event(logging.WARNING, "status_write_failed", path=path, error=str(exc))
-

@@ -391,8 +391,9 @@ class RegionFiles:
         """Remove one superseded epoch directory; False if it was already gone or refused."""
         live = self._live.get(action.stream_id)
         if live is not None and live.epoch == action.epoch:
-            log.warning("refusing to retire the live epoch %d of stream %d", action.epoch,
-                        action.stream_id)
+            log.warning(
+                "refusing to retire the live epoch %d of stream %d", action.epoch, action.stream_id
+            )
             return False
         directory = action.directory
         if parse_epoch_dirname(os.path.basename(directory)) != action.epoch:

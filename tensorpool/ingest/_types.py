@@ -168,7 +168,11 @@ class ReplaceInfo:
 
 @dataclass(frozen=True, slots=True)
 class LaneMetrics:
-    """Per-lane summary inside :class:`BufferMetrics` (totals since the last reset)."""
+    """Per-lane summary inside :class:`BufferMetrics` (totals since the last reset).
+
+    ``dropped_total`` counts evictions from the lane and ``overflow`` refusals of items bound
+    for it; ``bad_key`` drops are buffer-level only (the item never reached a lane).
+    """
 
     priority: int
     pending: int

@@ -4,10 +4,11 @@ Storage model (chosen so every operation the hot paths need is O(1) in C):
 
 * Every lane owns its storage. ``queue`` lanes are a ``deque`` of ``(seq, item)``. Keyed lanes
   are an ``OrderedDict`` key -> entry kept in *last-seen* order (``move_to_end`` on every ingest
-  attempt), so the LRU eviction victim is always at the front. ``ordering="fifo"`` adds a second
-  ``OrderedDict`` per lane in *first-enqueue* order, used only to pick the next item to drain
-  (the seed's "spend memory to keep related work closer together").
-* An entry is a small list ``[last_seen_seq, item, lane]`` mutated in place on re-ingest.
+  attempt), so the LRU eviction victim is always at the front. ``ordering="fifo"`` adds a
+  ``deque`` of records per lane in *first-enqueue* order, used only to pick the next item to
+  drain (the seed's "spend memory to keep related work closer together").
+* An entry is a small list ``[last_seen_seq, item, lane, fifo_token]`` mutated in place on
+  re-ingest.
 * With a ``lane`` classifier a global ``dict`` key -> entry finds a pending key in any lane
   (needed for dedupe across lanes and for lane migration); without one the single lane's
   ``OrderedDict`` is the index.
@@ -91,14 +92,18 @@ def _is_positive_budget(x: object) -> bool:
     return not math.isnan(x) and x > 0
 
 
-def _as_count(value: object, what: str) -> int:
-    """Accept ints and int-likes (numpy integers), reject bools and negatives loudly."""
+def _as_int(value: object, what: str) -> int:
+    """Accept ints and int-likes (numpy integers); reject bools, floats and strings loudly."""
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not bool")
     try:
-        n = operator.index(value)  # type: ignore[arg-type]
+        return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def _as_count(value: object, what: str) -> int:
+    n = _as_int(value, what)
     if n < 0:
         raise ValueError(f"{what} must be >= 0, got {n}")
     return n
@@ -138,6 +143,7 @@ class _Lane:
         "peak",
         "priority",
         "slot",
+        "stale",
         "store",
     )
 
@@ -148,15 +154,13 @@ class _Lane:
         self.priority = priority
         self.slot = slot
         self.index = index
-        self.fifo: OrderedDict | None = None
+        self.fifo: deque[tuple[Hashable, list, int]] | None = None
+        self.stale = 0
         self.peak = 0
         self.drained = 0
         self.dropped = 0
         self.base_drained = 0
         self.base_dropped = 0
-
-    def __len__(self) -> int:
-        return len(self.store)
 
     # Overridden per storage kind.
     def pop(self) -> Any:  # pragma: no cover - abstract
@@ -252,31 +256,43 @@ class _KeyedLane(_Lane):
 
 
 class _FifoKeyedLane(_KeyedLane):
-    """Keyed lane drained in first-enqueue order (``ordering="fifo"``)."""
+    """Keyed lane drained in first-enqueue order (``ordering="fifo"``).
+
+    The first-enqueue order is a ``deque`` of ``(key, entry, token)`` records. A key that
+    leaves the lane other than by draining (evicted, migrated) bumps its entry's token, which
+    turns its record stale; stale records are skipped when met at the front and swept out when
+    they outnumber the live ones (amortised O(1), memory bounded by about twice the pending
+    keys). Cheaper than a second ``OrderedDict``: append/popleft instead of insert/popitem.
+    """
 
     __slots__ = ()
 
     def __init__(self, name: Hashable, priority: int, slot: int, index: dict | None) -> None:
         super().__init__(name, priority, slot, index)
-        self.fifo = OrderedDict()
+        self.fifo = deque()
 
     def pop(self) -> Any:
-        k, e = self.fifo.popitem(False)  # type: ignore[union-attr]
-        del self.store[k]
+        popleft = self.fifo.popleft  # type: ignore[union-attr]
+        key, e, tok = popleft()
+        while e[3] != tok:
+            self.stale -= 1
+            key, e, tok = popleft()
+        del self.store[key]
         if self.index is not None:
-            del self.index[k]
+            del self.index[key]
         return e[1]
 
     def take(self, k: int, handle: Handler, buf: IngressBuffer) -> int:
         store = self.store
-        fifo = self.fifo
-        assert fifo is not None
-        popitem = fifo.popitem
+        popleft = self.fifo.popleft  # type: ignore[union-attr]
         index = self.index
         n = 0
         try:
-            while n < k and fifo:
-                key, e = popitem(False)
+            while n < k and store:
+                key, e, tok = popleft()
+                if e[3] != tok:
+                    self.stale -= 1
+                    continue
                 del store[key]
                 if index is not None:
                     del index[key]
@@ -287,6 +303,18 @@ class _FifoKeyedLane(_KeyedLane):
             self.drained += n
             buf._drained += n
         return n
+
+    def retire(self, e: list) -> None:
+        """``e`` left this lane's store (evicted or migrated): make its record stale."""
+        e[3] += 1
+        self.stale = stale = self.stale + 1
+        if stale > len(self.store) + 16:
+            fifo = self.fifo
+            assert fifo is not None
+            live = [r for r in fifo if r[1][3] == r[2]]
+            fifo.clear()  # same deque object: a drain in progress keeps a bound popleft
+            fifo.extend(live)
+            self.stale = 0
 
 
 class IngressBuffer:
@@ -324,8 +352,7 @@ class IngressBuffer:
             raise ValueError("name must be a non-empty str (it labels metrics and logs)")
         self._name = name
         self._mode: Mode = _enum(Mode, mode, "mode")
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        capacity = _as_int(capacity, "capacity")
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._capacity = capacity
@@ -373,6 +400,9 @@ class IngressBuffer:
                 Overflow.DROP_OLDEST if overflow is None else _enum(Overflow, overflow, "overflow")
             )
         self._fifo = self._keyed and self._ordering is Ordering.FIFO
+        self._policy_index = (
+            _REASONS.index(_POLICY_REASON[self._overflow]) if self._overflow is not None else -1
+        )
         self._warn_ordering = not self._keyed and self._ordering_set is not None
 
         self._on_drain_start = on_drain_start
@@ -475,11 +505,15 @@ class IngressBuffer:
 
     # ------------------------------------------------------------------ lanes
     def _check_priority(self, lane: Hashable, prio: object) -> int:
-        if isinstance(prio, bool) or not isinstance(prio, int):
+        try:
+            if isinstance(prio, bool):
+                raise TypeError
+            prio = operator.index(prio)  # type: ignore[arg-type]
+        except TypeError:
             raise TypeError(
                 f"ingress buffer {self._name!r}: priority of lane {lane!r} must be an int, "
                 f"got {type(prio).__name__}"
-            )
+            ) from None
         if prio < 1:
             raise ValueError(
                 f"ingress buffer {self._name!r}: priority of lane {lane!r} must be >= 1, got {prio}"
@@ -619,27 +653,27 @@ class IngressBuffer:
                 )
             raise IngressOverflowError(self._name, self._capacity, lane.name, item)
         self._seq = seq = self._seq + 1
-        lane.store.append((seq, item))
-        self._pending += 1
-        victim = self._losing_lane()
+        q = lane.store
+        q.append((seq, item))
+        # The arrival sits in its lane while the loser is chosen; one in, one out leaves
+        # _pending unchanged, so it is only touched when a whole lane goes.
+        victim = self._losing_lane() if self._multi else lane
         vq: deque[tuple[int, Any]] = victim.store
-        if policy is Overflow.DROP_OLDEST:
-            dropped = [vq.popleft()]
-        elif policy is Overflow.DROP_NEWEST:
-            dropped = [vq.pop()]
-        else:
+        if policy is Overflow.DROP_BUFFER:
             dropped = list(vq)
             vq.clear()
+            self._pending -= len(dropped) - 1
+        else:
+            dropped = [vq.popleft() if policy is Overflow.DROP_OLDEST else vq.pop()]
         nd = len(dropped)
-        self._pending -= nd
-        reason = _POLICY_REASON[policy]  # type: ignore[index]
-        self._drops[_REASONS.index(reason)] += nd
+        self._drops[self._policy_index] += nd
         victim.dropped += nd
-        if len(lane.store) > lane.peak:
-            lane.peak = len(lane.store)
+        if len(q) > lane.peak:
+            lane.peak = len(q)
         if self._on_drop is not None:
             kf = self._key
             vname = victim.name
+            reason = _REASONS[self._policy_index]
             for _, it in dropped:
                 self._emit(
                     self._on_drop,
@@ -673,10 +707,10 @@ class IngressBuffer:
             return _DEDUPED
         if self._pending >= self._capacity:
             return self._keyed_full(item, k, lane, seq)
-        e = [seq, item, lane]
+        e = [seq, item, lane, 0]
         store[k] = e
         if self._fifo:
-            lane.fifo[k] = e  # type: ignore[index]
+            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
         self._pending = p = self._pending + 1
         if p > self._peak:
             self._peak = p
@@ -712,8 +746,8 @@ class IngressBuffer:
                 del old_lane.store[k]
                 lane.store[k] = e
                 if self._fifo:
-                    del old_lane.fifo[k]
-                    lane.fifo[k] = e  # type: ignore[index]
+                    old_lane.retire(e)  # type: ignore[attr-defined]
+                    lane.fifo.append((k, e, e[3]))  # type: ignore[union-attr]
                 e[2] = lane
                 self._migrated += 1
                 if len(lane.store) > lane.peak:
@@ -729,12 +763,12 @@ class IngressBuffer:
             return _DEDUPED
         if self._pending >= self._capacity:
             return self._keyed_full(item, k, lane, seq)
-        e = [seq, item, lane]
+        e = [seq, item, lane, 0]
         index[k] = e
         store = lane.store
         store[k] = e
         if self._fifo:
-            lane.fifo[k] = e  # type: ignore[index]
+            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
         self._pending = p = self._pending + 1
         if p > self._peak:
             self._peak = p
@@ -744,21 +778,20 @@ class IngressBuffer:
 
     def _keyed_full(self, item: Any, k: Hashable, lane: _Lane, seq: int) -> IngestResult:
         """New key at capacity: admit it, then evict the LRU key of the losing lane."""
-        e = [seq, item, lane]
+        e = [seq, item, lane, 0]
         lane.store[k] = e
         if self._fifo:
-            lane.fifo[k] = e  # type: ignore[index]
+            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
         index = self._index
         if index is not None:
             index[k] = e
-        self._pending += 1
-        victim = self._losing_lane()
+        # One key in, one key out: _pending is unchanged.
+        victim = self._losing_lane() if self._multi else lane
         vk, ve = victim.store.popitem(False)
         if self._fifo:
-            del victim.fifo[vk]  # type: ignore[attr-defined]
+            victim.retire(ve)  # type: ignore[attr-defined]
         if index is not None:
             del index[vk]
-        self._pending -= 1
         self._drops[_R_EVICT_LRU] += 1
         victim.dropped += 1
         if len(lane.store) > lane.peak:
@@ -830,6 +863,8 @@ class IngressBuffer:
             max_items = _as_count(max_items, "max_items")
         elif max_items < 0:
             raise ValueError(f"max_items must be >= 0, got {max_items}")
+        if not callable(handle):
+            raise TypeError("handle must be callable")
         if self._draining:
             raise RuntimeError(f"ingress buffer {self._name!r}: drain() is not reentrant")
         log = self._log
@@ -955,45 +990,70 @@ class IngressBuffer:
     def _run_class(self, cls: _PriorityClass, k: int, handle: Handler) -> int:
         """Round-robin over the non-empty lanes of one class, one item per lane per turn.
 
-        The pop is inlined per storage kind: this loop is the multi-lane drain hot path.
+        The first round uses each lane's ``pop`` (cheap for the small drains of a rate slot or
+        a tick); later rounds inline the pop per storage kind with pre-bound methods, the
+        multi-lane drain hot path. Emptiness is re-checked per item because a handler may
+        ingest into this buffer and evict from a lane we are about to visit.
         """
         lanes = cls.lanes
         m = len(lanes)
         start = cls.drain_next
-        active = [ln for ln in (lanes[(start + i) % m] for i in range(m)) if ln.store]
         n = 0
-        rr = 0
+        taken = 0  # items handed out by lane.take(), which does its own _drained accounting
         last: _Lane | None = None
-        index: dict = self._index  # type: ignore[assignment]
-        kind = 0 if not self._keyed else (2 if self._fifo else 1)
         try:
-            while n < k and active:
-                if len(active) == 1:
-                    last = active[0]
-                    n += last.take(k - n, handle, self)
+            for i in range(m):
+                lane = lanes[(start + i) % m]
+                if not lane.store:
+                    continue
+                n += 1
+                self._pending -= 1
+                lane.drained += 1
+                last = lane
+                handle(lane.pop())
+                if n >= k:
+                    return n
+            order = [lanes[(start + i) % m] for i in range(m)]
+            index: dict = self._index  # type: ignore[assignment]
+            # (lane, container that says "non-empty", bound pop, key store) in turn order.
+            if not self._keyed:
+                kind = 0
+                turns = [(ln, ln.store, ln.store.popleft, None) for ln in order if ln.store]
+            elif self._fifo:
+                kind = 2
+                turns = [
+                    (ln, ln.store, ln.fifo.popleft, ln.store)  # type: ignore[union-attr]
+                    for ln in order
+                    if ln.store
+                ]
+            else:
+                kind = 1
+                turns = [(ln, ln.store, ln.store.popitem, None) for ln in order if ln.store]
+            while n < k and turns:
+                if len(turns) == 1:
+                    last = turns[0][0]
+                    t = last.take(k - n, handle, self)
+                    n += t
+                    taken += t
                     break
                 if kind == 0:
-                    for lane in active:
-                        q = lane.store
-                        if not q:
+                    for lane, box, pop, _ in turns:
+                        if not box:
                             continue
                         n += 1
-                        rr += 1
                         self._pending -= 1
                         lane.drained += 1
                         last = lane
-                        handle(q.popleft()[1])
+                        handle(pop()[1])
                         if n >= k:
                             break
                 elif kind == 1:
-                    for lane in active:
-                        store = lane.store
-                        if not store:
+                    for lane, box, pop, _ in turns:
+                        if not box:
                             continue
-                        key, e = store.popitem(False)
+                        key, e = pop(False)
                         del index[key]
                         n += 1
-                        rr += 1
                         self._pending -= 1
                         lane.drained += 1
                         last = lane
@@ -1001,24 +1061,25 @@ class IngressBuffer:
                         if n >= k:
                             break
                 else:
-                    for lane in active:
-                        fifo = lane.fifo
-                        if not fifo:
+                    for lane, box, pop, store in turns:
+                        if not box:
                             continue
-                        key, e = fifo.popitem(False)
-                        del lane.store[key]
+                        key, e, tok = pop()
+                        while e[3] != tok:
+                            lane.stale -= 1
+                            key, e, tok = pop()
+                        del store[key]
                         del index[key]
                         n += 1
-                        rr += 1
                         self._pending -= 1
                         lane.drained += 1
                         last = lane
                         handle(e[1])
                         if n >= k:
                             break
-                active = [ln for ln in active if ln.store]
+                turns = [t for t in turns if t[1]]
         finally:
-            self._drained += rr
+            self._drained += n - taken
             if last is not None:
                 cls.drain_next = (last.slot + 1) % m
         return n
@@ -1058,16 +1119,24 @@ class IngressBuffer:
 
     # ------------------------------------------------------------------ metrics
     def _seq_bounds(self) -> tuple[int | None, int | None]:
+        """Oldest and newest last-seen sequence numbers pending (O(lanes), sampled per drain)."""
         lo: int | None = None
         hi: int | None = None
+        keyed = self._keyed
         for lane in self._lane_list:
-            if lane.store:
-                a = lane.oldest_seq()
-                b = lane.newest_seq()
-                if lo is None or a < lo:
-                    lo = a
-                if hi is None or b > hi:
-                    hi = b
+            store = lane.store
+            if not store:
+                continue
+            if keyed:
+                a = next(iter(store.values()))[0]
+                b = store[next(reversed(store))][0]
+            else:
+                a = store[0][0]
+                b = store[-1][0]
+            if lo is None or a < lo:
+                lo = a
+            if hi is None or b > hi:
+                hi = b
         return lo, hi
 
     def _seq_span(self) -> int:

@@ -18,9 +18,7 @@ def at(seconds: float) -> int:
     return T0 + round(seconds * S)
 
 
-def pulses(
-    sid: str, rate_hz: int, start_s: float, end_s: float, phase_s: float = 0.0
-) -> list[Msg]:
+def pulses(sid: str, rate_hz: int, start_s: float, end_s: float, phase_s: float = 0.0) -> list[Msg]:
     """Exact pulses ``T0 + phase + i/rate`` with time in ``[start, end)``; items are unique."""
     out: list[Msg] = []
     i = 0
@@ -84,9 +82,7 @@ def converged(
     b: RateAwareMessageBatcher[str, str] = RateAwareMessageBatcher(
         batch_s * S, gated=set(rates) if gated is None else set(gated), start_ns=at(-1)
     )
-    traffic = merge(
-        *(pulses(sid, r, -1, warm_s, phases.get(sid, 0.0)) for sid, r in rates.items())
-    )
+    traffic = merge(*(pulses(sid, r, -1, warm_s, phases.get(sid, 0.0)) for sid, r in rates.items()))
     batches = b.feed(traffic)
     return b, batches
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from batching_helpers import S, T0, at, converged, delivered, feed_each, merge, pulses
+from batching_helpers import T0, S, at, converged, delivered, feed_each, merge, pulses
 
 from tensorpool.batching import (
     MAX_ORIGIN_OFFSET_BATCHES,
@@ -169,7 +169,9 @@ def test_grid_dropped_when_stream_clock_jumps() -> None:
     mon = pulses(MON, 5, 2, 8)
     jumped = [(MON, ts - 7 * S - S // 3, item) for _, ts, item in mon]  # clock reset
     # Arrival order is real time, i.e. the unjumped stamps.
-    arrival = sorted([(m[1], m) for m in det] + [(m[1], j) for m, j in zip(mon, jumped)])
+    arrival = sorted(
+        [(m[1], m) for m in det] + [(m[1], j) for m, j in zip(mon, jumped, strict=True)]
+    )
     batches = feed_each(b, [m for _, m in arrival])
     assert not b.is_gating(MON) and b.stats["grids_dropped"] == 1
     assert batches[0].reason is CloseReason.TIMEOUT  # mon still gated, nothing on its slots
@@ -198,3 +200,19 @@ def test_batch_helpers() -> None:
     assert batch.message_count == 14 == len(batch.stream(DET)) == len(batch.items(DET))
     assert batch.stream("nope") == [] and batch.items("nope") == []
     assert batch.sequence == 1 and b.streams == (DET,)
+
+
+def test_package_is_host_agnostic() -> None:
+    """Importing tensorpool.batching pulls in no transport, SHM or client module."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tensorpool.batching\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pyaeron', 'numpy', 'pyspark')"
+        " or m.startswith(('tensorpool.shm', 'tensorpool.transport', 'tensorpool.client',"
+        " 'tensorpool.driver', 'tensorpool.specs'))]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -16,12 +16,13 @@ change, polled message by message or in chunks. Invariants checked:
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter
 from dataclasses import dataclass
 
-from batching_helpers import S, T0
+from batching_helpers import T0, S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,7 +155,7 @@ def check_batches(batches: list[Batch[str, str]], msgs: list[tuple[str, int, str
         length = x.window_end_ns - x.window_start_ns
         for ts, _ in x.stream(LOG):
             assert ts < x.window_end_ns or ts > x.window_end_ns + HOLD_BATCHES * length
-    for a, nxt in zip(batches, batches[1:], strict=False):
+    for a, nxt in itertools.pairwise(batches):
         assert nxt.window_start_ns >= a.window_end_ns > a.window_start_ns
         assert nxt.sequence == a.sequence + 1
 

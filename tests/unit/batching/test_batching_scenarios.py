@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 from batching_helpers import (
-    S,
     T0,
+    S,
     at,
     close_points,
     converged,
@@ -185,7 +185,7 @@ def test_seed_multi_stream_waits_for_all_gated_streams() -> None:
 # 6 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("phase_s", [0.04, 0.49 / 14, 0.7 / 14])
+@pytest.mark.parametrize("phase_s", [0.04, 0.49 / 14, 0.7 / 14], ids=["40ms", "0.49P", "0.7P"])
 def test_seed_phase_offset_grid_aligns_to_pulses(phase_s: float) -> None:
     """Pulses 0.04 s into the window: the origin is a real pulse and all 14 fit the window."""
     b, _ = converged({DET: 14}, phases={DET: phase_s})
@@ -409,19 +409,25 @@ def test_seed_hwm_outlier_clamp_cannot_dos() -> None:
 def test_seed_stream_lifecycle_join_absent_evict_rejoin() -> None:
     """A new stream gates after convergence, is evicted after 5 absent batches, can rejoin."""
     b, _ = converged({DET: 14}, gated={DET, MON})
-    # Join: mon appears at 2 s; it gates once MIN_DIFFS_FOR_GATE diffs converge (at a close).
+    # Join: mon appears at 2 s. It gates once it has MIN_DIFFS_FOR_GATE diffs and
+    # their estimate has converged (the same rate at two closes).
     assert MIN_DIFFS_FOR_GATE == 4
-    feed_each(b, merge(pulses(DET, 14, 2, 4), pulses(MON, 5, 2, 4)))
+    (first,) = feed_each(b, merge(pulses(DET, 14, 2, 3), pulses(MON, 5, 2, 3)))
+    assert b.estimator_of(MON).diff_count == 4  # type: ignore[union-attr]
+    assert not b.is_gating(MON) and first.reason is CloseReason.SLOT_GATE
+    feed_each(b, merge(pulses(DET, 14, 3, 4), pulses(MON, 5, 3, 4)))
     assert b.is_gating(MON)
-    # Absent: mon stops. Each batch now needs the timeout (mon gates but is silent).
-    t = 4.0
-    absent_batches = []
+    # Absent: mon stops. Each batch now needs the timeout (mon gates but is silent),
+    # and the fifth batch without mon evicts it.
+    absent_batches: list[Batch[str, str]] = []
+    det = iter(pulses(DET, 14, 4, 20))
     while MON in b.streams:
-        absent_batches += feed_each(b, pulses(DET, 14, t, t + 1))
-        t += 1
-    assert len(absent_batches) >= ABSENT_BATCHES_FOR_EVICTION
-    assert absent_batches[0].reason is CloseReason.TIMEOUT
+        absent_batches += b.feed([next(det)])
+    assert len(absent_batches) == ABSENT_BATCHES_FOR_EVICTION == 5
+    assert all(x.reason is CloseReason.TIMEOUT and x.stream(MON) == [] for x in absent_batches)
     assert b.stats["evictions"] == 1 and not b.is_gating(MON)
+    t = (absent_batches[-1].window_end_ns - T0) // S + 1
+    feed_each(b, [m for m in det if m[1] < at(t)])
     # Evicted: det's slot gate alone closes the batches again.
     again = feed_each(b, pulses(DET, 14, t, t + 2))
     assert again and all(x.reason is CloseReason.SLOT_GATE for x in again)

@@ -6,7 +6,7 @@ import json
 import random
 
 import pytest
-from batching_helpers import S, T0, at, merge, pulses
+from batching_helpers import T0, S, at, merge, pulses
 
 from tensorpool.batching import SNAPSHOT_VERSION, Batch, RateAwareMessageBatcher
 
@@ -39,7 +39,7 @@ def fresh() -> RateAwareMessageBatcher[str, str]:
 @pytest.mark.parametrize("cut", [0, 1, 37, 150, 200, 251, 333])
 def test_snapshot_restore_through_json_replays_identically(cut: int) -> None:
     msgs = traffic()
-    reference = run(fresh(), msgs) + []
+    reference = run(fresh(), msgs)
 
     b = fresh()
     head = run(b, msgs[:cut])
@@ -84,7 +84,7 @@ def test_snapshot_restore_mid_bootstrap_and_with_pending_length_change() -> None
 def test_tuple_stream_ids_survive_json() -> None:
     sid = ("det", 3)
     b = RateAwareMessageBatcher(S, gated={sid}, start_ns=T0)
-    for s, ts, item in pulses("x", 14, 0, 1.5):
+    for _, ts, item in pulses("x", 14, 0, 1.5):
         b.offer(sid, ts, item)
     state = json.loads(json.dumps(b.snapshot()))
     again = RateAwareMessageBatcher.restore(state, gated={sid})
@@ -103,6 +103,7 @@ def test_tuple_stream_ids_survive_json() -> None:
         (lambda s: s["overflow"].append([1.5, "det", "x"]), "overflow ts"),
         (lambda s: s["closed"].append({"sequence": 1}), "malformed batch"),
         (lambda s: s.update(window_start_ns=None), "without an active window"),
+        (lambda s: s.update(window_start_ns=None, overflow=[], closed=[]), "without an active"),
     ],
 )
 def test_restore_rejects_malformed_snapshots(mutate, match: str) -> None:  # type: ignore[no-untyped-def]

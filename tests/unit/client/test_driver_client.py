@@ -7,8 +7,8 @@ import pytest
 from tensorpool.client.driver_client import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
-    AttachFailed,
     Attached,
+    AttachFailed,
     LeaseLost,
     LeaseMachine,
     LeaseState,
@@ -120,7 +120,8 @@ def test_s4_4_keepalives_at_the_configured_interval() -> None:
     m, _ = _attached()
     assert m.tick(99 * MS) == []
     (ka,) = m.tick(100 * MS)
-    assert isinstance(ka, SendKeepalive) and ka.lease_id == 77 and ka.client_timestamp_ns == 100 * MS
+    assert isinstance(ka, SendKeepalive) and ka.lease_id == 77
+    assert ka.client_timestamp_ns == 100 * MS
     assert m.tick(150 * MS) == []
     assert isinstance(m.tick(200 * MS)[0], SendKeepalive)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 import pytest
 
 from tensorpool.ingest import (
@@ -142,3 +146,19 @@ def test_rule1_introspection_and_repr() -> None:
     buf.ingest(5)
     assert (buf.name, buf.capacity, buf.pending, len(buf)) == ("pending.frames", 1, 1, 1)
     assert "pending.frames" in repr(buf) and "latest_by_key" in repr(buf)
+
+
+def test_s3_host_agnostic_imports_nothing_of_tensorpool_io() -> None:
+    """Seed §3: the primitive assumes no host. In a fresh interpreter, importing it loads no
+    other tensorpool package (no Aeron, SHM, client or Spark code)."""
+    code = (
+        "import sys, tensorpool.ingest\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tensorpool', 'pyaeron', "
+        "'pyspark', 'numpy'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    loaded = ast.literal_eval(out.strip())
+    assert loaded, "the import itself must show up"
+    assert all(m == "tensorpool" or m.startswith("tensorpool.ingest") for m in loaded), loaded

@@ -116,11 +116,14 @@ def test_s11_ordering_is_ignored_for_queue_and_warned_on_every_drain(
     assert not caplog.records
 
 
-def test_s5_3_overflow_drop_oldest() -> None:
+def test_s5_3_overflow_drop_oldest_is_counted_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Seed §9: overflow is explicit by being counted and hooked; no log, no extra stream."""
     drops: list[DropInfo] = []
     buf = IngressBuffer("b", mode="queue", capacity=3, on_drop=drops.append)
-    for x in range(5):
-        assert buf.ingest(x) is IngestResult.ENQUEUED
+    with caplog.at_level(logging.DEBUG, logger="tensorpool.ingest"):
+        for x in range(5):
+            assert buf.ingest(x) is IngestResult.ENQUEUED
+    assert not caplog.records
     assert drain_all(buf) == [2, 3, 4]
     assert [(d.reason, d.item) for d in drops] == [
         (DropReason.DROP_OLDEST, 0),

@@ -1,0 +1,400 @@
+"""Rate limiter configuration (RateLimiter Spec v1.0 §8).
+
+A TOML file becomes one frozen, validated :class:`RateLimiterConfig`:
+
+``[rate_limiter]`` (the spec's keys)
+    required ``instance_id``, ``descriptor_channel``, ``descriptor_stream_id`` (where the
+    destination ``FrameDescriptor``s go); optional ``forward_metadata`` (true),
+    ``forward_progress`` (false), ``forward_qos`` (false), ``max_rate_hz`` (0 = unlimited),
+    ``control_channel`` / ``qos_channel`` (``aeron:ipc?term-length=16m``) and the four
+    forwarding stream ids ``source_control_stream_id``, ``dest_control_stream_id``,
+    ``source_qos_stream_id``, ``dest_qos_stream_id`` (0 = disabled). One tensorpool
+    extension: ``hold`` (how the pending frame is kept, see :mod:`tensorpool.ratelimiter`).
+``[[mappings]]`` (at least one)
+    ``source_stream_id``, ``dest_stream_id``, ``profile``; optional ``max_rate_hz``
+    (default: ``rate_limiter.max_rate_hz``) and ``metadata_stream_id`` (default:
+    ``dest_stream_id``).
+``[driver]``, ``[shm]``, ``[policies]`` (tensorpool extensions, all optional)
+    how to reach the SHM driver the rate limiter attaches through: a subset of the driver's
+    own config keys with the *same names*, so one environment (``DRIVER_AERON_DIR``,
+    ``SHM_BASE_DIR``, ``POLICIES_LEASE_KEEPALIVE_INTERVAL_MS``, ...) configures both.
+    ``driver.config`` may name the driver's TOML file; the rate limiter then checks at load
+    time that each mapping's ``profile`` exists there and is the profile the destination
+    stream will really get (the attach request carries no profile, Driver Model §4.2).
+
+Fail-fast rules (§8): forwarding progress with a zero ``source_control_stream_id`` or
+``dest_control_stream_id``, or QoS with a zero ``source_qos_stream_id`` or
+``dest_qos_stream_id``, is a :class:`ConfigError` naming the key — checked in
+``RateLimiterConfig.__post_init__`` so no construction path can start forwarding with a zero
+id. Streams must not form loops: a destination (or metadata) stream id may not be any
+mapping's source, two mappings may not share a destination, and a source appears once (one
+policy per instance; run another instance for another consumer).
+
+Every scalar key of ``[rate_limiter]``, ``[driver]``, ``[shm]`` and ``[policies]`` can be
+overridden from the environment (:mod:`tensorpool.config_util`), e.g.
+``RATE_LIMITER_MAX_RATE_HZ=10`` or ``TENSORPOOL_RATE_LIMITER_MAX_RATE_HZ=10``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from tensorpool.config_util import (
+    INT32_MAX,
+    UINT32_MAX,
+    ConfigError,
+    EnvOverrides,
+    Section,
+    check_aeron_channel,
+    load_toml,
+)
+
+__all__ = [
+    "DEFAULT_FORWARD_CHANNEL",
+    "HOLD_MODES",
+    "ConfigError",
+    "DriverEndpoints",
+    "MappingConfig",
+    "RateLimiterConfig",
+    "load_ratelimiter_config",
+    "parse_ratelimiter_config",
+]
+
+#: §8 default of ``rate_limiter.control_channel`` and ``rate_limiter.qos_channel``.
+DEFAULT_FORWARD_CHANNEL: Final = "aeron:ipc?term-length=16m"
+#: How the pending frame is held until its rate slot opens (tensorpool extension).
+HOLD_MODES: Final = ("auto", "descriptor", "copy")
+
+# Defaults of the [driver]/[shm]/[policies] tables: the client defaults every other tensorpool
+# process uses (tensorpool.client.settings), so publications on shared IPC streams agree on
+# their term length, and the driver's default base directory and lease cadence.
+_CONTROL_CHANNEL = "aeron:ipc?term-length=1m"
+_DESCRIPTOR_CHANNEL = "aeron:ipc?term-length=16m"
+_DEFAULT_BASE_DIR = "/dev/shm/tensorpool"
+_MAX_STREAM_ID = UINT32_MAX - 1  # 0xFFFFFFFF is the SBE null value of a uint32 stream id
+_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class MappingConfig:
+    """One source -> destination mapping (§8)."""
+
+    source_stream_id: int
+    dest_stream_id: int
+    profile: str
+    max_rate_hz: int = 0
+    """Fallback rate (Hz, 0 = unlimited) while no destination consumer asked for one."""
+    metadata_stream_id: int = 0
+    """``stream_id`` written into forwarded metadata; 0 means ``dest_stream_id``."""
+
+    def __post_init__(self) -> None:
+        if self.metadata_stream_id == 0:
+            object.__setattr__(self, "metadata_stream_id", self.dest_stream_id)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverEndpoints:
+    """How this process reaches the SHM driver and the deployment's shared streams."""
+
+    aeron_dir: str = ""
+    """Media driver directory to join; "" = Aeron's default directory."""
+    control_channel: str = _CONTROL_CHANNEL
+    control_stream_id: int = 1000
+    descriptor_channel: str = _DESCRIPTOR_CHANNEL
+    descriptor_stream_id: int = 1100
+    qos_channel: str = _CONTROL_CHANNEL
+    qos_stream_id: int = 1200
+    metadata_channel: str = _CONTROL_CHANNEL
+    metadata_stream_id: int = 1300
+    config: str = ""
+    """The driver's TOML file, for profile checks ("" = not checked)."""
+    shm_base_dir: str = _DEFAULT_BASE_DIR
+    allowed_base_dirs: tuple[str, ...] = ()
+    announce_period_ms: int = 1000
+    lease_keepalive_interval_ms: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimiterConfig:
+    """The whole validated rate limiter configuration."""
+
+    instance_id: str
+    descriptor_channel: str
+    descriptor_stream_id: int
+    mappings: tuple[MappingConfig, ...]
+    forward_metadata: bool = True
+    forward_progress: bool = False
+    forward_qos: bool = False
+    max_rate_hz: int = 0
+    control_channel: str = DEFAULT_FORWARD_CHANNEL
+    source_control_stream_id: int = 0
+    dest_control_stream_id: int = 0
+    qos_channel: str = DEFAULT_FORWARD_CHANNEL
+    source_qos_stream_id: int = 0
+    dest_qos_stream_id: int = 0
+    hold: str = "auto"
+    driver: DriverEndpoints = field(default_factory=DriverEndpoints)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        # §8: forwarding with a zero stream id MUST fail fast (and so never start).
+        zero_rules = (
+            ("forward_progress", "source_control_stream_id", "dest_control_stream_id"),
+            ("forward_qos", "source_qos_stream_id", "dest_qos_stream_id"),
+        )
+        for flag, *keys in zero_rules:
+            if getattr(self, flag):
+                for key in keys:
+                    if getattr(self, key) == 0:
+                        raise ConfigError(
+                            self.source,
+                            f"rate_limiter.{key}",
+                            f"must be nonzero when rate_limiter.{flag} = true "
+                            "(forwarding does not start with a zero stream id)",
+                        )
+        if self.hold not in HOLD_MODES:
+            raise ConfigError(
+                self.source, "rate_limiter.hold", f"must be one of {', '.join(HOLD_MODES)}"
+            )
+        if not self.mappings:
+            raise ConfigError(self.source, "mappings", "at least one mapping is required")
+        _check_topology(self.mappings, self.source)
+
+    def mapping_for_source(self, stream_id: int) -> MappingConfig | None:
+        for m in self.mappings:
+            if m.source_stream_id == stream_id:
+                return m
+        return None
+
+
+def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
+    """No loops, one producer per destination, one mapping per source."""
+    sources: dict[int, int] = {}
+    dests: dict[int, int] = {}
+    for i, m in enumerate(mappings):
+        key = f"mappings[{i}]"
+        if m.source_stream_id == m.dest_stream_id:
+            raise ConfigError(
+                source, f"{key}.dest_stream_id", "must differ from source_stream_id (§3)"
+            )
+        if m.source_stream_id in sources:
+            raise ConfigError(
+                source,
+                f"{key}.source_stream_id",
+                f"stream {m.source_stream_id} is already the source of "
+                f"mappings[{sources[m.source_stream_id]}]; one rate policy per instance — run "
+                "another rate limiter for another consumer (§4)",
+            )
+        sources[m.source_stream_id] = i
+        if m.dest_stream_id in dests:
+            raise ConfigError(
+                source,
+                f"{key}.dest_stream_id",
+                f"stream {m.dest_stream_id} is already the destination of "
+                f"mappings[{dests[m.dest_stream_id]}] (a stream has one producer, §3)",
+            )
+        dests[m.dest_stream_id] = i
+    for i, m in enumerate(mappings):
+        for attr in ("dest_stream_id", "metadata_stream_id"):
+            sid = getattr(m, attr)
+            if sid in sources:
+                raise ConfigError(
+                    source,
+                    f"mappings[{i}].{attr}",
+                    f"stream {sid} is the source of mappings[{sources[sid]}]: the rate limiter "
+                    "never publishes on a source stream (§3)",
+                )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_ratelimiter_config(
+    path: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> RateLimiterConfig:
+    """Load and validate a rate limiter TOML file (``env`` defaults to ``os.environ``)."""
+    file = os.fspath(path)
+    data = load_toml(file)
+    return parse_ratelimiter_config(data, source=file, env=os.environ if env is None else env)
+
+
+def parse_ratelimiter_config(
+    data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
+) -> RateLimiterConfig:
+    """Validate an already-parsed TOML document."""
+    overrides = EnvOverrides(env)
+    root = Section(data, "", source, overrides)
+    rl = root.opt_table("rate_limiter")
+    mapping_secs = root.array_of_tables("mappings", required=True)
+    driver_sec = root.opt_table("driver")
+    shm_sec = root.opt_table("shm")
+    policies_sec = root.opt_table("policies")
+    root.finish()
+    if not data.get("rate_limiter"):
+        raise ConfigError(source, "rate_limiter", "required table [rate_limiter] is missing")
+
+    instance_id = rl.req_str("instance_id", env=True)
+    if not instance_id.strip():
+        rl.checked("instance_id", instance_id, "must not be empty")
+    descriptor_channel = _channel(rl, "descriptor_channel", None)
+    descriptor_stream_id = rl.req_int("descriptor_stream_id", lo=1, hi=INT32_MAX, env=True)
+    max_rate_hz = rl.opt_int("max_rate_hz", 0, env=True)
+    forward_metadata = rl.opt_bool("forward_metadata", True, env=True)
+    forward_progress = rl.opt_bool("forward_progress", False, env=True)
+    forward_qos = rl.opt_bool("forward_qos", False, env=True)
+    control_channel = _channel(rl, "control_channel", DEFAULT_FORWARD_CHANNEL)
+    qos_channel = _channel(rl, "qos_channel", DEFAULT_FORWARD_CHANNEL)
+    ids = {
+        key: rl.opt_int(key, 0, hi=INT32_MAX, env=True)
+        for key in (
+            "source_control_stream_id",
+            "dest_control_stream_id",
+            "source_qos_stream_id",
+            "dest_qos_stream_id",
+        )
+    }
+    hold = rl.opt_str("hold", "auto", env=True)
+    if hold not in HOLD_MODES:
+        rl.checked("hold", hold, f"{hold!r} is not one of {', '.join(HOLD_MODES)}")
+    rl.finish()
+
+    if not mapping_secs:
+        root.fail("mappings", "at least one [[mappings]] entry is required")
+    mappings = tuple(_parse_mapping(sec, max_rate_hz) for sec in mapping_secs)
+    driver = _parse_driver(driver_sec, shm_sec, policies_sec)
+
+    cfg = RateLimiterConfig(
+        instance_id=instance_id,
+        descriptor_channel=descriptor_channel,
+        descriptor_stream_id=descriptor_stream_id,
+        mappings=mappings,
+        forward_metadata=forward_metadata,
+        forward_progress=forward_progress,
+        forward_qos=forward_qos,
+        max_rate_hz=max_rate_hz,
+        control_channel=control_channel,
+        qos_channel=qos_channel,
+        hold=hold,
+        driver=driver,
+        source=source,
+        **ids,
+    )
+    if driver.config:
+        _check_profiles(cfg, driver_sec)
+    return cfg
+
+
+def _channel(sec: Section, key: str, default: str | None) -> str:
+    value = sec.req_str(key, env=True) if default is None else sec.opt_str(key, default, env=True)
+    return sec.checked(key, value, check_aeron_channel(value))
+
+
+def _parse_mapping(sec: Section, default_rate_hz: int) -> MappingConfig:
+    source_id = sec.req_int("source_stream_id", lo=1, hi=_MAX_STREAM_ID)
+    dest_id = sec.req_int("dest_stream_id", lo=1, hi=_MAX_STREAM_ID)
+    profile = sec.req_str("profile")
+    if not profile.strip():
+        sec.fail("profile", "must name the destination's driver profile")
+    rate = sec.opt_int("max_rate_hz", default_rate_hz)
+    meta_id = sec.opt_int("metadata_stream_id", dest_id, lo=1, hi=_MAX_STREAM_ID)
+    sec.finish()
+    return MappingConfig(source_id, dest_id, profile, rate, meta_id)
+
+
+def _abs_dir(sec: Section, key: str, value: str) -> str:
+    if not value.startswith("/"):
+        sec.checked(key, value, f"{value!r} must be an absolute path")
+    return posixpath.normpath(value)
+
+
+def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEndpoints:
+    d = DriverEndpoints()
+    aeron_dir = driver.opt_str("aeron_dir", d.aeron_dir, env=True)
+    if aeron_dir and not os.path.isabs(aeron_dir):
+        driver.checked("aeron_dir", aeron_dir, "must be an absolute path (or empty)")
+    endpoints: dict[str, Any] = {"aeron_dir": aeron_dir}
+    for name in ("control", "descriptor", "qos", "metadata"):
+        endpoints[f"{name}_channel"] = _channel(
+            driver, f"{name}_channel", getattr(d, f"{name}_channel")
+        )
+        endpoints[f"{name}_stream_id"] = driver.opt_int(
+            f"{name}_stream_id", getattr(d, f"{name}_stream_id"), lo=1, hi=INT32_MAX, env=True
+        )
+    config_path = driver.opt_str("config", "", env=True)
+    driver.finish()
+    base_dir = _abs_dir(shm, "base_dir", shm.opt_str("base_dir", d.shm_base_dir, env=True))
+    allowed = tuple(
+        _abs_dir(shm, "allowed_base_dirs", p)
+        for p in shm.opt_str_list("allowed_base_dirs", (), env=True)
+    )
+    shm.finish()
+    announce_ms = policies.opt_int("announce_period_ms", d.announce_period_ms, lo=1, env=True)
+    keepalive_ms = policies.opt_int(
+        "lease_keepalive_interval_ms", d.lease_keepalive_interval_ms, lo=1, env=True
+    )
+    policies.finish()
+    return DriverEndpoints(
+        **endpoints,
+        config=config_path,
+        shm_base_dir=base_dir,
+        allowed_base_dirs=allowed,
+        announce_period_ms=announce_ms,
+        lease_keepalive_interval_ms=keepalive_ms,
+    )
+
+
+def _check_profiles(cfg: RateLimiterConfig, driver_sec: Section) -> None:
+    """With ``driver.config``: each mapping's profile must be what its destination gets.
+
+    A statically provisioned destination has its stream's profile; any other destination is
+    created on attach (EXISTING_OR_CREATE) from ``policies.default_profile`` — if dynamic
+    streams are allowed at all.
+    """
+    from tensorpool.driver.config import load_driver_config
+
+    try:
+        dcfg = load_driver_config(cfg.driver.config)
+    except ConfigError as exc:
+        driver_sec.checked("config", cfg.driver.config, f"driver config is invalid: {exc}")
+        raise  # pragma: no cover - checked() raised
+    for i, m in enumerate(cfg.mappings):
+        key = f"mappings[{i}].profile"
+        if m.profile not in dcfg.profiles:
+            raise ConfigError(
+                cfg.source,
+                key,
+                f"profile {m.profile!r} is not defined in {cfg.driver.config} "
+                f"(known: {', '.join(dcfg.profiles)})",
+            )
+        static = dcfg.stream_by_id(m.dest_stream_id)
+        if static is not None:
+            actual = static.profile
+        elif dcfg.policies.allow_dynamic_streams:
+            rng = dcfg.driver.stream_id_range
+            if rng is None or m.dest_stream_id not in rng:
+                # The driver would hand out another id, which the attach then refuses.
+                raise ConfigError(
+                    cfg.source,
+                    f"mappings[{i}].dest_stream_id",
+                    f"stream {m.dest_stream_id} is neither provisioned in {cfg.driver.config} "
+                    f"nor inside its driver.stream_id_range ({rng or 'unset'})",
+                )
+            actual = dcfg.policies.default_profile
+        else:
+            raise ConfigError(
+                cfg.source,
+                f"mappings[{i}].dest_stream_id",
+                f"stream {m.dest_stream_id} is not provisioned in {cfg.driver.config} and "
+                "dynamic streams are disabled there",
+            )
+        if actual != m.profile:
+            raise ConfigError(
+                cfg.source,
+                key,
+                f"destination stream {m.dest_stream_id} gets profile {actual!r} from "
+                f"{cfg.driver.config}, not {m.profile!r}",
+            )

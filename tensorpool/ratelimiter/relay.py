@@ -1,0 +1,386 @@
+"""One mapping's data path: source consumer -> rate gate -> destination producer.
+
+A :class:`MappingRelay` owns the source :class:`~tensorpool.client.Consumer` (attached as
+CONSUMER of the source stream), the destination :class:`~tensorpool.client.Producer`
+(attached as the destination's exclusive PRODUCER, §3) and the mapping's
+:class:`~tensorpool.ratelimiter.gate.RateGate`. Per duty cycle (:meth:`MappingRelay.do_work`):
+
+1. poll the source: every descriptor the consumer accepts (epoch, sequence and seqlock
+   checks are the consumer's, Wire Spec §10.2.1) is *offered* to the gate. Unlimited mode
+   publishes it on the spot from the zero-copy view; otherwise it becomes the pending frame.
+   A consumer remap (new source epoch, or a remap of the same epoch) is a remap boundary:
+   the pending frame is dropped and the timer reset before any frame of the new mapping is
+   offered (§4, §7);
+2. drive the destination producer (lease keepalive, hellos); a new destination epoch is a
+   remap boundary too;
+3. if the gate says the slot is open, publish the pending frame.
+
+Holding the pending frame (``hold``):
+
+* ``descriptor`` keeps only the source descriptor fields and copies the payload straight from
+  source SHM when the slot opens: one copy per *published* frame. The frame may be gone by
+  then only if the source wrote a whole ring's worth of frames we have not seen yet; that
+  publish then fails (``source_overwritten``), the slot stays open and the next frame to
+  arrive goes out at once.
+* ``copy`` copies every offered frame into a held buffer (one copy per *source* frame) and
+  publishes from it; nothing can overwrite it.
+* ``auto`` (default) starts as ``descriptor`` and switches the mapping to ``copy`` after
+  :data:`AUTO_SWITCH_LOSSES` consecutive pending frames were overwritten before their slot
+  opened (a source ring too shallow for the hold time); a source remap starts over.
+
+Re-materialization (§5), for the frame chosen: validate the source slot again (epoch,
+seqlock, header: :meth:`~tensorpool.client.Consumer.reread`); claim the destination slot
+for the *source* seq in the smallest pool whose stride fits (no fit: ``no_pool_fits``); copy
+the payload; confirm the source slot did not change during the copy (else ``source_torn``
+and the claim is abandoned uncommitted); write the header with the source ``timestamp_ns``
+and ``meta_version`` and the destination's pool/slot; commit; publish the descriptor. Nothing
+here waits: a destination without a lease (``dest_not_attached``) drops the frame at once.
+
+Sequence identity (§4): destination seq = source seq, so gaps stay gaps. A destination seq
+must not go backwards within an epoch (Wire Spec §15.2), so when a *restarted* source (new
+epoch, seq from 0) would go below the destination's next seq, the relay gives up the
+destination lease and attaches again: the driver opens a new destination epoch (a remap
+for destination consumers) and numbering continues from the source's seq. The frame that
+triggered it is dropped (``dest_seq_regression``) as an in-flight frame of the old mapping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+import numpy as np
+
+from tensorpool.client.consumer import Consumer, Frame
+from tensorpool.client.producer import Producer
+from tensorpool.counters import LATE_REASONS, DropCounters
+from tensorpool.ratelimiter.config import MappingConfig
+from tensorpool.ratelimiter.gate import RateGate
+from tensorpool.shm.tensor import TensorLayout
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AUTO_SWITCH_LOSSES", "MappingRelay", "Pending", "RelayStats"]
+
+#: Consecutive pending frames lost to a source ring overwrite before ``auto`` starts copying.
+AUTO_SWITCH_LOSSES: Final = 3
+
+# Stable drop reasons (RateLimiter §5, §7); the gate adds "superseded" and "discarded_on_reset".
+SOURCE_NOT_MAPPED: Final = "source_not_mapped"
+SOURCE_OVERWRITTEN: Final = "source_overwritten"
+SOURCE_INVALID: Final = "source_invalid"
+SOURCE_TORN: Final = "source_torn"
+SOURCE_EMPTY_PAYLOAD: Final = "source_empty_payload_with_extent"
+NO_POOL_FITS: Final = "no_pool_fits"
+DEST_NOT_ATTACHED: Final = "dest_not_attached"
+DEST_SEQ_REGRESSION: Final = "dest_seq_regression"
+
+
+class Pending(NamedTuple):
+    """What the gate holds for a frame: its descriptor fields, plus a copy in ``copy`` mode."""
+
+    epoch: int
+    seq: int
+    header_index: int
+    held: HeldFrame | None
+
+
+class HeldFrame(NamedTuple):
+    layout: TensorLayout
+    timestamp_ns: int
+    meta_version: int
+    nbytes: int
+
+
+@dataclass(slots=True)
+class RelayStats:
+    published: int = 0
+    published_bytes: int = 0
+    copies: int = 0
+    """Payload copies made (published frames, plus held copies in ``copy`` mode)."""
+    source_remaps: int = 0
+    dest_epochs: int = 0
+    dest_rollovers: int = 0
+    hold_switches: int = 0
+    drops: DropCounters = field(default_factory=DropCounters)
+
+
+class MappingRelay:
+    """The data path of one mapping (use from the agent's thread only)."""
+
+    def __init__(
+        self,
+        mapping: MappingConfig,
+        consumer: Consumer,
+        open_dest: Callable[[], Producer],
+        *,
+        hold: str = "auto",
+        clock: Callable[[], int],
+        poll_limit: int = 256,
+        on_dest_epoch: Callable[[MappingRelay], object] | None = None,
+    ) -> None:
+        self.mapping = mapping
+        self.consumer = consumer
+        self._open_dest = open_dest
+        self.producer: Producer | None = open_dest()
+        self.gate: RateGate[Pending] = RateGate(
+            mapping.max_rate_hz, name=f"ratelimiter.{mapping.source_stream_id}"
+        )
+        self.hold = hold
+        self._copying = hold == "copy"
+        self._losses = 0
+        self._clock = clock
+        self._poll_limit = poll_limit
+        self._on_dest_epoch = on_dest_epoch
+        self.stats = RelayStats()
+        self._remaps = consumer.stats.remaps
+        self._source_epoch: int | None = None
+        self._gen = 0  # bumps at every source remap
+        self._gen_at_publish = 0
+        self._dest_epoch = 0
+        self._rollover_due = False
+        self._held_u8 = np.empty(0, np.uint8)
+        self._now = 0
+        self._on_frame_bound = self._on_frame
+        self._check_dest(clock())
+
+    # --- duty cycle -------------------------------------------------------------------------
+    def do_work(self, now: int) -> int:
+        self._now = now
+        work = self.consumer.poll(self._on_frame_bound, self._poll_limit)
+        if self.consumer.stats.remaps != self._remaps:
+            self._source_remapped(now)
+        if self._rollover_due:
+            self._rollover(now)
+            work += 1
+        work += self._check_dest(now)
+        gate = self.gate
+        if gate.has_pending:
+            item = gate.poll(now)
+            if item is not None:
+                work += 1
+                if self._publish_pending(item):
+                    gate.published(now)
+        return work
+
+    @property
+    def source_epoch(self) -> int | None:
+        return self._source_epoch
+
+    @property
+    def dest_epoch(self) -> int:
+        """The destination epoch (0 while not attached)."""
+        return self._dest_epoch
+
+    @property
+    def copying(self) -> bool:
+        """True when pending frames are held as copies (``copy``, or ``auto`` after a switch)."""
+        return self._copying
+
+    # --- source side ------------------------------------------------------------------------
+    def _source_remapped(self, now: int) -> None:
+        """§4/§7: a source remap drops the pending frame and resets the rate timer."""
+        self._remaps = self.consumer.stats.remaps
+        self._source_epoch = self.consumer.epoch
+        self._gen += 1
+        self.stats.source_remaps += 1
+        self.gate.reset(now)
+        self._losses = 0
+        if self.hold == "auto":
+            self._copying = False
+
+    def _on_frame(self, frame: Frame) -> None:
+        # Runs inside Consumer.poll for every accepted descriptor.
+        if self.consumer.stats.remaps != self._remaps:
+            self._source_remapped(self._now)
+        gate = self.gate
+        if not gate.rate_hz:  # unlimited: publish from the zero-copy view right away
+            gate.stats.offered += 1
+            view = frame.array if frame.values_len_bytes else None
+            if self._remat(
+                frame.seq,
+                frame.layout,
+                view,
+                frame.timestamp_ns,
+                frame.meta_version,
+                frame.values_len_bytes,
+                frame.is_current,
+            ):
+                gate.published(self._now)
+            return
+        held = None
+        if self._copying:
+            held = self._hold_copy(frame)
+            if held is None:
+                return
+        gate.offer(Pending(frame.epoch, frame.seq, frame.header_index, held), self._now)
+
+    def _hold_copy(self, frame: Frame) -> HeldFrame | None:
+        """Copy the frame into the held buffer (the previous pending copy is superseded)."""
+        layout = frame.layout
+        nbytes = frame.values_len_bytes
+        if nbytes:
+            extent = layout.extent_bytes
+            if self._held_u8.size < extent:
+                self._held_u8 = np.empty(max(extent, 2 * self._held_u8.size), np.uint8)
+            np.copyto(layout.view(self._held_u8, 0), frame.array)
+            self.stats.copies += 1
+            if not frame.is_current():
+                # The held bytes are garbage now, including the pending frame's.
+                self.gate.discard_pending()
+                self.stats.drops.increment(SOURCE_TORN)
+                return None
+        return HeldFrame(layout, frame.timestamp_ns, frame.meta_version, nbytes)
+
+    def _publish_pending(self, item: Pending) -> bool:
+        held = item.held
+        if held is not None:
+            view = layout_view(held.layout, self._held_u8) if held.nbytes else None
+            return self._remat(
+                item.seq,
+                held.layout,
+                view,
+                held.timestamp_ns,
+                held.meta_version,
+                held.nbytes,
+                _always,
+            )
+        consumer = self.consumer
+        read = consumer.reread(item.epoch, item.seq, item.header_index)
+        if read is None:
+            self._count_lost(consumer.epoch != item.epoch, consumer.last_read_drop_reason)
+            return False
+        self._losses = 0
+        return self._remat(
+            item.seq,
+            read.layout,
+            read.array,
+            read.timestamp_ns,
+            read.meta_version,
+            read.values_len_bytes,
+            lambda: consumer.confirm(read),
+        )
+
+    def _count_lost(self, unmapped: bool, reason: str | None) -> None:
+        drops = self.stats.drops
+        if unmapped:
+            drops.increment(SOURCE_NOT_MAPPED)
+            return
+        if reason not in LATE_REASONS:
+            drops.increment(SOURCE_INVALID)
+            return
+        drops.increment(SOURCE_OVERWRITTEN)
+        self._losses += 1
+        if self.hold == "auto" and not self._copying and self._losses >= AUTO_SWITCH_LOSSES:
+            self._copying = True
+            self.stats.hold_switches += 1
+            log.warning(
+                "stream %d: %d pending frames overwritten in the source ring before their slot "
+                "opened; holding copies from now on",
+                self.mapping.source_stream_id,
+                self._losses,
+            )
+
+    # --- destination side -------------------------------------------------------------------
+    def _remat(
+        self,
+        seq: int,
+        layout: TensorLayout,
+        src: np.ndarray | None,
+        timestamp_ns: int,
+        meta_version: int,
+        values_len: int,
+        confirm: Callable[[], bool],
+    ) -> bool:
+        """§5 steps 2-6 for one frame; False (counted) when it is dropped."""
+        drops = self.stats.drops
+        producer = self.producer
+        if producer is None or not producer.attached:
+            drops.increment(DEST_NOT_ATTACHED)
+            return False
+        if seq < producer.next_seq:
+            drops.increment(DEST_SEQ_REGRESSION)
+            if self._gen != self._gen_at_publish:
+                self._rollover_due = True  # a restarted source: new destination epoch
+            return False
+        if not values_len and layout.extent_bytes:
+            # Wire §8.2 allows a header-only frame, but a claim always carries the extent.
+            drops.increment(SOURCE_EMPTY_PAYLOAD)
+            return False
+        claim = producer.claim(layout=layout, seq=seq)
+        if claim is None:
+            drops.increment(NO_POOL_FITS if producer.attached else DEST_NOT_ATTACHED)
+            return False
+        if src is not None:
+            np.copyto(claim.array, src)
+            self.stats.copies += 1
+        if not confirm():
+            drops.increment(SOURCE_TORN)
+            return False  # the claim stays uncommitted; readers of that slot drop it
+        if producer.commit(claim, timestamp_ns=timestamp_ns, meta_version=meta_version) is None:
+            drops.increment(DEST_NOT_ATTACHED)
+            return False
+        stats = self.stats
+        stats.published += 1
+        stats.published_bytes += values_len
+        self._gen_at_publish = self._gen
+        return True
+
+    def _check_dest(self, now: int) -> int:
+        producer = self.producer
+        if producer is None:
+            return 0
+        work = producer.do_work(now)
+        epoch = producer.epoch if producer.attached else 0
+        if epoch != self._dest_epoch:
+            self._dest_epoch = epoch
+            if epoch:
+                self.stats.dest_epochs += 1
+                self.gate.reset(now)  # a destination remap: the next frame goes out at once
+                log.info(
+                    "mapping %d -> %d: destination epoch %d",
+                    self.mapping.source_stream_id,
+                    self.mapping.dest_stream_id,
+                    epoch,
+                )
+            if self._on_dest_epoch is not None:
+                self._on_dest_epoch(self)
+            work += 1
+        return work
+
+    def _rollover(self, now: int) -> None:
+        """Give up the destination epoch and attach again (the driver opens a new one)."""
+        self._rollover_due = False
+        self.stats.dest_rollovers += 1
+        old = self.producer
+        self.producer = None
+        if old is not None:
+            old.close()
+        self._dest_epoch = 0
+        if self._on_dest_epoch is not None:
+            self._on_dest_epoch(self)
+        try:
+            self.producer = self._open_dest()
+        except Exception as exc:  # AttachError, driver gone: retry on the next regression
+            log.error(
+                "stream %d: cannot reattach as producer: %s", self.mapping.dest_stream_id, exc
+            )
+        self._gen_at_publish = self._gen
+        self._check_dest(now)
+
+    def close(self) -> None:
+        self.consumer.close()
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+
+
+def _always() -> bool:
+    return True
+
+
+def layout_view(layout: TensorLayout, buf: np.ndarray) -> np.ndarray:
+    """``layout`` over the start of ``buf`` (the held copy)."""
+    return layout.view(buf, 0)

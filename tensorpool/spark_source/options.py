@@ -1,0 +1,413 @@
+"""Options of the ``tensorpool`` Spark format: parsed once, validated fully, frozen.
+
+Spark hands a data source a case-insensitive string map. Everything a user can get wrong is
+caught here, at ``load()`` / ``save()`` time, by :func:`parse_source_options` or
+:func:`parse_sink_options`, and reported as a :class:`TensorPoolOptionError` whose message
+starts with the offending option's name (in the spelling the docs use). Unknown options are
+errors too: a typo such as ``maxFramePerTrigger`` would otherwise silently disable admission
+control. The parsed objects are frozen dataclasses of plain values, so they pickle into every
+executor task unchanged.
+
+Offsets in ``startingOffsets`` / ``endingOffsets`` JSON follow the source's offset model (see
+:mod:`tensorpool.spark_source.offsets`): ``{"<stream>": {"epoch": E, "seq": S}}`` where ``S`` is
+the next sequence number to read; a stream may also be given as ``"earliest"`` / ``"latest"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from tensorpool.client.settings import (
+    DEFAULT_CONTROL_STREAM_ID,
+    DEFAULT_DESCRIPTOR_STREAM_ID,
+    DEFAULT_METADATA_STREAM_ID,
+    DEFAULT_QOS_STREAM_ID,
+    IPC_CONTROL,
+    IPC_DESCRIPTORS,
+    Channels,
+    ClientSettings,
+    default_shm_base_dir,
+)
+from tensorpool.transport.config import TransportConfig
+
+EARLIEST: Final = "earliest"
+LATEST: Final = "latest"
+EMBEDDED: Final = "embedded"
+MAX_STREAM_ID: Final = 2**31 - 1
+MAX_SEQ: Final = 2**63 - 1
+
+
+class TensorPoolOptionError(ValueError):
+    """An option of the ``tensorpool`` format is unknown or invalid (the message names it)."""
+
+
+# --- option names (docs spelling) ---------------------------------------------------------------
+_CONNECTION = (
+    "aeronDir",
+    "controlChannel",
+    "controlStreamId",
+    "descriptorChannel",
+    "descriptorStreamId",
+    "shmBaseDir",
+    "allowedBaseDirs",
+    "driver",
+    "attachTimeoutMs",
+)
+SOURCE_OPTIONS: Final = (
+    "streams",
+    *_CONNECTION,
+    "freshnessMs",
+    "startingOffsets",
+    "endingOffsets",
+    "maxFramesPerTrigger",
+    "maxBytesPerTrigger",
+    "minPartitions",
+    "failOnDataLoss",
+    "includeTensorMetadata",
+)
+SINK_OPTIONS: Final = (
+    "stream",
+    *_CONNECTION,
+    "headerNslots",
+    "maxFrameBytes",
+    "instanceId",
+    "announcePeriodMs",
+    "publisherIdleTimeoutMs",
+    "commitTimeoutMs",
+    "sinkId",
+    "checkpointLocation",  # Spark passes it to streaming sinks; it keys batchId idempotency
+)
+_CANONICAL: Final = {name.lower(): name for name in (*SOURCE_OPTIONS, *SINK_OPTIONS)}
+
+
+def _fail(name: str, message: str) -> TensorPoolOptionError:
+    return TensorPoolOptionError(f"{name}: {message}")
+
+
+def _normalise(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> dict[str, str]:
+    """Map user keys to canonical names; reject unknown keys (naming the closest valid set)."""
+    allowed_lower = {n.lower(): n for n in allowed}
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        name = allowed_lower.get(str(key).lower())
+        if name is None:
+            known_elsewhere = _CANONICAL.get(str(key).lower())
+            hint = (
+                f" (it is a {('sink' if what == 'source' else 'source')} option)"
+                if known_elsewhere
+                else ""
+            )
+            raise _fail(
+                str(key),
+                f"unknown option for the tensorpool {what}{hint}; valid options: "
+                + ", ".join(allowed),
+            )
+        out[name] = "" if value is None else str(value)
+    return out
+
+
+def _int(opts: dict[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _fail(name, f"must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise _fail(name, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise _fail(name, f"must be true or false, got {raw!r}")
+
+
+def _channel(opts: dict[str, str], name: str, default: str) -> str:
+    raw = opts.get(name, default).strip()
+    if not raw.startswith("aeron:"):
+        raise _fail(name, f"must be an Aeron channel URI (aeron:ipc or aeron:udp?...), got {raw!r}")
+    return raw
+
+
+def _abs_dir(name: str, raw: str) -> str:
+    path = raw.strip()
+    if not os.path.isabs(path):
+        raise _fail(name, f"must be an absolute path, got {raw!r}")
+    return os.path.normpath(path)
+
+
+def parse_stream_ids(name: str, raw: str) -> tuple[int, ...]:
+    """``"1"`` or ``"1, 2,3"`` -> sorted unique ids (sorted: offsets need a stable key order)."""
+    parts = [p.strip() for p in raw.split(",")]
+    if not raw.strip() or any(not p for p in parts):
+        raise _fail(name, f"expected stream ids such as '1' or '1,2', got {raw!r}")
+    ids: list[int] = []
+    for p in parts:
+        try:
+            sid = int(p)
+        except ValueError:
+            raise _fail(name, f"stream id {p!r} is not an integer") from None
+        if not 1 <= sid <= MAX_STREAM_ID:
+            raise _fail(name, f"stream id {sid} must be in 1..{MAX_STREAM_ID}")
+        ids.append(sid)
+    if len(set(ids)) != len(ids):
+        raise _fail(name, f"duplicate stream id in {raw!r}")
+    return tuple(sorted(ids))
+
+
+# --- offsets specs ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Where a query starts or ends, per stream: ``"earliest"``, ``"latest"`` or (epoch, seq)."""
+
+    default: str | None  # EARLIEST / LATEST for every stream, or None when given per stream
+    per_stream: tuple[tuple[int, str | tuple[int, int]], ...] = ()
+
+    def for_stream(self, stream_id: int) -> str | tuple[int, int]:
+        for sid, spec in self.per_stream:
+            if sid == stream_id:
+                return spec
+        assert self.default is not None
+        return self.default
+
+
+def parse_offset_spec(name: str, raw: str | None, default: str, streams: tuple[int, ...]) -> OffsetSpec:
+    if raw is None:
+        return OffsetSpec(default)
+    text = raw.strip()
+    if text.lower() in (EARLIEST, LATEST):
+        return OffsetSpec(text.lower())
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        raise _fail(
+            name,
+            "must be 'earliest', 'latest' or JSON like "
+            '{"1": {"epoch": 3, "seq": 100}}' + f", got {raw!r}",
+        ) from None
+    if not isinstance(doc, dict):
+        raise _fail(name, "JSON must be an object keyed by stream id")
+    entries: list[tuple[int, str | tuple[int, int]]] = []
+    for key, value in doc.items():
+        try:
+            sid = int(key)
+        except ValueError:
+            raise _fail(name, f"key {key!r} is not a stream id") from None
+        if sid not in streams:
+            raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
+        if isinstance(value, str) and value.lower() in (EARLIEST, LATEST):
+            entries.append((sid, value.lower()))
+            continue
+        if not isinstance(value, dict):
+            raise _fail(name, f"stream {sid}: expected {{'epoch': E, 'seq': S}}, got {value!r}")
+        extra = set(value) - {"epoch", "seq", "lost"}
+        if extra:
+            raise _fail(name, f"stream {sid}: unknown field(s) {sorted(extra)}")
+        epoch, seq = value.get("epoch"), value.get("seq")
+        for what, v in (("epoch", epoch), ("seq", seq)):
+            if type(v) is not int or not 0 <= v <= MAX_SEQ:
+                raise _fail(name, f"stream {sid}: {what} must be an integer >= 0, got {v!r}")
+        entries.append((sid, (epoch, seq)))  # type: ignore[arg-type]
+    missing = sorted(set(streams) - {sid for sid, _ in entries})
+    if missing:
+        raise _fail(name, f"no offset for stream(s) {missing}; give every stream in 'streams'")
+    return OffsetSpec(None, tuple(sorted(entries)))
+
+
+# --- connection ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """How to reach the producer's control plane and which SHM paths may be mapped."""
+
+    aeron_dir: str | None  # None = embedded media driver; "" = Aeron's default directory
+    control_channel: str = IPC_CONTROL
+    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
+    descriptor_channel: str = IPC_DESCRIPTORS
+    descriptor_stream_id: int = DEFAULT_DESCRIPTOR_STREAM_ID
+    shm_base_dir: str = field(default_factory=default_shm_base_dir)
+    allowed_base_dirs: tuple[str, ...] = ()
+    driver: bool = False
+    attach_timeout_ms: int = 10_000
+
+    def client_settings(self, *, freshness_ms: int = 3000, announce_period_ms: int = 1000) -> ClientSettings:
+        """ClientSettings for the attachment; freshness = periods x announce period."""
+        period = max(1, min(announce_period_ms, freshness_ms))
+        return ClientSettings(
+            transport=TransportConfig(aeron_dir=self.aeron_dir),
+            channels=Channels(
+                control_channel=self.control_channel,
+                control_stream_id=self.control_stream_id,
+                descriptor_channel=self.descriptor_channel,
+                descriptor_stream_id=self.descriptor_stream_id,
+                qos_channel=self.control_channel,
+                qos_stream_id=DEFAULT_QOS_STREAM_ID,
+                metadata_channel=self.control_channel,
+                metadata_stream_id=DEFAULT_METADATA_STREAM_ID,
+            ),
+            shm_base_dir=self.shm_base_dir,
+            allowed_base_dirs=self.allowed_base_dirs,
+            announce_period_ns=period * 1_000_000,
+            freshness_periods=max(1, -(-freshness_ms // period)),
+        )
+
+    @property
+    def base_dirs(self) -> tuple[str, ...]:
+        return self.allowed_base_dirs or (self.shm_base_dir,)
+
+
+def _connection(opts: dict[str, str]) -> Connection:
+    raw_dir = opts.get("aeronDir")
+    if raw_dir is None or not raw_dir.strip():
+        aeron_dir: str | None = ""
+    elif raw_dir.strip().lower() == EMBEDDED:
+        aeron_dir = None
+    else:
+        aeron_dir = _abs_dir("aeronDir", raw_dir)
+    shm = _abs_dir("shmBaseDir", opts["shmBaseDir"]) if "shmBaseDir" in opts else None
+    allowed: tuple[str, ...] = ()
+    if opts.get("allowedBaseDirs", "").strip():
+        allowed = tuple(
+            _abs_dir("allowedBaseDirs", p) for p in opts["allowedBaseDirs"].split(",") if p.strip()
+        )
+    kw: dict[str, object] = {}
+    if shm is not None:
+        kw["shm_base_dir"] = shm
+    for sid_name, attr in (
+        ("controlStreamId", "control_stream_id"),
+        ("descriptorStreamId", "descriptor_stream_id"),
+    ):
+        value = _int(opts, sid_name, None, 1, MAX_STREAM_ID)
+        if value is not None:
+            kw[attr] = value
+    conn = Connection(
+        aeron_dir=aeron_dir,
+        control_channel=_channel(opts, "controlChannel", IPC_CONTROL),
+        descriptor_channel=_channel(opts, "descriptorChannel", IPC_DESCRIPTORS),
+        allowed_base_dirs=allowed,
+        driver=_bool(opts, "driver", False),
+        attach_timeout_ms=_int(opts, "attachTimeoutMs", 10_000, 1, 3_600_000),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+    if (conn.control_channel, conn.control_stream_id) == (
+        conn.descriptor_channel,
+        conn.descriptor_stream_id,
+    ):
+        raise _fail("descriptorStreamId", "must differ from controlStreamId on the same channel")
+    return conn
+
+
+# --- source -------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    streams: tuple[int, ...]
+    connection: Connection
+    freshness_ms: int
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_frames_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    min_partitions: int | None
+    fail_on_data_loss: bool
+    include_tensor_metadata: bool
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool | None = None) -> SourceOptions:
+    """Validate reader options. ``streaming`` None = not yet known (``schema()`` time)."""
+    opts = _normalise(options, SOURCE_OPTIONS, "source")
+    if "streams" not in opts:
+        raise _fail("streams", "required: the stream id(s) to read, e.g. option('streams', '1,2')")
+    streams = parse_stream_ids("streams", opts["streams"])
+    default_start = LATEST if streaming else EARLIEST
+    starting = parse_offset_spec("startingOffsets", opts.get("startingOffsets"), default_start, streams)
+    ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets"), LATEST, streams)
+    if streaming and "endingOffsets" in opts:
+        raise _fail("endingOffsets", "is for batch queries (spark.read) only")
+    if ending.default == EARLIEST or any(s == EARLIEST for _, s in ending.per_stream):
+        raise _fail("endingOffsets", "'earliest' makes no sense as an end; use 'latest' or JSON")
+    return SourceOptions(
+        streams=streams,
+        connection=_connection(opts),
+        freshness_ms=_int(opts, "freshnessMs", 3000, 10, 3_600_000),  # type: ignore[arg-type]
+        starting=starting,
+        ending=ending,
+        max_frames_per_trigger=_int(opts, "maxFramesPerTrigger", None, 1, MAX_SEQ),
+        max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None, 1, MAX_SEQ),
+        min_partitions=_int(opts, "minPartitions", None, 1, 100_000),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        include_tensor_metadata=_bool(opts, "includeTensorMetadata", True),
+    )
+
+
+# --- sink ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    stream: int
+    connection: Connection
+    header_nslots: int
+    max_frame_bytes: int
+    instance_id: str
+    announce_period_ms: int
+    publisher_idle_timeout_ms: int
+    commit_timeout_ms: int
+    sink_id: str | None  # batchId idempotency key; None = not idempotent
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    opts = _normalise(options, SINK_OPTIONS, "sink")
+    if "stream" not in opts:
+        raise _fail("stream", "required: the stream id to publish on, e.g. option('stream', '7')")
+    ids = parse_stream_ids("stream", opts["stream"])
+    if len(ids) != 1:
+        raise _fail("stream", f"exactly one stream id, got {opts['stream']!r}")
+    stream = ids[0]
+    nslots = _int(opts, "headerNslots", 1024, 1, 1 << 24)
+    assert nslots is not None
+    if nslots & (nslots - 1):
+        raise _fail("headerNslots", f"must be a power of two, got {nslots}")
+    max_bytes = _int(opts, "maxFrameBytes", 1 << 20, 1, 1 << 31)
+    instance = opts.get("instanceId", f"spark-sink-{stream}").strip()
+    if not instance or "/" in instance or instance in (".", ".."):
+        raise _fail("instanceId", f"must be a single path component, got {instance!r}")
+    sink_id = opts.get("sinkId") or opts.get("checkpointLocation") or None
+    return SinkOptions(
+        stream=stream,
+        connection=_connection(opts),
+        header_nslots=nslots,
+        max_frame_bytes=max_bytes,  # type: ignore[arg-type]
+        instance_id=instance,
+        announce_period_ms=_int(opts, "announcePeriodMs", 1000, 10, 60_000),  # type: ignore[arg-type]
+        publisher_idle_timeout_ms=_int(opts, "publisherIdleTimeoutMs", 600_000, 0, 2**31),  # type: ignore[arg-type]
+        commit_timeout_ms=_int(opts, "commitTimeoutMs", 60_000, 1, 3_600_000),  # type: ignore[arg-type]
+        sink_id=sink_id,
+    )
+
+
+__all__ = [
+    "EARLIEST",
+    "EMBEDDED",
+    "LATEST",
+    "SINK_OPTIONS",
+    "SOURCE_OPTIONS",
+    "Connection",
+    "OffsetSpec",
+    "SinkOptions",
+    "SourceOptions",
+    "TensorPoolOptionError",
+    "parse_offset_spec",
+    "parse_sink_options",
+    "parse_source_options",
+    "parse_stream_ids",
+]
