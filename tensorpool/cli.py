@@ -28,6 +28,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("tensorpool.commands.consume", "consume frames and print rates/drops"),
     "inspect": ("tensorpool.commands.inspect", "show a region's superblock and ring state"),
     "tap": ("tensorpool.commands.tap", "print every tensorpool message on a stream as JSON"),
+    "ratelimiter": ("tensorpool.commands.ratelimiter", "run a rate limiter (one per consumer)"),
     "mediadriver": ("tensorpool.commands.mediadriver", "run a standalone Aeron media driver"),
     "driver": ("tensorpool.commands.driver", "run the SHM driver (also: driver status/shutdown)"),
 }

@@ -146,6 +146,15 @@ class Frame:
         self._verdict = ok
         return ok
 
+    def raw_views(self) -> tuple[memoryview, memoryview]:
+        """Zero-copy bytes of this frame's 256-byte header slot and payload
+        ``[0, values_len_bytes)`` (see ``SlotReader.raw_views``), for relays such as the
+        UDP bridge; valid only inside the handler, confirm with `is_current()` after use."""
+        reader = self._consumer._reader
+        if reader is None:
+            raise RuntimeError("frame used outside its handler")
+        return reader.raw_views(self._r)
+
     def copy(self) -> np.ndarray | None:
         """An owned copy of the tensor, or None if the slot was overwritten meanwhile."""
         out = self.array.copy(order="K")  # keep the producer's memory layout

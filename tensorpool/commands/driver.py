@@ -219,11 +219,13 @@ def _shutdown_endpoint(args: argparse.Namespace) -> tuple[str, str, int, int]:
 
 
 def _shutdown(args: argparse.Namespace) -> int:
+    import pyaeron
+
     from tensorpool.specs import DRIVER_SCHEMA_ID, CodecError, peek_header
     from tensorpool.specs.generated import driver as drv
-    from tensorpool.transport.config import TransportConfig
-    from tensorpool.transport.context import AeronContext
-    from tensorpool.transport.mediadriver import MediaDriverError, is_active
+    from tensorpool.transport.mediadriver import is_active
+    from tensorpool.transport.publication import Publisher
+    from tensorpool.transport.subscription import Subscriber
 
     if not args.token:
         raise UserError(f"--token is required (or set {ENV_TOKEN})")
@@ -234,6 +236,9 @@ def _shutdown(args: argparse.Namespace) -> int:
     if not (os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)):
         raise UserError(f"no running media driver in {aeron_dir}: is the SHM driver running?")
     notices: list[tuple[int, str]] = []
+    # Aeron may hand a new subscription messages an earlier driver left in a lingering log;
+    # only a notice stamped (driver monotonic clock, same host) after our request counts.
+    sent_ns = [1 << 64]
 
     def on_control(buffer: Any, _header: Any) -> None:
         try:
@@ -243,7 +248,8 @@ def _shutdown(args: argparse.Namespace) -> int:
                 and template_id == drv.ShmDriverShutdownDecoder.TEMPLATE_ID
             ):
                 dec = drv.ShmDriverShutdownDecoder().wrap(buffer)
-                notices.append((dec.reason_raw, dec.error_message))
+                if dec.timestamp_ns >= sent_ns[0]:
+                    notices.append((dec.reason_raw, dec.error_message))
         except CodecError:
             pass
 
@@ -264,16 +270,24 @@ def _shutdown(args: argparse.Namespace) -> int:
         )
     except CodecError as exc:
         raise UserError(f"cannot encode the request: {exc}") from None
+    # A plain client with an error handler: a driver that hosts the media driver takes it down
+    # right after its notice, and Aeron's default handler would exit() this process then.
+    errors: list[str] = []
     try:
-        ctx = AeronContext(TransportConfig(aeron_dir=aeron_dir)).start()
-    except MediaDriverError as exc:
-        raise UserError(str(exc)) from None
-    with ctx:
-        sub = ctx.add_subscription(channel, stream_id, on_control)
-        pub = ctx.add_publication(channel, stream_id)
+        aeron = pyaeron.Aeron(
+            context=pyaeron.Context(
+                dir=aeron_dir, error_handler=lambda code, text: errors.append(f"{code}: {text}")
+            )
+        )
+    except pyaeron.AeronError as exc:
+        raise UserError(f"cannot connect to the media driver in {aeron_dir}: {exc}") from None
+    sub = Subscriber(aeron, channel, stream_id, on_control)
+    pub = Publisher(aeron.add_exclusive_publication(channel, stream_id))
+    try:
         if not pub.await_connected(min(timeout_s, 10.0)):
             raise UserError(f"nobody listens on {channel} stream {stream_id}: driver not running?")
         deadline = time.monotonic() + timeout_s
+        sent_ns[0] = time.monotonic_ns()
         while not pub.offer(buf, 0, n):
             if time.monotonic() >= deadline:
                 raise UserError("could not send the shutdown request (back-pressure)")
@@ -293,6 +307,10 @@ def _shutdown(args: argparse.Namespace) -> int:
                 print(f"driver shut down (reason {name}{detail})")
                 return 0
             time.sleep(0.01)
+    finally:
+        sub.close()
+        pub.close()
+        aeron.close()
     print(
         f"no ShmDriverShutdown within {timeout_s:.1f} s: wrong token, or shutdown requests are "
         "disabled (policies.shutdown_token is empty)",

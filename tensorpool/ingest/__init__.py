@@ -20,7 +20,7 @@ full, the lowest-priority non-empty lane (the arriving item counted in its lane)
 modes evict its least-recently-seen key, ``queue`` applies the overflow policy to it; equal
 losers take turns. "Seen" is a monotonic ``ingest_seq`` bumped on every ingest, re-ingests
 included -- no clock needed. A pending key re-ingested with another lane migrates there.
-``key(item) is None`` (or unhashable) drops the item as ``bad_key`` with a warning.
+``key(item) is None`` (keyed modes: or unhashable) drops it as ``bad_key``, with a warning.
 
 Drain: strict lane priority (equal lanes round-robin), ``ordering="fifo"`` = first-enqueue order
 inside a lane for the keyed modes. Returns :class:`DrainStats` (``processed``, ``pending``,

@@ -169,6 +169,8 @@ class IngressScheduler:
         warning.
         """
         budget = self._max_items if max_items is None else _as_count(max_items, "max_items")
+        if handle is not None and not callable(handle):
+            raise TypeError("handle must be callable or None")
         if self._ticking:
             raise RuntimeError(f"scheduler {self._name!r}: drain_tick() is not reentrant")
         entries_order: list[_Entry] = []

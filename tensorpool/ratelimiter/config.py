@@ -101,7 +101,8 @@ class DriverEndpoints:
     """How this process reaches the SHM driver and the deployment's shared streams."""
 
     aeron_dir: str = ""
-    """Media driver directory to join; "" = Aeron's default directory."""
+    """Media driver directory to join; "" = the tensorpool default (where ``tensorpool
+    mediadriver`` and an embedded ``tensorpool driver`` serve), resolved by the command."""
     control_channel: str = _CONTROL_CHANNEL
     control_stream_id: int = 1000
     descriptor_channel: str = _DESCRIPTOR_CHANNEL

@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AUTO_SWITCH_LOSSES", "MappingRelay", "Pending", "RelayStats"]
 
-#: Consecutive pending frames lost to a source ring overwrite before ``auto`` starts copying.
+#: Held frames lost in a row to a source ring overwrite before ``auto`` starts copying (a held
+#: frame read back intact resets the count; frames that never waited say nothing about it).
 AUTO_SWITCH_LOSSES: Final = 3
 
 # Stable drop reasons (RateLimiter §5, §7); the gate adds "superseded" and "discarded_on_reset".
@@ -85,6 +86,8 @@ class Pending(NamedTuple):
     seq: int
     header_index: int
     held: HeldFrame | None
+    waited: bool
+    """Offered while its slot was closed: only such frames tell whether holding is safe."""
 
 
 class HeldFrame(NamedTuple):
@@ -215,7 +218,9 @@ class MappingRelay:
             held = self._hold_copy(frame)
             if held is None:
                 return
-        gate.offer(Pending(frame.epoch, frame.seq, frame.header_index, held), self._now)
+        now = self._now
+        waited = not gate.is_open(now)
+        gate.offer(Pending(frame.epoch, frame.seq, frame.header_index, held, waited), now)
 
     def _hold_copy(self, frame: Frame) -> HeldFrame | None:
         """Copy the frame into the held buffer (the previous pending copy is superseded)."""
@@ -252,7 +257,8 @@ class MappingRelay:
         if read is None:
             self._count_lost(consumer.epoch != item.epoch, consumer.last_read_drop_reason)
             return False
-        self._losses = 0
+        if item.waited:
+            self._losses = 0
         return self._remat(
             item.seq,
             read.layout,

@@ -451,6 +451,18 @@ class SlotReader:
         """
         return self._words[(SUPERBLOCK_SIZE + header_index * HEADER_SLOT_BYTES) >> 3] >> 1
 
+    def raw_views(self, result: SlotRead) -> tuple[memoryview, memoryview]:
+        """Zero-copy byte views of ``result``'s whole 256-byte header slot and of its payload
+        bytes ``[0, values_len_bytes)``, for relays that forward a frame verbatim (the UDP
+        bridge chunks exactly these bytes). Same contract as ``result.array``: the producer
+        may overwrite them at any time, so call :meth:`is_current` after copying them out.
+        """
+        off = SUPERBLOCK_SIZE + result.header_index * HEADER_SLOT_BYTES
+        header = memoryview(self._hmm)[off : off + HEADER_SLOT_BYTES]
+        start = SUPERBLOCK_SIZE + result.header_index * self._pool_stride[result.pool_id]
+        payload = memoryview(self._pool_mm[result.pool_id])[start : start + result.values_len_bytes]
+        return header, payload
+
     def is_current(self, result: SlotRead) -> bool:
         """True if the slot still holds ``result``'s frame (call after consuming a view).
 

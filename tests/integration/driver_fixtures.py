@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyaeron
+
 from tensorpool.specs import CodecError, peek_header
 from tensorpool.specs.generated import driver as drv
 from tensorpool.specs.generated import wire
-from tensorpool.transport.config import TransportConfig
-from tensorpool.transport.context import AeronContext
+from tensorpool.transport.publication import Publisher
+from tensorpool.transport.subscription import Subscriber
 
 PRODUCER = int(drv.Role.PRODUCER)
 CONSUMER = int(drv.Role.CONSUMER)
@@ -262,23 +264,33 @@ def _decode(buffer: Any) -> tuple[str, dict[str, Any]] | None:
 
 
 class ControlClient:
-    """A raw control-plane client: encode requests, record everything the driver says."""
+    """A raw control-plane client: encode requests, record everything the driver says.
+
+    The Aeron client gets an error handler: Aeron's default one calls ``exit()`` when the media
+    driver goes away, which an embedded-media-driver daemon does when it stops.
+    """
 
     def __init__(
         self, aeron_dir: str, *, channel: str = CONTROL_CHANNEL, stream_id: int = CONTROL_STREAM
     ) -> None:
-        self.ctx = AeronContext(TransportConfig(aeron_dir=aeron_dir)).start()
+        self.aeron_errors: list[tuple[int, str]] = []
+        self.aeron = pyaeron.Aeron(
+            context=pyaeron.Context(dir=aeron_dir, error_handler=self._on_aeron_error)
+        )
         self.messages: list[Msg] = []
         self.undecodable = 0
         self._buf = bytearray(1 << 20)
         self._next_corr = int(time.time_ns() & 0xFFFFFFFF) << 16
-        self.sub = self.ctx.add_subscription(
-            channel, stream_id, self._on_message, fragment_limit=256
-        )
-        self.pub = self.ctx.add_publication(channel, stream_id)
+        self.sub = Subscriber(self.aeron, channel, stream_id, self._on_message, fragment_limit=256)
+        self.pub = Publisher(self.aeron.add_exclusive_publication(channel, stream_id))
+
+    def _on_aeron_error(self, code: int, message: str) -> None:
+        self.aeron_errors.append((code, message))
 
     def close(self) -> None:
-        self.ctx.close()
+        self.sub.close()
+        self.pub.close()
+        self.aeron.close()
 
     def __enter__(self) -> ControlClient:
         return self

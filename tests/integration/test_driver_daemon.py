@@ -82,8 +82,10 @@ def shared(shared_md: MediaDriverProcess) -> Iterator[tuple[DriverProcess, str, 
 
 
 @pytest.fixture
-def client(shared_md: MediaDriverProcess) -> Iterator[ControlClient]:
-    with _client(shared_md.dir) as c:
+def client(
+    shared_md: MediaDriverProcess, shared: tuple[DriverProcess, str, str]
+) -> Iterator[ControlClient]:
+    with ControlClient(shared_md.dir) as c:
         c.wait_connected()
         yield c
 
@@ -484,22 +486,25 @@ def test_epoch_gc_deletes_superseded_epoch_dirs(shared, client: ControlClient) -
 # --------------------------------------------------------------------------- lifecycle
 
 
-#: Lifecycle tests share the module's media driver with the shared daemon: a control stream of
-#: their own keeps the two drivers from answering each other's clients.
-OWN_STREAM = 1500
+#: Lifecycle tests share the module's media driver with the shared daemon. Each gets a control
+#: stream of its own, so no driver answers another's clients and no client sees a message an
+#: earlier test's driver left in a lingering Aeron log.
+_own_streams = iter(range(1500, 1600))
+_stream_of: dict[str, int] = {}
 
 
 def _daemon(work: str, aeron_dir: str, name: str = "d", **kw: object) -> DriverProcess:
     base = os.path.join(work, "shm")
     cfg = os.path.join(work, "driver.toml")
     if not os.path.exists(cfg):
-        text = driver_toml(base, aeron_dir, control_stream_id=OWN_STREAM, **kw)  # type: ignore[arg-type]
+        stream = _stream_of.setdefault(work, next(_own_streams))
+        text = driver_toml(base, aeron_dir, control_stream_id=stream, **kw)  # type: ignore[arg-type]
         Path(cfg).write_text(text)
     return DriverProcess(cfg, base, os.path.join(work, f"{name}.log"))
 
 
-def _client(aeron_dir: str) -> ControlClient:
-    return ControlClient(aeron_dir, stream_id=OWN_STREAM)
+def _client(work: str, aeron_dir: str) -> ControlClient:
+    return ControlClient(aeron_dir, stream_id=_stream_of[work])
 
 
 def test_s10_restart_epochs_keep_increasing(shared_md: MediaDriverProcess, work: str) -> None:
@@ -508,7 +513,7 @@ def test_s10_restart_epochs_keep_increasing(shared_md: MediaDriverProcess, work:
     first = _daemon(work, shared_md.dir, "first",
                     policies={**GRACE, "cleanup_shm_on_exit": True}).start().wait_ready()
     seen: list[int] = []
-    with _client(shared_md.dir) as c:
+    with _client(work, shared_md.dir) as c:
         c.wait_connected()
         prod = _ok(c.attach(10000, 11, PRODUCER))
         seen.append(prod["epoch"])
@@ -524,7 +529,7 @@ def test_s10_restart_epochs_keep_increasing(shared_md: MediaDriverProcess, work:
 
     second = _daemon(work, shared_md.dir, "second").start().wait_ready()
     try:
-        with _client(shared_md.dir) as c:
+        with _client(work, shared_md.dir) as c:
             c.wait_connected()
             again = _ok(c.attach(10000, 12, PRODUCER))
             assert again["epoch"] > max(seen)
@@ -539,7 +544,7 @@ def test_s2_1_one_driver_per_namespace_and_kill9_leaves_no_stuck_lock(
     """§2.1: a second driver on the same namespace refuses to start; after `kill -9` of the
     first, the kernel has dropped its lock and a new driver starts (with a higher epoch)."""
     first = _daemon(work, shared_md.dir, "first", policies=GRACE).start().wait_ready()
-    with _client(shared_md.dir) as c:
+    with _client(work, shared_md.dir) as c:
         c.wait_connected()
         old = _ok(c.attach(10000, 21, PRODUCER))
     rival = _daemon(work, shared_md.dir, "rival").start()
@@ -551,7 +556,7 @@ def test_s2_1_one_driver_per_namespace_and_kill9_leaves_no_stuck_lock(
     first.wait()
     third = _daemon(work, shared_md.dir, "third").start().wait_ready()
     try:
-        with _client(shared_md.dir) as c:
+        with _client(work, shared_md.dir) as c:
             c.wait_connected()
             new = _ok(c.attach(10000, 22, PRODUCER))
             assert new["epoch"] > old["epoch"]
@@ -564,7 +569,7 @@ def test_s4_13_shutdown_request_needs_the_token(shared_md: MediaDriverProcess, w
     (final announce), publishes ShmDriverShutdown with the request's reason, and exits 0."""
     daemon = _daemon(work, shared_md.dir, policies=GRACE).start().wait_ready()
     cfg = daemon.config_path
-    with _client(shared_md.dir) as c:
+    with _client(work, shared_md.dir) as c:
         c.wait_connected()
         cons = _ok(c.attach(10000, 31, CONSUMER))
         c.send(c.shutdown_request_bytes("wrong"))
@@ -594,7 +599,7 @@ def test_embedded_media_driver_serves_clients_and_mlocks(work: str) -> None:
     daemon = _daemon(
         work, aeron_dir, embedded=True, policies={**GRACE, "mlock_shm": True}
     ).start().wait_ready()
-    with _client(aeron_dir) as c:
+    with _client(work, aeron_dir) as c:
         c.wait_connected()
         prod = _ok(c.attach(10000, 41, PRODUCER))
         status = Path(f"/proc/{daemon.pid}/status").read_text()

@@ -405,3 +405,50 @@ def test_prop_matches_reference_model(cfg: Config, ops: list[tuple]) -> None:
         ours += [("replace", r.old.uid, r.new.uid) for r in rec.replaces]
         assert sorted(ours) == sorted(model.events)
         assert buf.pending == len(model.entries)
+
+
+LONG_OPS = st.lists(st.integers(0, 99), min_size=200, max_size=400).map(
+    lambda codes: [_decode(c) for c in codes]
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cfg=configs()
+    .filter(lambda c: c.mode != "queue")
+    .map(lambda c: Config(c.mode, min(c.capacity, 3), c.lanes, c.priorities, "fifo", None)),
+    ops=LONG_OPS,
+)
+def test_prop_fifo_bookkeeping_survives_long_eviction_runs(cfg: Config, ops: list[tuple]) -> None:
+    """Long runs with a tiny capacity: many evictions and migrations retire first-enqueue
+    records and trigger their sweeps; the drain order must still be the model's."""
+    test_prop_matches_reference_model.hypothesis.inner_test(cfg, ops)  # type: ignore[attr-defined]
+
+
+def test_fifo_bookkeeping_memory_stays_bounded_under_constant_eviction() -> None:
+    """Every eviction leaves a retired record behind; sweeping keeps memory proportional to
+    the pending keys, not to the keys ever seen."""
+    import tracemalloc
+
+    for lanes in (False, True):
+        buf = IngressBuffer(
+            "b",
+            mode="dedup_set",
+            capacity=4,
+            key=lambda it: it.key,
+            lane=(lambda it: it.lane) if lanes else None,
+            ordering="fifo",
+        )
+        tracemalloc.start()
+        for uid in range(2_000):
+            buf.ingest(Item(uid, uid, "ab"[uid % 2]))
+        warm, _ = tracemalloc.get_traced_memory()
+        for uid in range(2_000, 40_000):
+            buf.ingest(Item(uid, uid, "ab"[uid % 2]))
+        grown, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert grown - warm < 64 * 1024, (lanes, grown - warm)
+        out: list[Item] = []
+        buf.drain(10, out.append)
+        assert [it.uid for it in out] == sorted(it.uid for it in out)
+        assert len(out) == 4

@@ -1,0 +1,138 @@
+"""`tensorpool ratelimiter`: run one rate limiter instance (RateLimiter Spec v1.0).
+
+    tensorpool ratelimiter --config rl.toml            # run until SIGINT/SIGTERM
+    tensorpool ratelimiter --config rl.toml --check    # validate the config and exit
+    tensorpool ratelimiter --config rl.toml --json     # JSON lines: started, stats, stopped
+
+Run one instance per consumer: it attaches through the SHM driver as a consumer of each
+mapping's source stream and as the exclusive producer of its destination stream, and
+republishes at most `max_rate_hz` frames per second (the destination consumer's
+`ConsumerHello.max_rate_hz` wins over the config). Exit status: 0 after a clean stop, 2 for
+a bad config or command line, 1 when the driver refuses an attach (e.g. the destination
+already has a producer) or no driver answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from tensorpool.cli import UserError
+
+ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
+log = logging.getLogger("tensorpool.ratelimiter")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", default=os.environ.get(ENV_CONFIG), help=f"rate limiter TOML (env {ENV_CONFIG})"
+    )
+    p.add_argument("--check", action="store_true", help="validate the config, print it, exit")
+    p.add_argument("--json", action="store_true", help="print JSON lines (started/stats/stopped)")
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=5.0,
+        help="seconds between stats reports (0 = only at exit; default %(default)s)",
+    )
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = run)")
+    p.add_argument(
+        "--idle-max-park-us",
+        type=int,
+        default=200,
+        help="longest idle sleep between duty cycles, microseconds: bounds the extra latency "
+        "of a rate slot (default %(default)s)",
+    )
+    p.add_argument(
+        "--attach-timeout", type=float, default=10.0, help="seconds to wait for the driver"
+    )
+
+
+def _load(path: str | None):  # -> RateLimiterConfig
+    from tensorpool.ratelimiter.config import ConfigError, load_ratelimiter_config
+
+    if not path:
+        raise UserError(f"--config FILE is required (or set {ENV_CONFIG})")
+    try:
+        return load_ratelimiter_config(path)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _emit(args: argparse.Namespace, event: str, **fields: Any) -> None:
+    if args.json:
+        print(json.dumps({"event": event, **fields}), flush=True)
+    else:
+        log.info("%s %s", event, json.dumps(fields))
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if args.check:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(config), indent=2, default=str))
+        return 0
+    if args.idle_max_park_us <= 0:
+        raise UserError("--idle-max-park-us must be > 0")
+    if args.stats_interval < 0:
+        raise UserError("--stats-interval must be >= 0")
+    logging.getLogger("tensorpool").setLevel(
+        min(logging.getLogger().getEffectiveLevel(), logging.INFO)
+    )
+
+    from tensorpool.client.producer import AttachError
+    from tensorpool.commands._common import default_aeron_dir
+    from tensorpool.ratelimiter.agent import RateLimiterAgent
+    from tensorpool.transport.config import TransportConfig
+    from tensorpool.transport.context import AeronContext
+    from tensorpool.transport.idle import BackoffIdleStrategy
+    from tensorpool.transport.mediadriver import MediaDriverError
+
+    aeron_dir = config.driver.aeron_dir or default_aeron_dir()
+    try:
+        ctx = AeronContext(
+            TransportConfig(aeron_dir=aeron_dir, client_name=f"ratelimiter-{config.instance_id}")
+        ).start()
+    except MediaDriverError as exc:
+        print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
+        return 1
+    stop = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        try:
+            agent = RateLimiterAgent(config, ctx, attach_timeout_s=args.attach_timeout)
+        except AttachError as exc:
+            print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
+            return 1
+        idle = BackoffIdleStrategy(max_park_ns=args.idle_max_park_us * 1000)
+        _emit(args, "started", **agent.snapshot())
+        t0 = time.monotonic()
+        next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")
+        try:
+            while not stop:
+                idle.idle(agent.do_work())
+                now = time.monotonic()
+                if now >= next_stats:
+                    next_stats = now + args.stats_interval
+                    _emit(args, "stats", **agent.snapshot())
+                if args.duration and now - t0 >= args.duration:
+                    break
+            _emit(args, "stopped", **agent.snapshot())
+        finally:
+            agent.close()
+    finally:
+        ctx.close()
+    return 0

@@ -1,0 +1,361 @@
+"""The rate limiter agent: the I/O shell around the gates, relays and forwarder.
+
+One :class:`RateLimiterAgent` runs one rate limiter instance (one config file). It holds a
+:class:`~tensorpool.ratelimiter.relay.MappingRelay` per mapping and, besides, polls:
+
+* the driver control stream for ``ConsumerHello`` of a *destination* stream, whose
+  ``max_rate_hz`` (mode ``RATE_LIMITED``) becomes that mapping's rate (§4);
+* with ``forward_metadata`` the shared metadata stream, forwarding the sources'
+  ``DataSourceAnnounce``/``DataSourceMeta`` for the destinations on the same stream (§6);
+* with ``forward_progress`` ``control_channel``/``source_control_stream_id`` -> forwarded
+  ``FrameProgress`` on ``control_channel``/``dest_control_stream_id`` (§6.1);
+* with ``forward_qos`` ``qos_channel``/``source_qos_stream_id`` -> forwarded
+  ``QosProducer``/``QosConsumer`` on ``qos_channel``/``dest_qos_stream_id`` (§6.1).
+
+Construction attaches every destination first (the driver refuses a second producer of a
+stream with ``REJECTED``: :class:`~tensorpool.client.producer.AttachError` propagates and
+nothing keeps running, §3), then the sources. The source side uses the deployment's shared
+channels (``[driver]`` in the config); the destination differs only in its descriptor
+channel/stream (``rate_limiter.descriptor_channel``/``descriptor_stream_id``). The rate
+limiter never publishes a ``FrameDescriptor`` for a source stream: its only producers are
+the destination ones.
+
+``do_work()`` follows Aeron's Agent contract (never blocks, returns the work done) and can
+be driven by an :class:`~tensorpool.transport.AgentRunner`. Time comes from the injected
+clock; the same clock drives the consumers, producers and gates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from tensorpool.client.consumer import Consumer
+from tensorpool.client.driver_client import LeaseTimings
+from tensorpool.client.producer import Producer
+from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.counters import DropCounters
+from tensorpool.ratelimiter.config import MappingConfig, RateLimiterConfig
+from tensorpool.ratelimiter.forward import Forwarder, Route
+from tensorpool.ratelimiter.relay import MappingRelay
+from tensorpool.specs import CodecError, peek_header
+from tensorpool.specs.generated import wire
+from tensorpool.transport.clock import NanoClock, now_ns
+from tensorpool.transport.context import AeronContext
+from tensorpool.transport.publication import Publisher
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RateLimiterAgent", "client_settings"]
+
+_WIRE: Final = wire.SCHEMA_ID
+_T_HELLO: Final = wire.ConsumerHelloDecoder.TEMPLATE_ID
+_MS: Final = 1_000_000
+
+OpenSource = Callable[[MappingConfig], Consumer]
+OpenDest = Callable[[MappingConfig], Producer]
+
+
+def client_settings(
+    config: RateLimiterConfig, ctx: AeronContext, *, destination: bool
+) -> ClientSettings:
+    """Client settings for the source side, or (``destination``) the destination side."""
+    d = config.driver
+    channels = Channels(
+        control_channel=d.control_channel,
+        control_stream_id=d.control_stream_id,
+        descriptor_channel=config.descriptor_channel if destination else d.descriptor_channel,
+        descriptor_stream_id=config.descriptor_stream_id
+        if destination
+        else d.descriptor_stream_id,
+        qos_channel=d.qos_channel,
+        qos_stream_id=d.qos_stream_id,
+        metadata_channel=d.metadata_channel,
+        metadata_stream_id=d.metadata_stream_id,
+    )
+    return ClientSettings(
+        transport=ctx.config,
+        channels=channels,
+        shm_base_dir=d.shm_base_dir,
+        allowed_base_dirs=d.allowed_base_dirs,
+        announce_period_ns=d.announce_period_ms * _MS,
+    )
+
+
+class RateLimiterAgent:
+    """A rate limiter instance over an Aeron context (use from one thread)."""
+
+    role_name = "ratelimiter"
+
+    def __init__(
+        self,
+        config: RateLimiterConfig,
+        ctx: AeronContext,
+        *,
+        clock: NanoClock = now_ns,
+        open_source: OpenSource | None = None,
+        open_dest: OpenDest | None = None,
+        attach_timeout_s: float = 10.0,
+    ) -> None:
+        self.config = config
+        self._ctx = ctx
+        self._clock = clock
+        self.counters = DropCounters()
+        timings = LeaseTimings(
+            keepalive_interval_ns=config.driver.lease_keepalive_interval_ms * _MS
+        )
+        src_settings = client_settings(config, ctx, destination=False)
+        dst_settings = client_settings(config, ctx, destination=True)
+
+        def default_source(m: MappingConfig) -> Consumer:
+            return Consumer(
+                ctx, m.source_stream_id, src_settings, driver=True, clock=clock,
+                lease_timings=timings,
+            )  # fmt: skip
+
+        def default_dest(m: MappingConfig) -> Producer:
+            return Producer(
+                ctx,
+                m.dest_stream_id,
+                dst_settings,
+                driver=True,
+                clock=clock,
+                lease_timings=timings,
+                attach_timeout_s=attach_timeout_s,
+                instance_id=config.instance_id,
+            )
+
+        self._open_source = open_source or default_source
+        self._open_dest = open_dest or default_dest
+        self.routes: list[Route] = []
+        self.relays: list[MappingRelay] = []
+        self._by_dest: dict[int, MappingRelay] = {}
+        self._route_of: dict[int, Route] = {}
+        self.forwarder: Forwarder | None = None
+        self._meta_pub: Publisher | None = None
+        self._progress_pub: Publisher | None = None
+        self._qos_pub: Publisher | None = None
+        self._subs: list[Any] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.config
+        ctx = self._ctx
+        for m in cfg.mappings:
+            route = Route(m.source_stream_id, m.dest_stream_id, m.metadata_stream_id)
+            self.routes.append(route)
+            self._route_of[m.dest_stream_id] = route
+        # Destinations first: a refused producer attach (§3) must stop us before anything runs.
+        dests = []
+        try:
+            for m in cfg.mappings:
+                dests.append(self._open_dest(m))
+        except BaseException:
+            for p in dests:
+                p.close()
+            raise
+        for m, producer in zip(cfg.mappings, dests, strict=True):
+            first = [producer]
+
+            def open_dest(m: MappingConfig = m, first: list[Producer] = first) -> Producer:
+                return first.pop() if first else self._open_dest(m)
+
+            relay = MappingRelay(
+                m,
+                self._open_source(m),
+                open_dest,
+                hold=cfg.hold,
+                clock=self._clock,
+                on_dest_epoch=self._on_dest_epoch,
+            )
+            self.relays.append(relay)
+            self._by_dest[m.dest_stream_id] = relay
+            self._on_dest_epoch(relay)
+        d = cfg.driver
+        self.forwarder = Forwarder(self.routes)
+        self._subs.append(
+            ctx.add_subscription(d.control_channel, d.control_stream_id, self._on_control)
+        )
+        if cfg.forward_metadata:
+            self._meta_pub = ctx.add_publication(d.metadata_channel, d.metadata_stream_id)
+            self._subs.append(
+                ctx.add_subscription(d.metadata_channel, d.metadata_stream_id, self._on_metadata)
+            )
+        if cfg.forward_progress:  # config validation guarantees nonzero ids (§8)
+            self._progress_pub = ctx.add_publication(
+                cfg.control_channel, cfg.dest_control_stream_id
+            )
+            self._subs.append(
+                ctx.add_subscription(
+                    cfg.control_channel, cfg.source_control_stream_id, self._on_progress
+                )
+            )
+        if cfg.forward_qos:
+            self._qos_pub = ctx.add_publication(cfg.qos_channel, cfg.dest_qos_stream_id)
+            self._subs.append(
+                ctx.add_subscription(cfg.qos_channel, cfg.source_qos_stream_id, self._on_qos)
+            )
+
+    # --- duty cycle -------------------------------------------------------------------------
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        self.close()
+
+    def do_work(self) -> int:
+        now = self._clock()
+        work = 0
+        for relay in self.relays:
+            work += relay.do_work(now)
+            route = self._route_of[relay.mapping.dest_stream_id]
+            route.source_epoch = relay.consumer.epoch
+        for sub in self._subs:
+            work += sub.poll()
+        return work
+
+    # --- ConsumerHello (§4) -----------------------------------------------------------------
+    def _on_control(self, buffer: object, header: object) -> None:
+        try:
+            _, template_id, schema_id, _ = peek_header(buffer)  # type: ignore[arg-type]
+            if schema_id != _WIRE or template_id != _T_HELLO:
+                return
+            dec = wire.ConsumerHelloDecoder().wrap(buffer)  # type: ignore[arg-type]
+            relay = self._by_dest.get(dec.stream_id)
+            if relay is None:
+                return
+            consumer_id, mode, rate = dec.consumer_id, dec.mode_raw, dec.max_rate_hz
+        except CodecError as exc:
+            self.counters.increment(f"hello_{exc.reason}")
+            return
+        gate = relay.gate
+        previous = gate.hello_consumer_id
+        if gate.on_consumer_hello(consumer_id, mode, rate):
+            log.info(
+                "stream %d: consumer %d asks for %s",
+                relay.mapping.dest_stream_id,
+                consumer_id,
+                f"{rate} Hz" if rate else "no limit",
+            )
+        if previous is not None and previous != gate.hello_consumer_id:
+            self.counters.increment("hello_from_another_consumer")
+
+    # --- forwarding (§6, §6.1) --------------------------------------------------------------
+    def _on_dest_epoch(self, relay: MappingRelay) -> None:
+        route = self._route_of[relay.mapping.dest_stream_id]
+        producer = relay.producer
+        if producer is None or not relay.dest_epoch:
+            route.dest_nslots = 0
+            return
+        route.dest_epoch = producer.epoch
+        route.dest_producer_id = producer.producer_id
+        route.dest_nslots = producer.stream.header_nslots
+        self._sync_producer_metadata(relay, route)
+        if self._meta_pub is not None and self.forwarder is not None:
+            for data in self.forwarder.replay(route):
+                self._offer(self._meta_pub, data, "metadata_not_sent")
+
+    def _sync_producer_metadata(self, relay: MappingRelay, route: Route) -> None:
+        """Keep the destination producer's own periodic ``DataSourceAnnounce`` identical to the
+        forwarded one (same name, summary and meta_version), so the two never disagree."""
+        producer = relay.producer
+        if producer is None or route.metadata_stream_id != route.dest_stream_id:
+            return
+        if route.meta_version is None:
+            return
+        if producer.stream.name != route.name or producer.stream.summary != route.summary:
+            from dataclasses import replace
+
+            producer.stream = replace(producer.stream, name=route.name, summary=route.summary)
+        producer.meta_version = route.meta_version
+
+    def _on_metadata(self, buffer: object, header: object) -> None:
+        fwd = self.forwarder
+        assert fwd is not None and self._meta_pub is not None
+        out = fwd.metadata(buffer)
+        if out is None:
+            return
+        route, data = out
+        self._offer(self._meta_pub, data, "metadata_not_sent")
+        relay = self._by_dest.get(route.dest_stream_id)
+        if relay is not None:
+            self._sync_producer_metadata(relay, route)
+
+    def _on_progress(self, buffer: object, header: object) -> None:
+        assert self.forwarder is not None and self._progress_pub is not None
+        data = self.forwarder.progress(buffer)
+        if data is not None:
+            self._offer(self._progress_pub, data, "progress_not_sent")
+
+    def _on_qos(self, buffer: object, header: object) -> None:
+        assert self.forwarder is not None and self._qos_pub is not None
+        data = self.forwarder.qos(buffer)
+        if data is not None:
+            self._offer(self._qos_pub, data, "qos_not_sent")
+
+    def _offer(self, pub: Publisher, data: memoryview, reason: str) -> None:
+        if not pub.offer(data):
+            self.counters.increment(reason)
+
+    # --- reporting / lifecycle --------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for logs, the CLI's JSON lines and tests (plain values only)."""
+        mappings = []
+        for relay in self.relays:
+            st = relay.stats
+            g = relay.gate
+            mappings.append(
+                {
+                    "source_stream_id": relay.mapping.source_stream_id,
+                    "dest_stream_id": relay.mapping.dest_stream_id,
+                    "source_epoch": relay.source_epoch,
+                    "dest_epoch": relay.dest_epoch,
+                    "rate_hz": g.rate_hz,
+                    "hello_rate_hz": g.hello_rate_hz,
+                    "hold": "copy" if relay.copying else "descriptor",
+                    "offered": g.stats.offered,
+                    "published": st.published,
+                    "published_bytes": st.published_bytes,
+                    "copies": st.copies,
+                    "superseded": g.stats.superseded,
+                    "discarded_on_reset": g.stats.discarded_on_reset,
+                    "source_remaps": st.source_remaps,
+                    "dest_epochs": st.dest_epochs,
+                    "dest_rollovers": st.dest_rollovers,
+                    "drops": st.drops.snapshot(),
+                    "source_drops": relay.consumer.stats.drops.snapshot(),
+                }
+            )
+        fwd = self.forwarder
+        return {
+            "instance_id": self.config.instance_id,
+            "mappings": mappings,
+            "forwarded": dict(fwd.forwarded) if fwd else {},
+            "forward_drops": fwd.counters.snapshot() if fwd else {},
+            "counters": self.counters.snapshot(),
+        }
+
+    @property
+    def all_attached(self) -> bool:
+        """Every destination holds a lease and every source is mapped."""
+        return all(r.dest_epoch and r.consumer.is_mapped for r in self.relays)
+
+    def close(self) -> None:
+        relays, self.relays = self.relays, []
+        for relay in relays:
+            try:
+                relay.close()
+            except Exception:
+                log.exception("closing mapping %d failed", relay.mapping.source_stream_id)
+        for sub in self._subs:
+            sub.close()
+        self._subs = []
+        for pub in (self._meta_pub, self._progress_pub, self._qos_pub):
+            if pub is not None:
+                pub.close()
+        self._meta_pub = self._progress_pub = self._qos_pub = None

@@ -1,0 +1,364 @@
+"""The seam between the Spark source and the tensorpool control plane: layouts and leases.
+
+Everything in :mod:`tensorpool.spark_source` that talks Aeron lives here. The rest of the
+package only needs, per stream, the *current layout* (epoch, region URIs, ring size) and a
+place to drain descriptor hints from; how they are obtained is pluggable:
+
+* **standalone** (``driver=false``, default): a :class:`~tensorpool.client.consumer.Consumer`
+  per stream listens for ``ShmPoolAnnounce`` (and says ``ConsumerHello`` so a standalone
+  producer announces at once);
+* **driver** (``driver=true``): the same Consumer in driver mode attaches through the SHM driver
+  daemon (``ShmAttachRequest`` as CONSUMER -> layout + lease, keepalives, detach on close,
+  lease expiry if this process dies). The lease is the licence to map (Driver Model §2.3).
+
+Either way a background thread keeps polling: Aeron IPC subscriptions are flow control for
+their publishers, so a Spark driver that only polled when Spark calls ``latestOffset`` would
+back-pressure the producer's descriptor stream for every other consumer. Descriptors are not
+the offset authority (the header ring is: it survives restarts and covers frames committed
+before this process joined); they go into a bounded
+:class:`~tensorpool.ingest.IngressBuffer` (``queue`` mode, one lane per stream, overflow drops
+the oldest and counts it) that the reader drains once per trigger.
+
+Process hygiene: attachments register themselves; a SIGTERM handler (Spark terminates its
+Python workers with SIGTERM and does not always call ``stop()``) and ``atexit`` close them, which
+detaches driver leases. If the process dies harder than that, the driver expires the lease.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from tensorpool.client.announce import StreamLayout
+from tensorpool.client.consumer import Consumer
+from tensorpool.client.settings import ClientSettings
+from tensorpool.ingest import IngressBuffer
+from tensorpool.specs import CodecError
+from tensorpool.specs.generated import wire
+from tensorpool.transport.context import AeronContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTAKE_CAPACITY: Final = 65536
+_decode_desc = wire.FrameDescriptorDecoder.decode_tuple
+
+
+class AttachError(RuntimeError):
+    """The streams could not be attached (no announce / lease within the timeout)."""
+
+
+@dataclass(slots=True)
+class IntakeSummary:
+    """What the descriptors drained at one trigger said about one stream."""
+
+    descriptors: int = 0
+    epoch: int = -1
+    max_seq: int = -1
+    newest_timestamp_ns: int = 0
+
+
+@dataclass(slots=True)
+class IntakeStats:
+    per_stream: dict[int, IntakeSummary] = field(default_factory=dict)
+    dropped: int = 0  # intake overflow since the previous drain
+
+
+class _IntakeConsumer(Consumer):
+    """A Consumer whose descriptors feed an intake instead of reading slots.
+
+    The Spark driver never reads payloads: executors do. Skipping the per-descriptor slot
+    read keeps the control-plane thread at ~1 µs per descriptor.
+    """
+
+    def __init__(self, *args: Any, sink: Callable[[tuple[int, int, int, int]], object] | None, **kw: Any) -> None:
+        self._sink = sink
+        self.intake_count = 0
+        super().__init__(*args, **kw)
+
+    def _on_descriptor(self, buffer: object, header: object) -> None:
+        try:
+            stream_id, epoch, seq, _index, ts, _mv = _decode_desc(buffer)
+        except CodecError as exc:
+            self.stats.control.increment("descriptor_" + exc.reason)
+            return
+        if stream_id != self.stream_id:
+            return
+        self.intake_count += 1
+        sink = self._sink
+        if sink is not None:
+            sink((stream_id, epoch, seq, ts))
+
+
+def _noop(_frame: object) -> None:  # pragma: no cover - never called by _IntakeConsumer
+    return None
+
+
+def _lane(d: tuple[int, int, int, int]) -> int:
+    return d[0]
+
+
+class Attachment:
+    """Control-plane attachment to a set of streams (one per Spark reader process)."""
+
+    def __init__(
+        self,
+        streams: tuple[int, ...],
+        settings: ClientSettings,
+        *,
+        driver: bool = False,
+        background: bool = True,
+        intake_capacity: int | None = DEFAULT_INTAKE_CAPACITY,
+        idle_sleep_s: float = 0.001,
+    ) -> None:
+        self.streams = streams
+        self.settings = settings
+        self.driver = driver
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._idle = idle_sleep_s
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.intake: IngressBuffer | None = None
+        sink = None
+        if intake_capacity:
+            self.intake = IngressBuffer(
+                "spark.intake", mode="queue", capacity=intake_capacity, lane=_lane
+            )
+            sink = self.intake.ingest
+        self._ctx = AeronContext(settings.transport).start()
+        try:
+            self._consumers = {
+                sid: _IntakeConsumer(self._ctx, sid, settings, driver=driver, sink=sink)
+                for sid in streams
+            }
+        except BaseException:
+            self._ctx.close()
+            raise
+        _register(self)
+        if background:
+            self._thread = threading.Thread(
+                target=self._run, name="tensorpool-spark-attach", daemon=True
+            )
+            self._thread.start()
+
+    # --- polling -------------------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """One duty cycle over every stream's control plane and descriptors."""
+        work = 0
+        with self._lock:
+            if self._closed:
+                return 0
+            for c in self._consumers.values():
+                before = c.intake_count
+                c.poll(_noop, 1 << 16)
+                if not c.is_mapped:
+                    # An unmapped Consumer does not poll descriptors; never let them back up
+                    # into the producer's publication (IPC flow control), keep them as hints.
+                    c._sub_desc.poll()
+                work += c.intake_count - before
+        return work
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                work = self.poll_once()
+            except Exception:  # the control plane must outlive a bad message
+                log.exception("tensorpool attachment poll failed")
+                work = 0
+            if not work:
+                self._stop.wait(self._idle)
+
+    # --- queries -------------------------------------------------------------------------------
+    def layouts(self) -> dict[int, StreamLayout]:
+        """Layouts of the streams currently mapped (fresh announce / live lease)."""
+        with self._lock:
+            return {
+                sid: c.layout
+                for sid, c in self._consumers.items()
+                if c.is_mapped and c.layout is not None
+            }
+
+    def wait_for_layouts(self, timeout_s: float) -> dict[int, StreamLayout]:
+        """Block until every stream has a layout; raise :class:`AttachError` naming the rest."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._thread is None:
+                self.poll_once()
+            got = self.layouts()
+            if len(got) == len(self.streams):
+                return got
+            if time.monotonic() >= deadline:
+                missing = [s for s in self.streams if s not in got]
+                ch = self.settings.channels
+                how = (
+                    "no lease from the SHM driver"
+                    if self.driver
+                    else "no ShmPoolAnnounce (is the producer running?)"
+                )
+                raise AttachError(
+                    f"stream(s) {missing}: {how} within {timeout_s:g} s on control "
+                    f"{ch.control_channel} stream {ch.control_stream_id}, Aeron dir "
+                    f"{self._ctx.dir!r}; check streams / aeronDir / controlChannel / "
+                    "controlStreamId / shmBaseDir / attachTimeoutMs"
+                )
+            time.sleep(0.002)
+
+    def drain_intake(self) -> IntakeStats:
+        """Fold the descriptors received since the previous call, per stream."""
+        out = IntakeStats()
+        intake = self.intake
+        if intake is None:
+            return out
+        per = out.per_stream
+
+        def fold(d: tuple[int, int, int, int]) -> None:
+            sid, epoch, seq, ts = d
+            s = per.get(sid)
+            if s is None:
+                s = per[sid] = IntakeSummary()
+            s.descriptors += 1
+            if epoch > s.epoch:
+                s.epoch, s.max_seq = epoch, seq
+            elif epoch == s.epoch and seq > s.max_seq:
+                s.max_seq = seq
+            if ts > s.newest_timestamp_ns:
+                s.newest_timestamp_ns = ts
+
+        with self._lock:
+            stats = intake.drain(intake.pending, fold)
+        out.dropped = stats.dropped
+        return out
+
+    def lease_states(self) -> dict[int, object]:
+        with self._lock:
+            return {sid: c.lease_state for sid, c in self._consumers.items()}
+
+    # --- teardown ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop polling, detach (driver mode) and close the Aeron client (idempotent)."""
+        if self._closed:
+            return
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for c in self._consumers.values():
+                try:
+                    c.close()
+                except Exception:
+                    log.exception("closing the consumer of stream %d failed", c.stream_id)
+            self._ctx.close()
+        _unregister(self)
+        log.info("tensorpool attachment to streams %s closed", list(self.streams))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Attachment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- process-wide registry, SIGTERM and exit hooks ----------------------------------------------
+_OPEN: weakref.WeakSet[Attachment] = weakref.WeakSet()
+_HOOKS_LOCK = threading.Lock()
+_SIGTERM_INSTALLED = False
+
+
+def close_all() -> int:
+    """Close every attachment of this process; returns how many were open."""
+    open_now = list(_OPEN)
+    for a in open_now:
+        with contextlib.suppress(Exception):
+            a.close()
+    return len(open_now)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    n = close_all()
+    log.info("SIGTERM: closed %d tensorpool attachment(s)", n)
+    prev = _PREVIOUS_HANDLER
+    if callable(prev):
+        prev(signum, frame)
+        return
+    if prev == signal.SIG_IGN:
+        return
+    raise SystemExit(128 + signum)
+
+
+_PREVIOUS_HANDLER: Any = signal.SIG_DFL
+
+
+def install_sigterm_handler() -> bool:
+    """Close attachments on SIGTERM, then behave as before (main thread only; idempotent)."""
+    global _SIGTERM_INSTALLED, _PREVIOUS_HANDLER
+    with _HOOKS_LOCK:
+        if _SIGTERM_INSTALLED:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        prev = signal.getsignal(signal.SIGTERM)
+        if prev is _on_sigterm:
+            _SIGTERM_INSTALLED = True
+            return True
+        _PREVIOUS_HANDLER = prev
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_INSTALLED = True
+        return True
+
+
+def _register(a: Attachment) -> None:
+    _OPEN.add(a)
+    install_sigterm_handler()
+
+
+def _unregister(a: Attachment) -> None:
+    _OPEN.discard(a)
+
+
+atexit.register(close_all)
+
+
+def open_attachment(
+    streams: tuple[int, ...],
+    settings: ClientSettings,
+    *,
+    driver: bool,
+    background: bool = True,
+    intake_capacity: int | None = DEFAULT_INTAKE_CAPACITY,
+) -> Attachment:
+    """The one entry point the readers use (swap the implementation here)."""
+    return Attachment(
+        streams,
+        settings,
+        driver=driver,
+        background=background,
+        intake_capacity=intake_capacity,
+    )
+
+
+__all__ = [
+    "DEFAULT_INTAKE_CAPACITY",
+    "AttachError",
+    "Attachment",
+    "IntakeStats",
+    "IntakeSummary",
+    "close_all",
+    "install_sigterm_handler",
+    "open_attachment",
+]

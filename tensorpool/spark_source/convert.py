@@ -1,0 +1,150 @@
+"""Rows of the ``tensorpool`` format back into numpy arrays, copying at most once.
+
+A row carries the tensor as ``payload`` (the slot's bytes), ``dtype`` (the wire dtype's name:
+``float32``, ``uint8``, ``boolean``, ``bytes``, ...), ``shape`` and ``strides`` (bytes, already
+resolved -- never 0). :func:`to_numpy` makes a zero-copy view over the payload; for a pandas or
+Arrow column, :func:`column_to_numpy` gives one view per row and :func:`stack` one
+``(n, *shape)`` array -- zero-copy for an Arrow column of equal-sized frames, one copy for a
+pandas column (its ``bytes`` objects are separate allocations). Views over ``bytes`` are
+read-only; pass ``copy=True`` when you need to write.
+
+No pyspark import here: the helpers also serve plain Arrow / pandas consumers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+#: ``dtype`` column value -> numpy dtype (little-endian, as on the wire).
+NUMPY_DTYPES: Final[dict[str, np.dtype]] = {
+    "uint8": np.dtype("u1"),
+    "int8": np.dtype("i1"),
+    "uint16": np.dtype("<u2"),
+    "int16": np.dtype("<i2"),
+    "uint32": np.dtype("<u4"),
+    "int32": np.dtype("<i4"),
+    "uint64": np.dtype("<u8"),
+    "int64": np.dtype("<i8"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "boolean": np.dtype("?"),
+    "bytes": np.dtype("u1"),
+    "bit": np.dtype("u1"),
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    try:
+        return NUMPY_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown tensorpool dtype {name!r}; known: {sorted(NUMPY_DTYPES)}") from None
+
+
+def _field(row: Any, name: str) -> Any:
+    if isinstance(row, Mapping):
+        return row.get(name)
+    try:
+        return row[name]
+    except (KeyError, ValueError, IndexError, TypeError):
+        return getattr(row, name, None)
+
+
+def view(
+    payload: bytes | bytearray | memoryview | np.ndarray,
+    dtype: str | np.dtype,
+    shape: Sequence[int],
+    strides: Sequence[int] | None = None,
+    *,
+    copy: bool = False,
+) -> np.ndarray:
+    """The tensor inside ``payload`` (zero-copy unless ``copy``); bounds are checked."""
+    dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    shp = tuple(int(d) for d in shape)
+    st = None if strides is None else tuple(int(s) for s in strides)
+    arr = np.ndarray(shp, dt, buffer=payload, strides=st)  # raises if payload is too short
+    return arr.copy() if copy else arr
+
+
+def to_numpy(row: Any, *, copy: bool = False) -> np.ndarray:
+    """A Spark ``Row`` (or dict) of the tensorpool schema -> numpy array."""
+    payload = _field(row, "payload")
+    dtype = _field(row, "dtype")
+    shape = _field(row, "shape")
+    if payload is None or dtype is None or shape is None:
+        raise ValueError("the row needs payload, dtype and shape (includeTensorMetadata=true)")
+    return view(payload, dtype, shape, _field(row, "strides"), copy=copy)
+
+
+def _as_list(col: Any) -> list[Any]:
+    if col is None:
+        return []
+    if hasattr(col, "to_pylist"):
+        return col.to_pylist()
+    if hasattr(col, "tolist"):
+        return col.tolist()
+    return list(col)
+
+
+def column_to_numpy(
+    payload: Any,
+    dtype: Any,
+    shape: Any,
+    strides: Any = None,
+) -> list[np.ndarray]:
+    """One zero-copy view per row of pandas Series / Arrow arrays / lists.
+
+    ``dtype``/``shape``/``strides`` may be columns or single values shared by every row.
+    """
+    if hasattr(payload, "buffers") and hasattr(payload, "offsets"):  # pyarrow BinaryArray
+        data = payload.buffers()[2]
+        offs = np.frombuffer(payload.buffers()[1], np.int32)[payload.offset :]
+        payloads: list[Any] = [
+            memoryview(data)[offs[i] : offs[i + 1]] for i in range(len(payload))
+        ]
+    else:
+        payloads = _as_list(payload)
+    n = len(payloads)
+
+    def per_row(col: Any) -> list[Any]:
+        if col is None or isinstance(col, (str, np.dtype)):
+            return [col] * n
+        if isinstance(col, tuple):
+            return [col] * n
+        vals = _as_list(col)
+        if len(vals) == n and (n == 0 or not isinstance(vals[0], int | np.integer)):
+            return vals
+        return [tuple(vals)] * n  # a single shape given as a list
+
+    dts, shapes, strs = per_row(dtype), per_row(shape), per_row(strides)
+    return [view(payloads[i], dts[i], shapes[i], strs[i]) for i in range(n)]
+
+
+def stack(payload: Any, dtype: str | np.dtype, shape: Sequence[int]) -> np.ndarray:
+    """``(n, *shape)`` array of equal, C-contiguous frames.
+
+    Zero-copy for a pyarrow ``BinaryArray`` whose frames are back to back; otherwise one copy
+    (a pandas column of ``bytes`` is joined once).
+    """
+    dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    shp = tuple(int(d) for d in shape)
+    frame = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+    if hasattr(payload, "buffers") and hasattr(payload, "offsets"):
+        n = len(payload)
+        offs = np.frombuffer(payload.buffers()[1], np.int32)[payload.offset : payload.offset + n + 1]
+        if n and np.all(np.diff(offs) == frame):
+            flat = np.frombuffer(payload.buffers()[2], np.uint8, n * frame, int(offs[0]))
+            return flat.view(dt).reshape((n, *shp))
+        items: list[Any] = payload.to_pylist()
+    else:
+        items = _as_list(payload)
+    for i, b in enumerate(items):
+        if len(b) != frame:
+            raise ValueError(f"row {i}: payload has {len(b)} bytes, shape {shp} needs {frame}")
+    joined = b"".join(items)
+    return np.frombuffer(joined, dt).reshape((len(items), *shp))
+
+
+__all__ = ["NUMPY_DTYPES", "column_to_numpy", "numpy_dtype", "stack", "to_numpy", "view"]

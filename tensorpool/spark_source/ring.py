@@ -1,0 +1,376 @@
+"""Mapped rings for the Spark source: driver-side scans and executor-side reads into Arrow.
+
+Both sides of Spark map the same SHM files, described by a picklable :class:`RegionSpec` (a
+copy of the announce). Mappings are cached per process in a module-level LRU keyed by
+``(header path, epoch)``: a Spark Python worker runs many tasks, and re-validating and
+re-mapping regions per task would dominate short micro-batches. An epoch is never reused, so a
+cached mapping can never describe another producer's regions; the cache only needs bounding.
+
+Driver side: :meth:`MappedStream.scan` reads every slot's ``seq_commit`` word (one aligned
+8-byte load each, racy but each value whole) and reports the committed window
+``[oldest, head)`` -- single writer, in-order commits, so committed slots always hold a
+contiguous run of sequence numbers. :meth:`MappedStream.sizes` reads ``values_len_bytes`` for
+``ReadMaxBytes`` admission.
+
+Executor side: :func:`read_range` reads ``[first, end)`` with the seqlock of §8.3 through
+:class:`~tensorpool.shm.seqlock.SlotReader` (commit word and descriptor-seq check, header
+validation), copies each payload *once* into a preallocated Arrow data buffer, then re-checks
+``seq_commit`` (§8.3 final check) and discards the frame if the producer touched the slot
+meanwhile. Frames that are gone are data loss: the caller decides whether to fail or skip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from tensorpool.client.announce import CLOCK_MONOTONIC, StreamLayout
+from tensorpool.counters import Reason
+from tensorpool.shm.errors import ShmError
+from tensorpool.shm.layout import HEADER_SLOT_BYTES, SUPERBLOCK_SIZE
+from tensorpool.shm.paths import PathPolicy
+from tensorpool.shm.region import ShmRegion, map_region
+from tensorpool.shm.seqlock import SlotReader
+from tensorpool.shm.superblock import ExpectedRegion
+from tensorpool.shm.tensor import TensorLayout
+from tensorpool.spark_source.offsets import RingState
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+MAX_CACHED_MAPPINGS: Final = 16
+#: Arrow batches aim at this many payload bytes (Spark moves them as one Arrow IPC message).
+TARGET_BATCH_BYTES: Final = 32 << 20
+MAX_BATCH_ROWS: Final = 8192
+_SEQ_WORD_STEP: Final = HEADER_SLOT_BYTES // 8  # u64 words per header slot
+_LEN_STEP: Final = HEADER_SLOT_BYTES // 4  # u32 words per header slot
+_SEQ_WORD_FIRST: Final = SUPERBLOCK_SIZE // 8
+_LEN_FIRST: Final = (SUPERBLOCK_SIZE + 8) // 4  # values_len_bytes sits right after seq_commit
+
+#: Slot-read drop reasons that mean "the frame was there but is gone now" (lost to overrun).
+OVERRUN_REASONS: Final = frozenset(
+    {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.TORN_READ, Reason.SEQ_COMMIT_REGRESSED}
+)
+REGION_UNAVAILABLE: Final = "region_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSpec:
+    """Everything needed to map one epoch of one stream (picklable, from an announce)."""
+
+    stream_id: int
+    epoch: int
+    layout_version: int
+    nslots: int
+    header_uri: str
+    pools: tuple[tuple[int, int, str], ...]  # (pool_id, stride_bytes, uri)
+    clock_domain: int = CLOCK_MONOTONIC
+
+    @classmethod
+    def from_layout(cls, layout: StreamLayout) -> RegionSpec:
+        return cls(
+            stream_id=layout.stream_id,
+            epoch=layout.epoch,
+            layout_version=layout.layout_version,
+            nslots=layout.header_nslots,
+            header_uri=layout.header_region_uri,
+            pools=tuple((p.pool_id, p.stride_bytes, p.region_uri) for p in layout.pools),
+            clock_domain=layout.clock_domain,
+        )
+
+    @property
+    def max_stride(self) -> int:
+        return max(stride for _, stride, _ in self.pools)
+
+
+class MappedStream:
+    """One stream's header ring and pools, mapped read-only and validated (§15.1, §15.22)."""
+
+    def __init__(self, spec: RegionSpec, base_dirs: tuple[str, ...]) -> None:
+        policy = PathPolicy(base_dirs)
+        regions: list[ShmRegion] = []
+        try:
+            header = map_region(
+                spec.header_uri,
+                ExpectedRegion.header_ring(
+                    epoch=spec.epoch,
+                    stream_id=spec.stream_id,
+                    nslots=spec.nslots,
+                    layout_version=spec.layout_version,
+                ),
+                policy,
+            )
+            regions.append(header)
+            for pool_id, stride, uri in spec.pools:
+                regions.append(
+                    map_region(
+                        uri,
+                        ExpectedRegion.payload_pool(
+                            epoch=spec.epoch,
+                            stream_id=spec.stream_id,
+                            pool_id=pool_id,
+                            nslots=spec.nslots,
+                            stride_bytes=stride,
+                            layout_version=spec.layout_version,
+                        ),
+                        policy,
+                    )
+                )
+            self.reader = SlotReader(header, regions[1:])
+        except BaseException:
+            for r in regions:
+                r.close()
+            raise
+        self.spec = spec
+        self.regions = regions
+        self.mask = spec.nslots - 1
+        self.max_stride = spec.max_stride
+        mm = header.mmap
+        self._seq_words = np.frombuffer(mm, np.uint64)[_SEQ_WORD_FIRST::_SEQ_WORD_STEP][
+            : spec.nslots
+        ]
+        self._lens = np.frombuffer(mm, np.uint32)[_LEN_FIRST::_LEN_STEP][: spec.nslots]
+        self.pool_views = {r.pool_id: memoryview(r.mmap) for r in regions[1:]}
+        self.pool_strides = {r.pool_id: r.stride_bytes for r in regions[1:]}
+
+    # --- driver side ------------------------------------------------------------------------
+    def scan(self) -> RingState:
+        """The committed window now (lower bound on what is still readable later)."""
+        words = self._seq_words.copy()
+        committed = words[(words & 1) == 1] >> 1
+        if committed.size == 0:
+            return RingState(self.spec.epoch, 0, 0, self.spec.nslots)
+        return RingState(
+            self.spec.epoch, int(committed.min()), int(committed.max()) + 1, self.spec.nslots
+        )
+
+    def newest_timestamp_ns(self, head: int) -> int | None:
+        """timestamp_ns of frame ``head - 1`` if still committed (for latency reporting)."""
+        if head <= 0:
+            return None
+        idx = (head - 1) & self.mask
+        r = self.reader.read(idx, head - 1)
+        return None if r is None else r.timestamp_ns
+
+    def sizes(self, first: int, count: int) -> list[int]:
+        """``values_len_bytes`` per frame; frames already overwritten count as a full stride."""
+        if count <= 0:
+            return []
+        seqs = np.arange(first, first + count, dtype=np.uint64)
+        idx = (seqs & np.uint64(self.mask)).astype(np.intp)
+        ok = self._seq_words[idx] == ((seqs << np.uint64(1)) | np.uint64(1))
+        return np.where(ok, self._lens[idx], self.max_stride).astype(np.int64).tolist()
+
+    def close(self) -> None:
+        self.reader.close()
+        for v in self.pool_views.values():
+            v.release()
+        self.pool_views = {}
+        self._seq_words = self._lens = np.empty(0, np.uint64)
+        for r in self.regions:
+            r.close()
+
+
+_CACHE: OrderedDict[tuple[str, int], MappedStream] = OrderedDict()
+
+
+def mapped(spec: RegionSpec, base_dirs: tuple[str, ...]) -> MappedStream:
+    """The process-wide mapping of ``spec`` (mapped on first use, LRU-bounded)."""
+    key = (spec.header_uri, spec.epoch)
+    m = _CACHE.get(key)
+    if m is not None and m.spec == spec:
+        _CACHE.move_to_end(key)
+        return m
+    m = MappedStream(spec, base_dirs)
+    _CACHE[key] = m
+    while len(_CACHE) > MAX_CACHED_MAPPINGS:
+        _, old = _CACHE.popitem(last=False)
+        old.close()
+    return m
+
+
+def forget(spec: RegionSpec) -> None:
+    m = _CACHE.pop((spec.header_uri, spec.epoch), None)
+    if m is not None:
+        m.close()
+
+
+def clear_cache() -> None:
+    while _CACHE:
+        _, m = _CACHE.popitem()
+        m.close()
+
+
+# --- executor side -------------------------------------------------------------------------------
+_META_CACHE: dict[TensorLayout, tuple[str, list[int], list[int]]] = {}
+
+
+def _meta(layout: TensorLayout) -> tuple[str, list[int], list[int]]:
+    """Column values of a layout, computed once per distinct TensorHeader (bounded)."""
+    hit = _META_CACHE.get(layout)
+    if hit is None:
+        if len(_META_CACHE) >= 4096:
+            _META_CACHE.clear()
+        hit = (layout.dtype.name.lower(), list(layout.dims), list(layout.strides))
+        _META_CACHE[layout] = hit
+    return hit
+
+
+def wall_clock_offset_ns(clock_domain: int) -> int:
+    """Add this to a frame's ``timestamp_ns`` to get wall-clock time on this host.
+
+    Frames are stamped with CLOCK_MONOTONIC (Wire Spec §15.x recommends it for latency); that
+    clock is host-wide, and executors run on the producer's host, so the shift is exact up to
+    NTP slewing between the two samples. REALTIME_SYNCED stamps are wall-clock already.
+    """
+    if clock_domain != CLOCK_MONOTONIC:
+        return 0
+    return time.time_ns() - time.monotonic_ns()
+
+
+#: on_loss(seq, reason) -> None; may raise to fail the task (failOnDataLoss=true)
+LossFn = Callable[[int, str], None]
+
+
+def rows_per_batch(max_stride: int) -> int:
+    return max(1, min(MAX_BATCH_ROWS, TARGET_BATCH_BYTES // max(1, max_stride)))
+
+
+def read_range(
+    spec: RegionSpec,
+    base_dirs: tuple[str, ...],
+    first: int,
+    end: int,
+    *,
+    include_meta: bool,
+    on_loss: LossFn,
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """Yield Arrow batches of frames ``[first, end)``; report every frame not delivered."""
+    try:
+        m = mapped(spec, base_dirs)
+    except (ShmError, OSError) as exc:
+        log.warning(
+            "stream %d epoch %d: regions unavailable (%s); frames %d..%d are lost",
+            spec.stream_id,
+            spec.epoch,
+            exc,
+            first,
+            end - 1,
+        )
+        for seq in range(first, end):
+            on_loss(seq, REGION_UNAVAILABLE)
+        return
+    step = rows_per_batch(m.max_stride)
+    shift = wall_clock_offset_ns(spec.clock_domain)
+    at = first
+    while at < end:
+        stop = min(end, at + step)
+        batch = _read_chunk(m, at, stop, include_meta, on_loss, shift, schema)
+        if batch is not None:
+            yield batch
+        at = stop
+
+
+def _read_chunk(
+    m: MappedStream,
+    first: int,
+    end: int,
+    include_meta: bool,
+    on_loss: LossFn,
+    shift: int,
+    schema: pa.Schema,
+) -> pa.RecordBatch | None:
+    import pyarrow as pa
+
+    n_max = end - first
+    data = np.empty(n_max * m.max_stride, np.uint8)
+    dst = memoryview(data)
+    offsets = np.zeros(n_max + 1, np.int32)
+    seqs = np.empty(n_max, np.int64)
+    stamps = np.empty(n_max, np.int64)
+    metas = np.empty(n_max, np.int64)
+    dtypes: list[str] = []
+    shape_vals: list[int] = []
+    stride_vals: list[int] = []
+    shape_offs = [0]
+    reader = m.reader
+    read = reader.read
+    is_current = reader.is_current
+    mask = m.mask
+    views = m.pool_views
+    strides = m.pool_strides
+    pos = 0
+    n = 0
+    for seq in range(first, end):
+        index = seq & mask
+        r = read(index, seq)
+        if r is None:
+            on_loss(seq, reader.last_drop_reason or Reason.TORN_READ)
+            continue
+        vl = r.values_len_bytes
+        if vl:
+            src = SUPERBLOCK_SIZE + index * strides[r.pool_id]
+            dst[pos : pos + vl] = views[r.pool_id][src : src + vl]
+        if not is_current(r):  # §8.3: the producer rewrote the slot while we copied
+            on_loss(seq, Reason.TORN_READ)
+            continue
+        pos += vl
+        offsets[n + 1] = pos
+        seqs[n] = seq
+        stamps[n] = r.timestamp_ns
+        metas[n] = r.meta_version
+        if include_meta:
+            dt, dims, st = _meta(r.layout)
+            dtypes.append(dt)
+            shape_vals += dims
+            stride_vals += st
+            shape_offs.append(len(shape_vals))
+        n += 1
+    if n == 0:
+        return None
+    sid = m.spec.stream_id
+    cols: list[pa.Array] = [
+        pa.array(np.full(n, sid, np.int32)),
+        pa.array(np.full(n, m.spec.epoch, np.int64)),
+        pa.array(seqs[:n]),
+        pa.array((stamps[:n] + shift) // 1000, pa.timestamp("us", tz="UTC")),
+        pa.array(stamps[:n]),
+    ]
+    if include_meta:
+        offs = pa.array(np.asarray(shape_offs, np.int32))
+        cols += [
+            pa.array(metas[:n].astype(np.uint32).view(np.int32)),
+            pa.array(dtypes, pa.string()),
+            pa.ListArray.from_arrays(offs, pa.array(np.asarray(shape_vals, np.int32))),
+            pa.ListArray.from_arrays(offs, pa.array(np.asarray(stride_vals, np.int32))),
+        ]
+    payload = pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(offsets[: n + 1]), pa.py_buffer(data[:pos])],
+    )
+    cols.append(payload)
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+__all__ = [
+    "OVERRUN_REASONS",
+    "REGION_UNAVAILABLE",
+    "MappedStream",
+    "RegionSpec",
+    "clear_cache",
+    "forget",
+    "mapped",
+    "read_range",
+    "rows_per_batch",
+    "wall_clock_offset_ns",
+]

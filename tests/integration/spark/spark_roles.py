@@ -1,0 +1,116 @@
+"""A scriptable producer for the Spark tests (a real process, real Aeron, real SHM).
+
+Commands on stdin, one per line; events on stdout as JSON lines:
+
+* ``produce N`` -- publish N frames now (``{"event": "produced", "next_seq": S}`` when done);
+* ``rate N HZ`` -- publish N frames at HZ per second, then report ``produced``;
+* ``exit``      -- close (regions removed) and exit.
+
+Frames carry the checksum pattern of ``tests/integration/roles.py``: every byte is
+``seq % 251`` and the first and last 8 bytes hold ``seq``. Between commands the producer keeps
+announcing, so readers stay mapped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import signal
+import sys
+import time
+
+import numpy as np
+
+from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+from tensorpool.client.settings import ClientSettings
+from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.context import AeronContext
+
+
+def emit(**kw: object) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def fill_checked(view: np.ndarray, seq: int) -> None:
+    u8 = view.reshape(-1).view(np.uint8)
+    u8.fill(seq % 251)
+    u8[:8] = np.frombuffer(seq.to_bytes(8, "little"), np.uint8)
+    u8[-8:] = u8[:8]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--aeron-dir", required=True)
+    ap.add_argument("--shm-base-dir", required=True)
+    ap.add_argument("--stream-id", type=int, default=1)
+    ap.add_argument("--shape", type=int, nargs="+", default=[256])
+    ap.add_argument("--dtype", default="uint32")
+    ap.add_argument("--nslots", type=int, default=64)
+    ap.add_argument("--instance-id", default=None)
+    ap.add_argument("--announce-period", type=float, default=0.2)
+    ap.add_argument("--timestamp-base", type=int, default=-1)
+    a = ap.parse_args()
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    s = ClientSettings(
+        transport=TransportConfig(aeron_dir=a.aeron_dir),
+        shm_base_dir=a.shm_base_dir,
+        announce_period_ns=int(a.announce_period * 1e9),
+    )
+    shape = tuple(a.shape)
+    frame_bytes = int(np.prod(shape)) * np.dtype(a.dtype).itemsize
+    stride = StreamConfig.for_frame_bytes(a.stream_id, frame_bytes).pools[0].stride_bytes
+    stream = StreamConfig(a.stream_id, header_nslots=a.nslots, pools=(PoolConfig(1, stride),))
+    with AeronContext(s.transport) as ctx:
+        ctx.start()
+        p = Producer(ctx, stream, s, instance_id=a.instance_id)
+        p.do_work()
+        emit(event="ready", epoch=p.epoch, header=p.header_region_path)
+
+        def one() -> None:
+            claim = p.claim(shape, a.dtype)
+            assert claim is not None
+            fill_checked(claim.array, claim.seq)
+            ts = None if a.timestamp_base < 0 else a.timestamp_base + claim.seq
+            p.commit(claim, timestamp_ns=ts)
+
+        while not stop:
+            p.do_work()
+            r, _, _ = select.select([sys.stdin], [], [], 0.005)
+            if not r:
+                continue
+            line = sys.stdin.readline()
+            if not line:
+                break
+            cmd = line.split()
+            if not cmd:
+                continue
+            if cmd[0] == "exit":
+                break
+            if cmd[0] == "produce":
+                for i in range(int(cmd[1])):
+                    one()
+                    if i % 256 == 255:
+                        p.do_work()
+            elif cmd[0] == "rate":
+                n, hz = int(cmd[1]), float(cmd[2])
+                t0 = time.monotonic()
+                for i in range(n):
+                    due = t0 + i / hz
+                    while not stop and time.monotonic() < due:
+                        p.do_work()
+                        time.sleep(min(0.001, max(0.0, due - time.monotonic())))
+                    one()
+            emit(event="produced", next_seq=p.next_seq, epoch=p.epoch)
+        p.close()
+        emit(event="closed", epoch=p.epoch)
+
+
+if __name__ == "__main__":
+    main()
