@@ -35,7 +35,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue
 from multiprocessing.shared_memory import SharedMemory
@@ -51,6 +50,7 @@ from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy, BusySpinIdleStrategy, IdleStrategy
 
 PAGE: Final = 4096
+MIB: Final = 1024 * 1024
 NSLOTS: Final = 64
 MPQ_DEPTH: Final = NSLOTS - 2
 """Queue bound for baseline (b): the producer can run at most this far ahead, which keeps it
@@ -74,13 +74,17 @@ class Scenario:
     transport: str
     size: int
     mode: str
-    """"tput" (publish flat out) or "lat" (paced)."""
+    """"tput": publish flat out; "lat": paced slowly (empty queues), latency recorded;
+    "paced": paced at a high target rate, throughput and latency recorded."""
     idle: str
     """Consumer idle strategy: "spin", "backoff" or "block" (mp.Queue.get)."""
     touch: bool = True
     """Consumer sums one byte per 4 KiB page of every payload."""
     rate_hz: float = 0.0
-    inline_channel: str = "aeron:ipc?term-length=64m"
+    inline_channel: str = ""
+    """Baseline (a)'s channel; empty = `inline_channel_for(size)`."""
+    nslots: int = NSLOTS
+    """tensorpool ring depth (the comparison uses 64; §15.6 sizing is shown separately)."""
     seq_gap: int | None = None
     """tensorpool consumer's ``max_outstanding_seq_gap`` (None: the library default)."""
     profile_path: str | None = None
@@ -135,6 +139,16 @@ def settings_for(sc: Scenario, shm_base_dir: str, aeron_dir: str) -> ClientSetti
         channels=channels,
         shm_base_dir=shm_base_dir,
     )
+
+
+def inline_channel_for(size: int) -> str:
+    """Baseline (a) gets a fair configuration: a term that holds >= 8 messages (Aeron's
+    maximum message is term/8), the largest IPC MTU so a frame is few fragments, and
+    pre-touched log buffers (like the tensorpool producer's prefaulted pools)."""
+    term = 16 * MIB
+    while term // 8 < size:
+        term *= 2
+    return f"aeron:ipc?term-length={term}|mtu=65504"
 
 
 def tp_stream_id(sc: Scenario) -> int:
@@ -197,7 +211,7 @@ class _ProducerRun:
         sc = self.sc
         settings = settings_for(sc, shm_base_dir, aeron_dir)
         self.ctx = AeronContext(settings.transport).start()
-        stream = StreamConfig.for_frame_bytes(tp_stream_id(sc), sc.size, header_nslots=NSLOTS)
+        stream = StreamConfig.for_frame_bytes(tp_stream_id(sc), sc.size, header_nslots=sc.nslots)
         p = Producer(self.ctx, stream, settings, prefault=True)
         self.producer = p
         self.idle_work = p.do_work
@@ -225,8 +239,11 @@ class _ProducerRun:
 
     def _setup_inline(self, aeron_dir: str) -> None:
         sc = self.sc
-        self.ctx = AeronContext(TransportConfig(aeron_dir=aeron_dir)).start()
-        pub = self.ctx.aeron.add_exclusive_publication(sc.inline_channel, inline_stream_id(sc))
+        self.ctx = AeronContext(
+            TransportConfig(aeron_dir=aeron_dir, pre_touch_mapped_memory=True)
+        ).start()
+        channel = sc.inline_channel or inline_channel_for(sc.size)
+        pub = self.ctx.aeron.add_exclusive_publication(channel, inline_stream_id(sc))
         self._pub = pub
         offer = pub.offer
         src = self.src
@@ -296,9 +313,7 @@ def _run_producer(run: _ProducerRun, win: Window) -> ProducerResult:
     if sc.mode == "tput":
         n, t0, n0, ns0, t1, n1, ns1, cpu = _producer_flat_out(publish, idle_work, win, run)
     else:
-        n, t0, n0, ns0, t1, n1, ns1, cpu = _producer_paced(
-            publish, idle_work, win, run, sc.rate_hz
-        )
+        n, t0, n0, ns0, t1, n1, ns1, cpu = _producer_paced(publish, idle_work, win, run, sc.rate_hz)
     res.cpu_s = cpu
     res.frames = n1 - n0
     res.seconds = (t1 - t0) / 1e9
@@ -338,11 +353,18 @@ def _producer_paced(
     run: _ProducerRun,
     rate_hz: float,
 ) -> tuple[int, int, int, int, int, int, int, float]:
-    """One frame per period; sleep in between (the timestamp is taken at publish, so pacing
-    jitter does not enter the latency, and a sleeping producer leaves the CPU to the consumer)."""
+    """One frame per period on an absolute schedule.
+
+    Long waits sleep (leaving the CPU to the consumer), the last ~150 us spin so high rates
+    stay accurate; the timestamp is taken at publish, so pacing jitter never enters the
+    latency. After a preemption the producer catches up by at most 16 frames (a camera's
+    small buffer), never by a burst that would lap the ring by itself.
+    """
     mono = _mono
     sleep = time.sleep
     period = round(1e9 / rate_hz)
+    max_lag = 16 * period
+    duties_each_frame = period >= 100_000
     n = 0
     t0 = n0 = ns0 = -1
     cpu0 = 0.0
@@ -355,11 +377,12 @@ def _producer_paced(
             publish()
             n += 1
             next_ns += period
-            if next_ns < now:  # fell behind (preempted): do not burst to catch up
-                next_ns = now + period
-            idle_work()
-        else:
-            sleep((next_ns - now) / 1e9)
+            if now - next_ns > max_lag:
+                next_ns = now
+            if duties_each_frame or not n & 63:
+                idle_work()
+        elif next_ns - now > 300_000:
+            sleep((next_ns - now - 150_000) / 1e9)
         now = mono()
     if t0 < 0:
         t0, n0, ns0, cpu0 = now, n, run.not_sent(), _cpu()
@@ -389,6 +412,15 @@ def copyto_rate(size: int, seconds: float) -> dict[str, float]:
                     break
             best = max(best, n / ((now - t0) / 1e9))
         out[name] = best
+        # the same loop timed in CPU seconds (robust to other load on a shared host)
+        c0 = _cpu()
+        n = 0
+        end = _mono() + int(seconds / 3 * 1e9)
+        while _mono() < end:
+            for d in dsts:
+                copyto(d, src)
+            n += len(dsts)
+        out[name + "_per_cpu_s"] = n / max(_cpu() - c0, 1e-9)
     return out
 
 
@@ -420,7 +452,7 @@ def producer_main(
             if msg[0] == "window":
                 win = msg[1]
                 run.wait_for_consumer()
-                result = _profiled(sc, "producer", lambda: _run_producer(run, win))
+                result = _profiled(sc, "producer", _run_producer, run, win)
             else:
                 result.error = "aborted"
         except Exception:
@@ -433,13 +465,13 @@ def producer_main(
         conn.send(("done", result))
 
 
-def _profiled(sc: Scenario, role: str, fn: Callable[[], Any]) -> Any:
+def _profiled(sc: Scenario, role: str, fn: Callable[..., Any], *args: Any) -> Any:
     if not sc.profile_path:
-        return fn()
+        return fn(*args)
     prof = cProfile.Profile()
     prof.enable()
     try:
-        return fn()
+        return fn(*args)
     finally:
         prof.disable()
         prof.dump_stats(f"{sc.profile_path}.{role}.prof")
@@ -477,7 +509,7 @@ class _ConsumerRun:
         self.shm: SharedMemory | None = None
         self.mpq = mpq
         self.rec = _Recorder()
-        self.latency = sc.mode == "lat"
+        self.latency = sc.mode != "tput"
         self.sentinel_seen = False
         if sc.transport in (TP, TP_CLAIM):
             self._setup_tp(shm_base_dir, aeron_dir)
@@ -532,8 +564,11 @@ class _ConsumerRun:
 
     def _setup_inline(self, aeron_dir: str) -> None:
         sc = self.sc
-        self.ctx = AeronContext(TransportConfig(aeron_dir=aeron_dir)).start()
-        sub = self.ctx.aeron.add_subscription(sc.inline_channel, inline_stream_id(sc))
+        self.ctx = AeronContext(
+            TransportConfig(aeron_dir=aeron_dir, pre_touch_mapped_memory=True)
+        ).start()
+        channel = sc.inline_channel or inline_channel_for(sc.size)
+        sub = self.ctx.aeron.add_subscription(channel, inline_stream_id(sc))
         self._sub = sub
         rec = self.rec
         latency = self.latency
@@ -554,7 +589,7 @@ class _ConsumerRun:
 
         poll = sub.poll
         # fragments per poll: enough for 64 whole messages at this size
-        limit = 64 * max(1, -(-sc.size // 1376))
+        limit = 64 * max(1, -(-sc.size // 65472))
 
         def step() -> int:
             return poll(handler, limit)
@@ -564,9 +599,9 @@ class _ConsumerRun:
 
     def _setup_mpq(self, info: dict[str, Any]) -> None:
         sc = self.sc
+        # Attaching registers the name with the (shared) resource tracker again; that is
+        # harmless: the producer's unlink unregisters it once for both.
         self.shm = SharedMemory(name=info["shm_name"])
-        # the producer owns (and unlinks) the segment; do not let our tracker unlink it too
-        resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
         slots = np.ndarray((NSLOTS, sc.size), np.uint8, buffer=self.shm.buf)
         views = list(slots)
         rec = self.rec
@@ -698,7 +733,7 @@ def consumer_main(
             msg = conn.recv()
             if msg[0] == "window":
                 win = msg[1]
-                result = _profiled(sc, "consumer", lambda: _run_consumer(run, win))
+                result = _profiled(sc, "consumer", _run_consumer, run, win)
             else:
                 result.error = "aborted"
         except Exception:

@@ -139,8 +139,15 @@ class Client:
     def attach(self, stream: int, client_id: int, role: int) -> int:
         self._corr += 1
         n = drv.ShmAttachRequestEncoder.encode(
-            self._buf, 0, correlation_id=self._corr, stream_id=stream, client_id=client_id,
-            role=role, expected_layout_version=0, max_dims=0, publish_mode=1,
+            self._buf,
+            0,
+            correlation_id=self._corr,
+            stream_id=stream,
+            client_id=client_id,
+            role=role,
+            expected_layout_version=0,
+            max_dims=0,
+            publish_mode=1,
             require_hugepages=0,
         )
         self.send(n)
@@ -149,15 +156,25 @@ class Client:
     def detach(self, lease: int, stream: int, client_id: int, role: int) -> int:
         self._corr += 1
         n = drv.ShmDetachRequestEncoder.encode(
-            self._buf, 0, correlation_id=self._corr, lease_id=lease, stream_id=stream,
-            client_id=client_id, role=role,
+            self._buf,
+            0,
+            correlation_id=self._corr,
+            lease_id=lease,
+            stream_id=stream,
+            client_id=client_id,
+            role=role,
         )
         self.send(n)
         return self._corr
 
     def keepalive(self, lease: int, stream: int, client_id: int, role: int) -> None:
         n = drv.ShmLeaseKeepaliveEncoder.encode(
-            self._buf, 0, lease_id=lease, stream_id=stream, client_id=client_id, role=role,
+            self._buf,
+            0,
+            lease_id=lease,
+            stream_id=stream,
+            client_id=client_id,
+            role=role,
             client_timestamp_ns=time.monotonic_ns(),
         )
         self.send(n)
@@ -194,11 +211,10 @@ def attach_latency(c: Client, concurrency: int, samples: int, next_client: list[
         c.wait([corr for corr, _, _ in sent])
         for corr, t, _ in sent:
             out.append(c.received[corr][0] - t)
-        if not c.echo:
-            for corr, _, cid in sent:
-                assert c.received[corr][1] == 0, "attach refused"
-            detaches = [c.detach(c.received[corr][2], 10000, cid, role) for corr, _, cid in sent]
-            c.wait(detaches)
+            assert c.echo or c.received[corr][1] == 0, "attach refused"
+        # The echo gets the same detach round trip, so both see the same request pattern.
+        detaches = [c.detach(c.received[corr][2] or 0, 10000, cid, role) for corr, _, cid in sent]
+        c.wait(detaches)
     return out
 
 
@@ -213,10 +229,101 @@ def producer_cycle_latency(c: Client, samples: int, next_client: list[int]) -> l
         corr = c.attach(10001, cid, role)
         c.wait([corr])
         out.append(c.received[corr][0] - t)
-        if not c.echo:
-            assert c.received[corr][1] == 0, "producer attach refused"
-            c.wait([c.detach(c.received[corr][2], 10001, cid, role)])
+        assert c.echo or c.received[corr][1] == 0, "producer attach refused"
+        c.wait([c.detach(c.received[corr][2] or 0, 10001, cid, role)])
     return out
+
+
+# --------------------------------------------------------------------------- service time
+
+
+def service_time(requests: int) -> tuple[float, float]:
+    """Busy service time per request, in process: (driver agent, echo agent) microseconds.
+
+    A real ``DriverAgent`` (real core, files, embedded Aeron media driver) and an echo agent
+    each get ``requests`` consumer attach requests queued on their input stream, then run
+    ``do_work`` until all are answered; no idling, no scheduling, no client in the loop.
+    """
+    from tensorpool.driver.agent import DriverAgent
+    from tensorpool.driver.config import parse_driver_config
+    from tensorpool.driver.core import DriverCore
+    from tensorpool.driver.regions import RegionFiles
+    from tensorpool.transport.config import TransportConfig
+    from tensorpool.transport.context import AeronContext
+
+    base = tempfile.mkdtemp(prefix="tp-bench-driver-svc-", dir="/dev/shm")
+    try:
+        with AeronContext(TransportConfig()) as ctx:
+            cfg = parse_driver_config(
+                {
+                    "driver": {"control_channel": CHANNEL},
+                    "shm": {"base_dir": base},
+                    "profiles": {
+                        "small": {
+                            "header_nslots": 64,
+                            "payload_pools": [{"pool_id": 1, "stride_bytes": 65536}],
+                        }
+                    },
+                    "streams": {"s": {"stream_id": 10000, "profile": "small"}},
+                },
+                env={},
+            )
+            core = DriverCore(cfg, now_ns=time.monotonic_ns())
+            agent = DriverAgent(cfg, ctx, core, RegionFiles(cfg))
+            agent.on_start()
+            pub = ctx.add_publication(CHANNEL, CONTROL)
+            echo_in = ctx.add_publication(CHANNEL, ECHO_IN)
+            echo_out = ctx.add_publication(CHANNEL, ECHO_OUT)
+            echoed = [0]
+
+            def echo(buffer: Any, _header: Any) -> None:
+                echo_out.offer(bytes(buffer))
+                echoed[0] += 1
+
+            echo_sub = ctx.add_subscription(CHANNEL, ECHO_IN, echo, fragment_limit=64)
+            # The echo's output must really be appended (a subscriber exists) like the driver's.
+            ctx.add_subscription(CHANNEL, ECHO_OUT, lambda *_: None)
+            for p in (pub, echo_in, echo_out):
+                p.await_connected(5)
+            buf = bytearray(64)
+            msgs = []
+            for i in range(requests + 1):
+                n = drv.ShmAttachRequestEncoder.encode(
+                    buf,
+                    0,
+                    correlation_id=i,
+                    stream_id=10000,
+                    client_id=i + 1,
+                    role=int(drv.Role.CONSUMER),
+                    expected_layout_version=0,
+                    max_dims=0,
+                    publish_mode=1,
+                    require_hugepages=0,
+                )
+                msgs.append(bytes(buf[:n]))
+            pub.offer(msgs[0])  # first attach creates the epoch's files: not timed
+            while core.counters["attach_ok"] < 1:
+                agent.do_work()
+            for m in msgs[1:]:
+                while not pub.offer(m):
+                    agent.do_work()
+            t0 = time.perf_counter()
+            while core.counters["attach_ok"] < requests + 1:
+                agent.do_work()
+            driver_us = (time.perf_counter() - t0) / requests * 1e6
+            for m in msgs[1:]:
+                while not echo_in.offer(m):
+                    echo_sub.poll()
+            t0 = time.perf_counter()
+            while echoed[0] < requests:
+                time.monotonic_ns()
+                echo_sub.poll()
+            echo_us = (time.perf_counter() - t0) / requests * 1e6
+            agent.on_close()
+            agent.files.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return driver_us, echo_us
 
 
 # --------------------------------------------------------------------------- CPU
@@ -231,8 +338,10 @@ def idle_cpu(c: Client, pid: int, seconds: float, others: dict[str, int]) -> dic
     """Hold 20 leases (producer + consumer per stream) with 1 s keepalives; CPU % per pid."""
     leases: list[tuple[int, int, int, int]] = []
     for i, stream in enumerate(STREAMS):
-        for role, cid in ((int(drv.Role.PRODUCER), 50_000 + i), (int(drv.Role.CONSUMER),
-                                                                 60_000 + i)):
+        for role, cid in (
+            (int(drv.Role.PRODUCER), 50_000 + i),
+            (int(drv.Role.CONSUMER), 60_000 + i),
+        ):
             corr = c.attach(stream, cid, role)
             c.wait([corr])
             _, code, lease = c.received[corr]
@@ -251,9 +360,9 @@ def idle_cpu(c: Client, pid: int, seconds: float, others: dict[str, int]) -> dic
         c.sub.poll()
         time.sleep(0.05)
     wall = time.monotonic() - t0
-    return {
-        name: 100.0 * (cpu_ticks(p) - start[name]) / CLK_TCK / wall for name, p in pids.items()
-    }
+    cpu = {name: 100.0 * (cpu_ticks(p) - start[name]) / CLK_TCK / wall for name, p in pids.items()}
+    c.wait([c.detach(*lease) for lease in leases])  # free the streams for the next phase
+    return cpu
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -287,16 +396,29 @@ payload_pools = [{{ pool_id = 1, stride_bytes = 65536 }}]
 """
 
 
-def _start_daemon(work: str, name: str, aeron_dir: str, embedded: bool,
-                  max_park_us: int) -> subprocess.Popen[bytes]:
+def _start_daemon(
+    work: str, name: str, aeron_dir: str, embedded: bool, max_park_us: int
+) -> subprocess.Popen[bytes]:
     base = os.path.join(work, f"shm-{name}")
     cfg = os.path.join(work, f"{name}.toml")
     Path(cfg).write_text(_config(base, aeron_dir, embedded))
     log = open(os.path.join(work, f"{name}.log"), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorpool", "driver", "--config", cfg, "--log-level", "warning",
-         "--idle-max-park-us", str(max_park_us)],
-        stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "tensorpool",
+            "driver",
+            "--config",
+            cfg,
+            "--log-level",
+            "warning",
+            "--idle-max-park-us",
+            str(max_park_us),
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
     )
     status = os.path.join(base, "default", "driver-status.json")
     deadline = time.monotonic() + 30
@@ -325,7 +447,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--idle-s", type=float, default=5.0, help="idle CPU window per setup")
-    p.add_argument("--max-park-us", type=int, default=1000, help="idle strategy max park")
+    p.add_argument("--max-park-us", type=int, default=10000, help="idle strategy max park")
     p.add_argument("--json", action="store_true")
     p.add_argument("--echo", metavar="AERON_DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -335,15 +457,24 @@ def main(argv: list[str] | None = None) -> int:
 
     work = tempfile.mkdtemp(prefix="tp-bench-driver-", dir="/dev/shm")
     results: dict[str, Any] = {}
+    results["service_us"] = service_time(5000)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with MediaDriverProcess() as md:
             driver = _start_daemon(work, "external", md.dir, False, args.max_park_us)
             procs.append(driver)
             echo = subprocess.Popen(
-                [sys.executable, "-m", "bench.bench_driver", "--echo", md.dir,
-                 "--max-park-us", str(args.max_park_us)],
-                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.bench_driver",
+                    "--echo",
+                    md.dir,
+                    "--max-park-us",
+                    str(args.max_park_us),
+                ],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
             )
             procs.append(echo)
             assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
@@ -358,12 +489,19 @@ def main(argv: list[str] | None = None) -> int:
             ids = [100_000]
             attach_latency(dc, 1, 20, ids)  # warm-up
             attach_latency(ec, 1, 20, ids)
+            # Driver and echo rounds alternate, so both see the same host load.
             plan = [(1, 500), (10, 500), (100, 1000)]
             for n, samples in plan:
-                results[f"attach_c{n}"] = attach_latency(dc, n, samples, ids)
-                results[f"echo_c{n}"] = attach_latency(ec, n, samples, ids)
-            results["producer_cycle"] = producer_cycle_latency(dc, 100, ids)
-            results["echo_producer"] = producer_cycle_latency(ec, 100, ids)
+                d_out: list[int] = []
+                e_out: list[int] = []
+                while len(d_out) < samples:
+                    d_out += attach_latency(dc, n, n, ids)
+                    e_out += attach_latency(ec, n, n, ids)
+                results[f"attach_c{n}"], results[f"echo_c{n}"] = d_out, e_out
+            results["producer_cycle"], results["echo_producer"] = [], []
+            for _ in range(100):
+                results["producer_cycle"] += producer_cycle_latency(dc, 1, ids)
+                results["echo_producer"] += producer_cycle_latency(ec, 1, ids)
             dc.close()
             ec.close()
             _stop(driver)
@@ -386,10 +524,17 @@ def main(argv: list[str] | None = None) -> int:
     for n, _ in [(1, 0), (10, 0), (100, 0)]:
         d, e = results[f"attach_c{n}"], results[f"echo_c{n}"]
         rows.append((f"consumer attach, {n} concurrent", d, e))
-    rows.append(("producer attach (new epoch + files), 1", results["producer_cycle"],
-                 results["echo_producer"]))
-    print(f"host: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-          f"idle max park {args.max_park_us} us\n")
+    rows.append(
+        (
+            "producer attach (new epoch + files), 1",
+            results["producer_cycle"],
+            results["echo_producer"],
+        )
+    )
+    print(
+        f"host: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"idle max park {args.max_park_us} us\n"
+    )
     print("| measurement | driver p50 | driver p99 | echo p50 | echo p99 | p50 ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     for label, d, e in rows:
@@ -398,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{_pct(e, 0.5):.0f} us | {_pct(e, 0.99):.0f} us | "
             f"{_pct(d, 0.5) / max(_pct(e, 0.5), 1e-9):.1f}x |"
         )
+    svc_driver, svc_echo = results["service_us"]
+    print()
+    print("| busy service time per attach (in process, 5000 queued) | driver | echo | ratio |")
+    print("| --- | --- | --- | --- |")
+    print(
+        f"| decode + core + encode + offer | {svc_driver:.1f} us | {svc_echo:.1f} us | "
+        f"{svc_driver / max(svc_echo, 1e-9):.1f}x |"
+    )
     ext = results["idle_external"]
     emb_cpu = results["idle_embedded"]
     print()
@@ -415,9 +568,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         summary = {
             k: (
-                {"p50_us": _pct(v, 0.5), "p99_us": _pct(v, 0.99), "n": len(v),
-                 "mean_us": statistics.fmean(v) / 1000}
-                if isinstance(v, list) else v
+                {
+                    "p50_us": _pct(v, 0.5),
+                    "p99_us": _pct(v, 0.99),
+                    "n": len(v),
+                    "mean_us": statistics.fmean(v) / 1000,
+                }
+                if isinstance(v, list)
+                else v
             )
             for k, v in results.items()
         }

@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "ratelimiter": ("tensorpool.commands.ratelimiter", "run a rate limiter (one per consumer)"),
     "mediadriver": ("tensorpool.commands.mediadriver", "run a standalone Aeron media driver"),
     "driver": ("tensorpool.commands.driver", "run the SHM driver (also: driver status/shutdown)"),
+    "bridge": ("tensorpool.commands.bridge", "carry streams between hosts over Aeron UDP"),
 }
 
 

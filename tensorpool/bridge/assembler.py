@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 _PREFIX: Final = struct.Struct("<HHHHIQQIIIIIBI")  # header + block + headerBytes length
+_HEAD57: Final = struct.Struct("<HHHHIQQIIIIIBII")  # ... + payloadBytes length (no header)
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
 _BLOCK: Final = _Dec.BLOCK_LENGTH
@@ -320,6 +321,7 @@ class _Stream:
         "index",
         "local_max_stride",
         "local_nslots",
+        "max_plen",
         "max_source_stride",
         "pools",
         "source",
@@ -337,6 +339,7 @@ class _Stream:
         self.dest_ready = False
         self.local_nslots = 0
         self.local_max_stride = 0
+        self.max_plen = -1  # min of every payloadLength bound; -1 until ready (fast path off)
         self.floor = _NO_SEQ
         self.asm: _Assembly | None = None
         self.stats = StreamStats()
@@ -404,11 +407,13 @@ class ReceiverCore:
         st.local_nslots = header_nslots
         st.local_max_stride = max_stride
         st.dest = dest_stream_id
+        self._refresh_bounds(st)
 
     def destination_lost(self, mapping: int) -> Dropped | None:
         """The local producer went away (lease lost, closed): drop the frame in flight."""
         st = self._by_index[mapping]
         st.dest_ready = False
+        self._refresh_bounds(st)
         return self._abandon(st, FrameDrop.DEST_LOST)
 
     # -- announces --------------------------------------------------------------------------
@@ -438,6 +443,7 @@ class ReceiverCore:
         st.max_source_stride = max(st.pools.values())
         st.floor = _NO_SEQ
         st.dest_ready = False  # until the agent reopens the destination for this epoch
+        self._refresh_bounds(st)
         events.append(OpenDestination(st.index, ann.epoch, reopen))
         return events
 
@@ -447,10 +453,66 @@ class ReceiverCore:
         """Process one ``BridgeFrameChunk`` message (with its 8-byte SBE header).
 
         Returns the completed frame, a drop, or None (accepted, frame still incomplete).
+        The common case — a well-formed chunk continuing the frame in flight in order — runs
+        one ``unpack``, one combined validity test and one copy; anything else takes the
+        slow path, which finds and counts the precise reason.
         """
+        mv = memoryview(buf)  # type: ignore[arg-type]
+        try:
+            (bl, tid, sch, ver, sid, epoch, seq, idx, count, off, clen, plen, hinc, hlen, dlen) = (
+                _HEAD57.unpack_from(mv, 0)
+            )
+        except struct.error:
+            return self._parse_slow(mv, now_ns)
+        if hlen or bl != _BLOCK:
+            return self._parse_slow(mv, now_ns)
+        st = self._streams.get(sid)
+        if (
+            st is None
+            or tid != _TEMPLATE
+            or sch != _SCHEMA
+            or ver > _VERSION
+            or 57 + dlen > mv.nbytes
+            or epoch != st.epoch
+            or hinc
+            or not 0 < idx < count <= MAX_CHUNK_COUNT
+            or clen != dlen
+            or clen > self.chunk_bound
+            or plen > st.max_plen
+            or off + clen > plen
+            or not clen
+            or count > plen
+            or count * self.chunk_bound < plen
+        ):
+            return self._parse_slow(mv, now_ns)
+        asm = st.asm
+        if (
+            asm is None
+            or seq != asm.seq
+            or now_ns - asm.first_ns > self.timeout_ns
+            or count != asm.count
+            or plen != asm.plen
+            or off != asm.prefix
+            or asm.pending
+            or asm.received[idx]
+        ):
+            return self._accept_slow(st, mv, now_ns, seq, idx, count, off, clen, plen, 0, 57)
+        end = off + clen
+        asm.buf[off:end] = mv[57 : 57 + clen]
+        asm.prefix = end
+        asm.starts[off] = clen
+        asm.received[idx] = 1
+        asm.nrecv += 1
+        st.stats.chunks += 1
+        if asm.nrecv == count:
+            return self._complete(st, asm)
+        return None
+
+    def _parse_slow(self, mv: memoryview, now_ns: int) -> FrameComplete | Dropped | None:
+        """Full decode with a named reason for every refusal (§5.2, §6 steps 1-3, §8)."""
         try:
             (bl, tid, sch, ver, sid, epoch, seq, idx, count, off, clen, plen, hinc, hlen) = (
-                _PREFIX.unpack_from(buf, 0)  # type: ignore[arg-type]
+                _PREFIX.unpack_from(mv, 0)
             )
         except struct.error:
             return self._global_drop(ChunkDrop.TRUNCATED)
@@ -459,14 +521,14 @@ class ReceiverCore:
         hpos = 8 + bl + 4
         if bl != _BLOCK:  # a longer block (schema extension): the var data moves
             try:
-                hlen = _U32.unpack_from(buf, 8 + bl)[0]  # type: ignore[arg-type]
+                hlen = _U32.unpack_from(mv, 8 + bl)[0]
             except struct.error:
                 return self._global_drop(ChunkDrop.TRUNCATED)
-        n = len(buf)  # type: ignore[arg-type]
+        n = mv.nbytes
         lpos = hpos + hlen
         if hlen > HEADER_SLOT_BYTES or lpos + 4 > n:
             return self._global_drop(ChunkDrop.TRUNCATED)
-        dlen = _U32.unpack_from(buf, lpos)[0]  # type: ignore[arg-type]
+        dlen = _U32.unpack_from(mv, lpos)[0]
         ppos = lpos + 4
         if ppos + dlen > n:
             return self._global_drop(ChunkDrop.TRUNCATED)
@@ -474,7 +536,6 @@ class ReceiverCore:
         st = self._streams.get(sid)
         if st is None:
             return self._global_drop(ChunkDrop.UNKNOWN_STREAM, sid, seq)
-        stats = st.stats
         if epoch != st.epoch:
             if st.announce is None:
                 return self._drop(st, seq, ChunkDrop.NO_ANNOUNCE)
@@ -508,8 +569,7 @@ class ReceiverCore:
             return self._drop(st, seq, ChunkDrop.PAYLOAD_EXCEEDS_SOURCE_STRIDE)
         if plen > st.local_max_stride:
             return self._drop(st, seq, ChunkDrop.PAYLOAD_EXCEEDS_LOCAL_STRIDE)
-        end = off + clen
-        if end > plen:
+        if off + clen > plen:
             return self._drop(st, seq, ChunkDrop.CHUNK_OUT_OF_BOUNDS)
         if plen:
             if clen == 0:
@@ -518,7 +578,24 @@ class ReceiverCore:
                 return self._drop(st, seq, ChunkDrop.CHUNK_COUNT_INVALID)
         elif count != 1:
             return self._drop(st, seq, ChunkDrop.CHUNK_COUNT_INVALID)
+        return self._accept_slow(st, mv, now_ns, seq, idx, count, off, clen, plen, hinc, ppos)
 
+    def _accept_slow(
+        self,
+        st: _Stream,
+        mv: memoryview,
+        now_ns: int,
+        seq: int,
+        idx: int,
+        count: int,
+        off: int,
+        clen: int,
+        plen: int,
+        hinc: int,
+        ppos: int,
+    ) -> FrameComplete | Dropped | None:
+        """A valid chunk that starts, supersedes, duplicates or lands out of order (§5.2)."""
+        stats = st.stats
         asm = st.asm
         if asm is not None:
             if now_ns - asm.first_ns > self.timeout_ns:
@@ -538,11 +615,12 @@ class ReceiverCore:
             if type(target) is str:
                 st.floor = seq
                 stats.frame_drops.increment(target)
-                return Dropped(st.index, sid, seq, target, True)
+                return Dropped(st.index, st.source, seq, target, True)
             asm = st.asm = _Assembly(seq, count, plen, now_ns, target)  # type: ignore[arg-type]
 
-        mv = memoryview(buf)  # type: ignore[arg-type]
+        end = off + clen
         data = mv[ppos : ppos + clen]
+        hpos = ppos - 4 - HEADER_SLOT_BYTES
         if off == asm.prefix and not asm.pending:
             if asm.received[idx]:
                 return self._abandon(st, FrameDrop.CHUNK_CONFLICT)
@@ -554,10 +632,10 @@ class ReceiverCore:
                 if (
                     known == clen
                     and asm.buf[off:end] == data
-                    and (not hinc or asm.header is None or asm.header == mv[hpos : hpos + hlen])
+                    and (not hinc or asm.header is None or asm.header == mv[hpos : ppos - 4])
                 ):
                     stats.chunk_drops.increment(ChunkDrop.DUPLICATE)
-                    return Dropped(st.index, sid, seq, ChunkDrop.DUPLICATE, False)
+                    return Dropped(st.index, st.source, seq, ChunkDrop.DUPLICATE, False)
                 return self._abandon(st, FrameDrop.CHUNK_CONFLICT)
             if asm.received[idx]:
                 return self._abandon(st, FrameDrop.CHUNK_CONFLICT)
@@ -570,7 +648,7 @@ class ReceiverCore:
         asm.nrecv += 1
         stats.chunks += 1
         if hinc:
-            asm.header = bytes(mv[hpos : hpos + HEADER_SLOT_BYTES])
+            asm.header = bytes(mv[hpos : ppos - 4])
         if asm.nrecv == asm.count:
             return self._complete(st, asm)
         return None
@@ -682,6 +760,13 @@ class ReceiverCore:
         )
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _refresh_bounds(self, st: _Stream) -> None:
+        """The fast path's single payloadLength bound; -1 (nothing passes) until ready."""
+        if st.dest_ready and st.announce is not None:
+            st.max_plen = min(self.max_payload_bytes, st.max_source_stride, st.local_max_stride)
+        else:
+            st.max_plen = -1
 
     def _global_drop(self, reason: str, stream_id: int = 0, seq: int = 0) -> Dropped:
         self.chunk_drops.increment(reason)

@@ -215,6 +215,8 @@ class Consumer:
         self._min_interval_ns = (
             1_000_000_000 // max_rate_hz if mode == MODE_RATE_LIMITED and max_rate_hz else 0
         )
+        # Frames a little early for their slot still count (jitter), a quarter period at most.
+        self._rate_tolerance_ns = self._min_interval_ns // 4
         self._next_allowed_ns = 0
         self._clock = clock
         self.stats = ConsumerStats()
@@ -238,12 +240,13 @@ class Consumer:
         self._hello_due = True
         self._buf = bytearray(4096)
 
+        self._ctx = ctx
         ch = self.settings.channels
         self._sub_control = ctx.add_subscription(
-            ch.control_channel, ch.control_stream_id, self._on_control, fragment_limit=16
+            ch.control_channel, ch.control_stream_id, self._on_control, fragment_limit=64
         )
         self._sub_meta = ctx.add_subscription(
-            ch.metadata_channel, ch.metadata_stream_id, self._on_metadata, fragment_limit=16
+            ch.metadata_channel, ch.metadata_stream_id, self._on_metadata, fragment_limit=64
         )
         self._sub_desc = ctx.add_subscription(
             ch.descriptor_channel,
@@ -287,7 +290,10 @@ class Consumer:
         The frame passed to `handler` (and its `array`) is only valid during the call.
         """
         now = self._clock()
-        self._sub_control.poll()
+        # Drain control traffic (bounded) so announces are never read stale after a pause.
+        for _ in range(8):
+            if self._sub_control.poll() < 64:
+                break
         self._sub_meta.poll()
         self._duties(now)
         if self._reader is None:
@@ -408,10 +414,13 @@ class Consumer:
             return
         if self._min_interval_ns:
             now = self._clock()
-            if now < self._next_allowed_ns:
+            slot = self._next_allowed_ns
+            if now < slot - self._rate_tolerance_ns:
                 drops.increment(RATE_LIMITED)
                 return
-            self._next_allowed_ns = now + self._min_interval_ns
+            # Slots on a fixed grid (no drift); re-anchor only after falling a period behind.
+            interval = self._min_interval_ns
+            self._next_allowed_ns = (slot if now - slot <= interval else now) + interval
         result = reader.read(index, seq)
         if result is None:
             if reader.last_drop_reason == Reason.SEQ_MISMATCH:
@@ -659,9 +668,19 @@ class Consumer:
         self._pub_qos.offer(self._buf, 0, n)
 
     def close(self) -> None:
+        """Unmap, detach (driver mode) and release the Aeron resources: an abandoned
+        subscription would hold back the publishers' logs for everyone else."""
         self._unmap("close")
         if self._driver is not None:
             self._driver.close()
+        for res in (
+            self._sub_control,
+            self._sub_meta,
+            self._sub_desc,
+            self._pub_control,
+            self._pub_qos,
+        ):
+            self._ctx.release(res)
 
     def __enter__(self) -> Consumer:
         return self

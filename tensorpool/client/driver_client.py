@@ -152,7 +152,9 @@ class LeaseMachine:
         self.state = LeaseState.UNATTACHED
         self.lease_id: int | None = None
         self.lease_expiry_ns: int | None = None
+        self._lease_duration_ns = 0
         self.layout: StreamLayout | None = None
+        self._attach_sent_ns = 0
         self._corr = correlation_seed if correlation_seed is not None else random.getrandbits(40)
         self._pending: int | None = None
         self._deadline = 0
@@ -174,6 +176,7 @@ class LeaseMachine:
         corr = self._next_corr()
         self._pending = corr
         self.state = LeaseState.ATTACHING
+        self._attach_sent_ns = now
         self._deadline = now + self.timings.attach_timeout_ns
         return [
             SendAttach(
@@ -214,6 +217,9 @@ class LeaseMachine:
         self.state = LeaseState.ATTACHED
         self.lease_id = lease_id
         self.lease_expiry_ns = expiry
+        # The driver extends the lease by the same duration on every keepalive (§4.4); the
+        # client tracks that locally so the deadline moves with the keepalives it sends.
+        self._lease_duration_ns = max(0, expiry - now) if expiry is not None else 0
         self.layout = layout
         self._backoff_ns = self.timings.backoff_initial_ns
         self._next_keepalive = now + self.timings.keepalive_interval_ns
@@ -244,7 +250,12 @@ class LeaseMachine:
             return [ProducerRevoked(r.stream_id)]
         return []
 
-    def on_driver_shutdown(self, now: int) -> list[Action]:
+    def on_driver_shutdown(self, now: int, timestamp_ns: int | None = None) -> list[Action]:
+        """§4.13. A notice stamped before our attach request is a previous driver's, left in
+        a lingering log (same host, same monotonic clock): it says nothing about our lease."""
+        if timestamp_ns is not None and timestamp_ns < self._attach_sent_ns:
+            self._count("stale_shutdown_notice")
+            return []
         if self.state in (LeaseState.ATTACHED, LeaseState.ATTACHING, LeaseState.DETACHING):
             self._count("driver_shutdown")
             lost = [LeaseLost("driver_shutdown")] if self.state is LeaseState.ATTACHED else []
@@ -262,14 +273,15 @@ class LeaseMachine:
         st = self.state
         if st is LeaseState.ATTACHED:
             assert self.lease_id is not None
-            if (
-                self.lease_expiry_ns is not None
-                and now >= self.lease_expiry_ns
-                and (self._next_keepalive > self.lease_expiry_ns)
-            ):
+            if self.lease_expiry_ns is not None and now >= self.lease_expiry_ns:
+                # §4.2: a hard deadline; we stalled past it without a keepalive.
+                self._count("lease_expired")
                 return [LeaseLost("lease_expired"), *self._to_backoff(now)]
             if now >= self._next_keepalive:
                 self._next_keepalive = now + self.timings.keepalive_interval_ns
+                if self.lease_expiry_ns is not None and self._lease_duration_ns:
+                    # the driver extends the lease by its duration on each keepalive (§4.4)
+                    self.lease_expiry_ns = now + self._lease_duration_ns
                 return [
                     SendKeepalive(self.lease_id, self.stream_id, self.client_id, self.role, now)
                 ]
@@ -378,6 +390,7 @@ class DriverClient:
             publish_mode=publish_mode,
         )
         self._clock = clock
+        self._ctx = ctx
         ch = settings.channels
         self._pub = ctx.add_publication(ch.control_channel, ch.control_stream_id)
         self._sub = ctx.add_subscription(ch.control_channel, ch.control_stream_id, self._on_msg)
@@ -413,7 +426,7 @@ class DriverClient:
                 self._events += m.on_lease_revoked(dec, now)
             elif isinstance(dec, dp.ShmDriverShutdownDecoder):
                 dec.reason  # noqa: B018 - unknown reasons are rejected
-                self._events += m.on_driver_shutdown(now)
+                self._events += m.on_driver_shutdown(now, dec.timestamp_ns)
             elif isinstance(dec, dp.ShmDetachResponseDecoder):
                 self._events += m.on_detach_response(dec, now)
         except CodecError as exc:
@@ -486,3 +499,5 @@ class DriverClient:
             self._sub.poll()
             self.machine.tick(self._clock())
         self.machine.state = LeaseState.CLOSED
+        self._ctx.release(self._sub)
+        self._ctx.release(self._pub)

@@ -200,6 +200,7 @@ class Producer:
         self.epoch = 0
         s = self.settings
 
+        self._ctx = ctx
         ch = s.channels
         self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
         self._pub_desc = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)
@@ -684,6 +685,14 @@ class Producer:
         self._uninstall()
         if self._driver is not None:
             self._driver.close()
+        for res in (
+            self._sub_control,
+            self._pub_control,
+            self._pub_desc,
+            self._pub_qos,
+            self._pub_meta,
+        ):
+            self._ctx.release(res)
         if self._cleanup and self._layout is not None:
             shutil.rmtree(self._layout.directory, ignore_errors=True)
 

@@ -17,7 +17,7 @@ IPC = "aeron:ipc"
 # Explicit term lengths: Aeron's IPC default is 64 MiB per publication, and every producer
 # opens four. Control traffic is tiny; the descriptor log holds ~170k descriptors per 16 MiB,
 # far more than any ring, so a lagging consumer resyncs long before it back-pressures.
-IPC_CONTROL = "aeron:ipc?term-length=1m"
+IPC_CONTROL = "aeron:ipc?term-length=4m"
 IPC_DESCRIPTORS = "aeron:ipc?term-length=16m"
 DEFAULT_CONTROL_STREAM_ID = 1000
 DEFAULT_DESCRIPTOR_STREAM_ID = 1100
@@ -27,10 +27,18 @@ DEFAULT_NAMESPACE = "tensorpool"
 SEC = 1_000_000_000
 
 
+# One default for every component, so a client attached to a driver accepts the driver's
+# paths without flags (the reference configuration's value). Override per deployment.
+DEFAULT_SHM_BASE_DIR = "/dev/shm/tensorpool"
+
+
 def default_shm_base_dir() -> str:
-    """`/dev/shm/tensorpool-<uid>` when tmpfs is there, else the temp dir; private per user."""
-    root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else "/tmp"
-    return os.path.join(root, f"tensorpool-{os.getuid()}")
+    """`/dev/shm/tensorpool` (tmpfs); `<tmp>/tensorpool` where there is no /dev/shm."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return DEFAULT_SHM_BASE_DIR
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "tensorpool")
 
 
 @dataclass(frozen=True, slots=True)

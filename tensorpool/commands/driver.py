@@ -49,10 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--idle-max-park-us",
         type=int,
-        default=1000,
-        help="longest idle sleep between duty cycles, microseconds (latency vs idle CPU)",
+        default=10000,
+        help="longest idle sleep between duty cycles in microseconds: the most an idle "
+        "driver adds to a request's latency, vs its idle CPU (default %(default)s)",
     )
-    sub = p.add_subparsers(dest="driver_action", metavar="ACTION")
+    sub = p.add_subparsers(
+        dest="driver_action", metavar="[status | shutdown]", help="without one: run the driver"
+    )
     st = sub.add_parser("status", help="show streams, epochs, leases and counters")
     st.add_argument("--config", default=argparse.SUPPRESS, help="driver TOML file")
     st.add_argument("--status-file", default=None, help="read this status file instead")

@@ -45,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--idle-max-park-us",
         type=int,
-        default=200,
-        help="longest idle sleep between duty cycles, microseconds: bounds the extra latency "
-        "of a rate slot (default %(default)s)",
+        default=1000,
+        help="longest backoff park while a slot is open or a mapping is unlimited, "
+        "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
     p.add_argument(
         "--attach-timeout", type=float, default=10.0, help="seconds to wait for the driver"
@@ -92,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
     from tensorpool.ratelimiter.agent import RateLimiterAgent
     from tensorpool.transport.config import TransportConfig
     from tensorpool.transport.context import AeronContext
-    from tensorpool.transport.idle import BackoffIdleStrategy
     from tensorpool.transport.mediadriver import MediaDriverError
 
     aeron_dir = config.driver.aeron_dir or default_aeron_dir()
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         except AttachError as exc:
             print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
             return 1
-        idle = BackoffIdleStrategy(max_park_ns=args.idle_max_park_us * 1000)
+        idle = agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000)
         _emit(args, "started", **agent.snapshot())
         t0 = time.monotonic()
         next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")

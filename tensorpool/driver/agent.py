@@ -90,6 +90,13 @@ _MAX_SCRATCH = 16 * 1024 * 1024
 _CORRELATION = struct.Struct("<q")
 _CORRELATION_OFFSET = 8  # first field, right after the message header
 _MIN_STATUS_PERIOD_NS = 50_000_000
+_HEADER_LENGTH = 8
+#: ShmAttachResponse fixed block (after the 8-byte header), in schema order: correlationId,
+#: code, leaseId, leaseExpiryTimestampNs, streamId, epoch, layoutVersion, headerNslots,
+#: headerSlotBytes, maxDims (51 bytes = the schema's blockLength).
+_ATTACH_BLOCK = struct.Struct("<qiQQIQIIHB")
+if _ATTACH_BLOCK.size != drv.ShmAttachResponseDecoder.BLOCK_LENGTH:  # pragma: no cover
+    raise ImportError("ShmAttachResponse block layout changed: update _ATTACH_BLOCK")
 
 _TEMPLATE_KEEPALIVE = drv.ShmLeaseKeepaliveDecoder.TEMPLATE_ID
 _TEMPLATE_SHUTDOWN_REQUEST = drv.ShmDriverShutdownRequestDecoder.TEMPLATE_ID
@@ -145,10 +152,13 @@ class DriverAgent:
         self._connect_timeout_s = connect_timeout_s
         self._started_unix_ns = realtime()
         self._status_period_ns = max(config.policies.announce_period_ns, _MIN_STATUS_PERIOD_NS)
+        # Whoever may use the SHM files may read the status (no secrets in it).
+        self._status_mode = config.shm.permissions_mode | 0o400
         self._next_status_ns = 0
         self._buf = bytearray(64 * 1024)
         self._outbox: dict[Publisher, deque[bytes]] = {}
         self._outbox_size = 0
+        self._ok_templates: dict[tuple[int, int], tuple[object, bytes]] = {}
         self._shutdown_request: tuple[drv.ShutdownReason, str] | None = None
         self._force_stop = False
         self._terminate_at: int | None = None
@@ -231,8 +241,8 @@ class DriverAgent:
             self._execute(core.begin_shutdown(now, reason, message), now)
             work += 1
         if self._force_stop and self._terminate_at is None:
+            # Skip the drain, not the notice (nor the short linger that lets it arrive).
             self._publish_shutdown(PublishShutdown(now, drv.ShutdownReason.NORMAL, "forced"), now)
-            self._terminate_at = now
         deadline = core.next_deadline_ns()
         if deadline is not None and now >= deadline:
             self._execute(core.tick(now), now)
@@ -334,14 +344,20 @@ class DriverAgent:
         before = core.state
         actions = core.on_shutdown_request(dec, now)
         if core.state is before:
-            log_event(
-                logging.WARNING,
-                "shutdown_request_ignored",
-                correlation_id=dec.correlation_id,
-                why="no shutdown token configured"
-                if not self.config.policies.shutdown_token
-                else ("missing or wrong token" if before is DriverState.RUNNING else before.value),
-            )
+            self.counters["shutdown_request_ignored"] += 1
+            n = self.counters["shutdown_request_ignored"]
+            if n & (n - 1) == 0:  # 1, 2, 4, ...: a flood of bad requests cannot flood the log
+                log_event(
+                    logging.WARNING,
+                    "shutdown_request_ignored",
+                    correlation_id=dec.correlation_id,
+                    count=n,
+                    why="no shutdown token configured"
+                    if not self.config.policies.shutdown_token
+                    else (
+                        "missing or wrong token" if before is DriverState.RUNNING else before.value
+                    ),
+                )
         else:
             log_event(
                 logging.INFO, "shutdown_begin", correlation_id=dec.correlation_id, by="request"
@@ -460,22 +476,10 @@ class DriverAgent:
             self.counters["epochs_delete_skipped"] += 1
 
     def _send_attach_response(self, a: SendAttachResponse) -> None:
-        n = self._encode(
-            drv.ShmAttachResponseEncoder.encode,
-            correlation_id=a.correlation_id,
-            code=a.code,
-            lease_id=a.lease_id,
-            lease_expiry_timestamp_ns=a.lease_expiry_timestamp_ns,
-            stream_id=a.stream_id,
-            epoch=a.epoch,
-            layout_version=a.layout_version,
-            header_nslots=a.header_nslots,
-            header_slot_bytes=a.header_slot_bytes,
-            max_dims=a.max_dims,
-            payload_pools=a.payload_pools,
-            header_region_uri=a.header_region_uri,
-            error_message=a.error_message,
-        )
+        if a.code == drv.ResponseCode.OK and a.stream_id is not None and a.epoch is not None:
+            n = self._encode_ok_response(a)
+        else:
+            n = self._encode_attach_response(a)
         if n:
             self._send(self._control_pub, n)
         if a.code == drv.ResponseCode.OK:
@@ -495,6 +499,57 @@ class DriverAgent:
                 code=drv.ResponseCode(a.code).name,
                 message=repr(a.error_message),
             )
+
+    def _encode_ok_response(self, a: SendAttachResponse) -> int:
+        """OK responses of one epoch differ only in the fixed block: encode the group and
+        URIs once per (stream, epoch), then copy and patch the block (2x faster attaches)."""
+        key = (a.stream_id, a.epoch)
+        template = self._ok_templates.get(key)
+        if template is None or template[0] != (a.payload_pools, a.header_region_uri):
+            n = self._encode_attach_response(a)
+            if not n:
+                return 0
+            for old in [k for k in self._ok_templates if k[0] == a.stream_id]:
+                del self._ok_templates[old]  # one live template per stream
+            self._ok_templates[key] = ((a.payload_pools, a.header_region_uri), bytes(self._buf[:n]))
+            return n
+        data = template[1]
+        n = len(data)
+        buf = self._buf
+        buf[:n] = data
+        _ATTACH_BLOCK.pack_into(
+            buf,
+            _HEADER_LENGTH,
+            a.correlation_id,
+            a.code,
+            a.lease_id,
+            a.lease_expiry_timestamp_ns,
+            a.stream_id,
+            a.epoch,
+            a.layout_version,
+            a.header_nslots,
+            a.header_slot_bytes,
+            a.max_dims,
+        )
+        return n
+
+    def _encode_attach_response(self, a: SendAttachResponse) -> int:
+        return self._encode(
+            drv.ShmAttachResponseEncoder.encode,
+            correlation_id=a.correlation_id,
+            code=a.code,
+            lease_id=a.lease_id,
+            lease_expiry_timestamp_ns=a.lease_expiry_timestamp_ns,
+            stream_id=a.stream_id,
+            epoch=a.epoch,
+            layout_version=a.layout_version,
+            header_nslots=a.header_nslots,
+            header_slot_bytes=a.header_slot_bytes,
+            max_dims=a.max_dims,
+            payload_pools=a.payload_pools,
+            header_region_uri=a.header_region_uri,
+            error_message=a.error_message,
+        )
 
     def _send_detach_response(self, a: SendDetachResponse) -> None:
         n = self._encode(
@@ -650,7 +705,7 @@ class DriverAgent:
         if final:
             doc["state"] = "STOPPED"
         try:
-            write_status(path, doc)
+            write_status(path, doc, self._status_mode)
         except OSError as exc:
             self.counters["status_write_failed"] += 1
             n = self.counters["status_write_failed"]

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR, IPC_CONTROL
 from tensorpool.config_util import (
     INT32_MAX,
     UINT16_MAX,
@@ -85,13 +86,13 @@ __all__ = [
 #: Wire Spec v1.1: every header slot is exactly 256 bytes.
 HEADER_SLOT_BYTES = 256
 
-DEFAULT_CHANNEL = "aeron:ipc?term-length=4m"
+DEFAULT_CHANNEL = IPC_CONTROL  # the clients' default: one control log for everyone
 DEFAULT_CONTROL_STREAM_ID = 1000
 DEFAULT_DESCRIPTOR_STREAM_ID = 1100
 DEFAULT_QOS_STREAM_ID = 1200
 DEFAULT_METADATA_STREAM_ID = 1300
 DEFAULT_INSTANCE_ID = "driver-01"
-DEFAULT_BASE_DIR = "/dev/shm/tensorpool"
+DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PAGE_SIZE = 4096
 DEFAULT_PERMISSIONS = "660"

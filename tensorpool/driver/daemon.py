@@ -65,6 +65,7 @@ from tensorpool.transport.mediadriver import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_PARK_NS",
     "DaemonOptions",
     "DriverStartupError",
     "JsonLogFormatter",
@@ -102,14 +103,21 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(doc, separators=(",", ":"))
 
 
-def default_idle_strategy(max_park_ns: int = 1_000_000) -> IdleStrategy:
-    """Spin a little, yield a little, then park up to ``max_park_ns``.
+#: Longest idle sleep of the driver loop. Control traffic tolerates milliseconds (Aeron's own
+#: client conductor idles 16 ms), and every wake-up of a Python loop costs ~20-25 us of CPU
+#: on a loaded 2-core host, so 10 ms keeps an idle driver under 2 % of a core
+#: (docs/benchmarks/driver.md). Bursts are unaffected: any work resets the backoff.
+DEFAULT_MAX_PARK_NS = 10_000_000
 
-    Responds within microseconds while traffic flows and costs ~1k short sleeps per second
-    when idle (see docs/benchmarks/driver.md for the measured CPU).
+
+def default_idle_strategy(max_park_ns: int = DEFAULT_MAX_PARK_NS) -> IdleStrategy:
+    """Spin a little, yield a little, then park with doubling sleeps up to ``max_park_ns``.
+
+    Any work resets it, so a burst of requests is served back to back without sleeping; only
+    the first request after a quiet spell can wait up to ``max_park_ns``.
     """
     return BackoffIdleStrategy(
-        max_spins=10, max_yields=5, min_park_ns=50_000, max_park_ns=max_park_ns
+        max_spins=10, max_yields=20, min_park_ns=50_000, max_park_ns=max_park_ns
     )
 
 

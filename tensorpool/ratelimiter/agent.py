@@ -20,8 +20,11 @@ channel/stream (``rate_limiter.descriptor_channel``/``descriptor_stream_id``). T
 limiter never publishes a ``FrameDescriptor`` for a source stream: its only producers are
 the destination ones.
 
-``do_work()`` follows Aeron's Agent contract (never blocks, returns the work done) and can
-be driven by an :class:`~tensorpool.transport.AgentRunner`. Time comes from the injected
+``do_work()`` follows Aeron's Agent contract (returns the work done; the only wait is the
+destination reattach after a source restart, see :mod:`~tensorpool.ratelimiter.relay`) and
+can be driven by an :class:`~tensorpool.transport.AgentRunner`; run it with
+:meth:`RateLimiterAgent.idle_strategy`, which sleeps until the next rate slot so the cost
+follows the output rate (:mod:`tensorpool.ratelimiter.idle`). Time comes from the injected
 clock; the same clock drives the consumers, producers and gates.
 """
 
@@ -38,11 +41,14 @@ from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.counters import DropCounters
 from tensorpool.ratelimiter.config import MappingConfig, RateLimiterConfig
 from tensorpool.ratelimiter.forward import Forwarder, Route
+from tensorpool.ratelimiter.gate import idle_hint_ns
+from tensorpool.ratelimiter.idle import SlotIdleStrategy
 from tensorpool.ratelimiter.relay import MappingRelay
 from tensorpool.specs import CodecError, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.idle import BackoffIdleStrategy
 from tensorpool.transport.publication import Publisher
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,9 @@ __all__ = ["RateLimiterAgent", "client_settings"]
 _WIRE: Final = wire.SCHEMA_ID
 _T_HELLO: Final = wire.ConsumerHelloDecoder.TEMPLATE_ID
 _MS: Final = 1_000_000
+#: Longest sleep between duty cycles while every mapping waits for its next slot.
+MAX_SLEEP_NS: Final = 10 * _MS
+MAX_SLEEP_PROGRESS_NS: Final = 1 * _MS
 
 OpenSource = Callable[[MappingConfig], Consumer]
 OpenDest = Callable[[MappingConfig], Producer]
@@ -66,9 +75,7 @@ def client_settings(
         control_channel=d.control_channel,
         control_stream_id=d.control_stream_id,
         descriptor_channel=config.descriptor_channel if destination else d.descriptor_channel,
-        descriptor_stream_id=config.descriptor_stream_id
-        if destination
-        else d.descriptor_stream_id,
+        descriptor_stream_id=config.descriptor_stream_id if destination else d.descriptor_stream_id,
         qos_channel=d.qos_channel,
         qos_stream_id=d.qos_stream_id,
         metadata_channel=d.metadata_channel,
@@ -97,8 +104,12 @@ class RateLimiterAgent:
         open_source: OpenSource | None = None,
         open_dest: OpenDest | None = None,
         attach_timeout_s: float = 10.0,
+        max_sleep_ns: int | None = None,
     ) -> None:
         self.config = config
+        if max_sleep_ns is None:  # forwarded progress must not wait long; leases never do
+            max_sleep_ns = MAX_SLEEP_PROGRESS_NS if config.forward_progress else MAX_SLEEP_NS
+        self.max_sleep_ns = max_sleep_ns
         self._ctx = ctx
         self._clock = clock
         self.counters = DropCounters()
@@ -110,9 +121,13 @@ class RateLimiterAgent:
 
         def default_source(m: MappingConfig) -> Consumer:
             return Consumer(
-                ctx, m.source_stream_id, src_settings, driver=True, clock=clock,
+                ctx,
+                m.source_stream_id,
+                src_settings,
+                driver=True,
+                clock=clock,
                 lease_timings=timings,
-            )  # fmt: skip
+            )
 
         def default_dest(m: MappingConfig) -> Producer:
             return Producer(
@@ -151,31 +166,32 @@ class RateLimiterAgent:
             self.routes.append(route)
             self._route_of[m.dest_stream_id] = route
         # Destinations first: a refused producer attach (§3) must stop us before anything runs.
-        dests = []
+        dests: list[Producer] = []
         try:
             for m in cfg.mappings:
                 dests.append(self._open_dest(m))
+            for m, producer in zip(cfg.mappings, list(dests), strict=True):
+                first = [producer]
+
+                def open_dest(m: MappingConfig = m, first: list[Producer] = first) -> Producer:
+                    return first.pop() if first else self._open_dest(m)
+
+                relay = MappingRelay(
+                    m,
+                    self._open_source(m),
+                    open_dest,
+                    hold=cfg.hold,
+                    clock=self._clock,
+                    on_dest_epoch=self._on_dest_epoch,
+                )
+                dests.remove(producer)  # owned by the relay now
+                self.relays.append(relay)
+                self._by_dest[m.dest_stream_id] = relay
+                self._on_dest_epoch(relay)
         except BaseException:
             for p in dests:
                 p.close()
             raise
-        for m, producer in zip(cfg.mappings, dests, strict=True):
-            first = [producer]
-
-            def open_dest(m: MappingConfig = m, first: list[Producer] = first) -> Producer:
-                return first.pop() if first else self._open_dest(m)
-
-            relay = MappingRelay(
-                m,
-                self._open_source(m),
-                open_dest,
-                hold=cfg.hold,
-                clock=self._clock,
-                on_dest_epoch=self._on_dest_epoch,
-            )
-            self.relays.append(relay)
-            self._by_dest[m.dest_stream_id] = relay
-            self._on_dest_epoch(relay)
         d = cfg.driver
         self.forwarder = Forwarder(self.routes)
         self._subs.append(
@@ -218,6 +234,17 @@ class RateLimiterAgent:
         for sub in self._subs:
             work += sub.poll()
         return work
+
+    def idle_hint_ns(self, now: int) -> int:
+        """How long the agent may sleep: until the earliest rate slot (at most
+        ``max_sleep_ns``); 0 while a slot is open or a mapping is unlimited."""
+        return idle_hint_ns((r.gate for r in self.relays), now, self.max_sleep_ns)
+
+    def idle_strategy(self, max_park_ns: int = 1_000_000) -> SlotIdleStrategy:
+        """The idle strategy to run this agent with (see :mod:`tensorpool.ratelimiter.idle`)."""
+        return SlotIdleStrategy(
+            self.idle_hint_ns, BackoffIdleStrategy(max_park_ns=max_park_ns), clock=self._clock
+        )
 
     # --- ConsumerHello (§4) -----------------------------------------------------------------
     def _on_control(self, buffer: object, header: object) -> None:

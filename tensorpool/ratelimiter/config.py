@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR
 from tensorpool.config_util import (
     INT32_MAX,
     UINT32_MAX,
@@ -74,7 +75,7 @@ HOLD_MODES: Final = ("auto", "descriptor", "copy")
 # their term length, and the driver's default base directory and lease cadence.
 _CONTROL_CHANNEL = "aeron:ipc?term-length=1m"
 _DESCRIPTOR_CHANNEL = "aeron:ipc?term-length=16m"
-_DEFAULT_BASE_DIR = "/dev/shm/tensorpool"
+_DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
 _MAX_STREAM_ID = UINT32_MAX - 1  # 0xFFFFFFFF is the SBE null value of a uint32 stream id
 _MS = 1_000_000
 

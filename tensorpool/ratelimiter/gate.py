@@ -34,21 +34,26 @@ Model
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Any, Final
 
 from tensorpool.ingest import IngressBuffer
 
-__all__ = ["MODE_RATE_LIMITED", "MODE_STREAM", "NULL_RATE", "GateStats", "RateGate"]
+__all__ = [
+    "MODE_RATE_LIMITED",
+    "MODE_STREAM",
+    "NULL_RATE",
+    "GateStats",
+    "RateGate",
+    "idle_hint_ns",
+]
 
 MODE_STREAM: Final = 1
 MODE_RATE_LIMITED: Final = 2
 #: A uint32 ``max_rate_hz`` of all ones is the SBE null value: treated as "no request".
 NULL_RATE: Final = 0xFFFF_FFFF
 _SEC: Final = 1_000_000_000
-
-T = TypeVar("T")
 
 
 def _single_key(_item: object) -> Hashable:
@@ -69,7 +74,7 @@ class GateStats:
     rate_changes: int = 0
 
 
-class RateGate(Generic[T]):
+class RateGate[T]:
     """One mapping's rate policy and its pending frame (use from one thread)."""
 
     __slots__ = (
@@ -192,6 +197,16 @@ class RateGate(Generic[T]):
         self._k = k
         self._next = anchor + -(-k * _SEC // rate)
 
+    def opens_at_ns(self, now_ns: int) -> int | None:
+        """When the next slot opens, or None if it is open now (or there is no limit).
+
+        An agent may sleep until then: descriptors wait in the Aeron log meanwhile, and the
+        newest of them is the one published when it wakes.
+        """
+        if not self._rate or self._anchor is None or now_ns >= self._next:
+            return None
+        return self._next
+
     def next_slot_ns(self) -> int | None:
         """When a pending frame becomes publishable (None: nothing pending or no limit)."""
         if not self._pending.pending or not self._rate or self._anchor is None:
@@ -227,3 +242,15 @@ class RateGate(Generic[T]):
     def buffer(self) -> IngressBuffer:
         """The pending-frame buffer (for its metrics)."""
         return self._pending
+
+
+def idle_hint_ns(gates: Iterable[RateGate[Any]], now_ns: int, max_sleep_ns: int) -> int:
+    """How long an agent owning ``gates`` may sleep: until the earliest next slot, at most
+    ``max_sleep_ns``; 0 when a gate is open now or unlimited (poll actively then)."""
+    hint = max_sleep_ns
+    for gate in gates:
+        opens = gate.opens_at_ns(now_ns)
+        if opens is None:
+            return 0
+        hint = min(hint, opens - now_ns)
+    return max(hint, 0)

@@ -5,8 +5,9 @@ CONSUMER of the source stream), the destination :class:`~tensorpool.client.Produ
 (attached as the destination's exclusive PRODUCER, §3) and the mapping's
 :class:`~tensorpool.ratelimiter.gate.RateGate`. Per duty cycle (:meth:`MappingRelay.do_work`):
 
-1. poll the source: every descriptor the consumer accepts (epoch, sequence and seqlock
-   checks are the consumer's, Wire Spec §10.2.1) is *offered* to the gate. Unlimited mode
+1. drain the source (every descriptor waiting in the log): each one the consumer accepts
+   (epoch, sequence and seqlock checks are the consumer's, Wire Spec §10.2.1) is *offered*
+   to the gate. Unlimited mode
    publishes it on the spot from the zero-copy view; otherwise it becomes the pending frame.
    A consumer remap (new source epoch, or a remap of the same epoch) is a remap boundary:
    the pending frame is dropped and the timer reset before any frame of the new mapping is
@@ -18,15 +19,19 @@ CONSUMER of the source stream), the destination :class:`~tensorpool.client.Produ
 Holding the pending frame (``hold``):
 
 * ``descriptor`` keeps only the source descriptor fields and copies the payload straight from
-  source SHM when the slot opens: one copy per *published* frame. The frame may be gone by
-  then only if the source wrote a whole ring's worth of frames we have not seen yet; that
-  publish then fails (``source_overwritten``), the slot stays open and the next frame to
+  source SHM when the slot opens: one copy per *published* frame. Between slots the agent
+  sleeps (:mod:`tensorpool.ratelimiter.idle`) and, when it wakes, drains the descriptors that
+  queued up, so the frame it publishes is at most about one source period old. The
+  frame can only be gone if the source wrote a whole ring's worth of frames we have not seen;
+  that publish then fails (``source_overwritten``), the slot stays open and the next frame to
   arrive goes out at once.
 * ``copy`` copies every offered frame into a held buffer (one copy per *source* frame) and
-  publishes from it; nothing can overwrite it.
-* ``auto`` (default) starts as ``descriptor`` and switches the mapping to ``copy`` after
-  :data:`AUTO_SWITCH_LOSSES` consecutive pending frames were overwritten before their slot
-  opened (a source ring too shallow for the hold time); a source remap starts over.
+  publishes from it; nothing can overwrite it. This is the costly alternative, kept to be
+  measured against (``bench/bench_ratelimiter.py``) and for sources that need it.
+* ``auto`` (default) is ``descriptor`` until :data:`AUTO_SWITCH_LOSSES` held frames in a row
+  were overwritten in the source ring before their slot opened (a ring too shallow for the
+  hold time); from then on, after each drain that leaves a frame waiting for a closed slot,
+  that one frame is copied (once per wait, not per source frame). A source remap starts over.
 
 Re-materialization (§5), for the frame chosen: validate the source slot again (epoch,
 seqlock, header: :meth:`~tensorpool.client.Consumer.reread`); claim the destination slot
@@ -42,6 +47,8 @@ epoch, seq from 0) would go below the destination's next seq, the relay gives up
 destination lease and attaches again: the driver opens a new destination epoch (a remap
 for destination consumers) and numbering continues from the source's seq. The frame that
 triggered it is dropped (``dest_seq_regression``) as an in-flight frame of the old mapping.
+This reattach is the one place the agent waits (one detach/attach round trip with the
+driver, once per source restart); frame handling itself never waits.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AUTO_SWITCH_LOSSES", "MappingRelay", "Pending", "RelayStats"]
 
+#: Wait between attempts to reattach as the destination's producer after a failed rollover.
+REATTACH_RETRY_NS: Final = 1_000_000_000
+#: Consumer polls per duty cycle at most (x ``poll_limit`` frames) when draining the log.
+MAX_POLL_ROUNDS: Final = 64
 #: Held frames lost in a row to a source ring overwrite before ``auto`` starts copying (a held
 #: frame read back intact resets the count; frames that never waited say nothing about it).
 AUTO_SWITCH_LOSSES: Final = 3
@@ -132,7 +143,10 @@ class MappingRelay:
             mapping.max_rate_hz, name=f"ratelimiter.{mapping.source_stream_id}"
         )
         self.hold = hold
-        self._copying = hold == "copy"
+        self._copy_each = hold == "copy"  # copy every offered frame (the costly alternative)
+        self._guard = False  # auto fallback: copy the frame that has to wait, once per wait
+        self._guarded: tuple[int, int, HeldFrame] | None = None  # (epoch, seq, copy)
+        self._last_offered: Pending | None = None
         self._losses = 0
         self._clock = clock
         self._poll_limit = poll_limit
@@ -144,6 +158,7 @@ class MappingRelay:
         self._gen_at_publish = 0
         self._dest_epoch = 0
         self._rollover_due = False
+        self._retry_dest_ns = 0
         self._held_u8 = np.empty(0, np.uint8)
         self._now = 0
         self._on_frame_bound = self._on_frame
@@ -152,11 +167,22 @@ class MappingRelay:
     # --- duty cycle -------------------------------------------------------------------------
     def do_work(self, now: int) -> int:
         self._now = now
-        work = self.consumer.poll(self._on_frame_bound, self._poll_limit)
+        # Drain every descriptor waiting in the log before asking the gate, so the frame
+        # published when a slot opens is the newest one available (bounded: never starve).
+        poll, handler, limit = self.consumer.poll, self._on_frame_bound, self._poll_limit
+        work = n = poll(handler, limit)
+        rounds = 1
+        while n == limit and rounds < MAX_POLL_ROUNDS:
+            n = poll(handler, limit)
+            work += n
+            rounds += 1
         if self.consumer.stats.remaps != self._remaps:
             self._source_remapped(now)
         if self._rollover_due:
             self._rollover(now)
+            work += 1
+        elif self.producer is None and now >= self._retry_dest_ns:
+            self._reopen_dest(now)
             work += 1
         work += self._check_dest(now)
         gate = self.gate
@@ -166,6 +192,8 @@ class MappingRelay:
                 work += 1
                 if self._publish_pending(item):
                     gate.published(now)
+            elif self._guard:
+                self._guard_pending()
         return work
 
     @property
@@ -180,7 +208,7 @@ class MappingRelay:
     @property
     def copying(self) -> bool:
         """True when pending frames are held as copies (``copy``, or ``auto`` after a switch)."""
-        return self._copying
+        return self._copy_each or self._guard
 
     # --- source side ------------------------------------------------------------------------
     def _source_remapped(self, now: int) -> None:
@@ -191,8 +219,9 @@ class MappingRelay:
         self.stats.source_remaps += 1
         self.gate.reset(now)
         self._losses = 0
-        if self.hold == "auto":
-            self._copying = False
+        self._guard = False
+        self._guarded = None
+        self._last_offered = None
 
     def _on_frame(self, frame: Frame) -> None:
         # Runs inside Consumer.poll for every accepted descriptor.
@@ -214,33 +243,80 @@ class MappingRelay:
                 gate.published(self._now)
             return
         held = None
-        if self._copying:
-            held = self._hold_copy(frame)
+        if self._copy_each:
+            held = self._hold_copy(
+                frame.layout,
+                frame.array,
+                frame.values_len_bytes,
+                frame.timestamp_ns,
+                frame.meta_version,
+                frame.is_current,
+            )
             if held is None:
+                self.gate.discard_pending()  # its held bytes were overwritten by this copy
                 return
         now = self._now
-        waited = not gate.is_open(now)
-        gate.offer(Pending(frame.epoch, frame.seq, frame.header_index, held, waited), now)
+        item = Pending(frame.epoch, frame.seq, frame.header_index, held, not gate.is_open(now))
+        self._last_offered = item
+        gate.offer(item, now)
 
-    def _hold_copy(self, frame: Frame) -> HeldFrame | None:
-        """Copy the frame into the held buffer (the previous pending copy is superseded)."""
-        layout = frame.layout
-        nbytes = frame.values_len_bytes
-        if nbytes:
+    def _hold_copy(
+        self,
+        layout: TensorLayout,
+        src: np.ndarray | None,
+        nbytes: int,
+        timestamp_ns: int,
+        meta_version: int,
+        confirm: Callable[[], bool],
+    ) -> HeldFrame | None:
+        """Copy a frame into the held buffer; None (counted) if it changed during the copy."""
+        if nbytes and src is not None:
             extent = layout.extent_bytes
             if self._held_u8.size < extent:
                 self._held_u8 = np.empty(max(extent, 2 * self._held_u8.size), np.uint8)
-            np.copyto(layout.view(self._held_u8, 0), frame.array)
+            np.copyto(layout.view(self._held_u8, 0), src)
             self.stats.copies += 1
-            if not frame.is_current():
-                # The held bytes are garbage now, including the pending frame's.
-                self.gate.discard_pending()
+            if not confirm():
                 self.stats.drops.increment(SOURCE_TORN)
                 return None
-        return HeldFrame(layout, frame.timestamp_ns, frame.meta_version, nbytes)
+        return HeldFrame(layout, timestamp_ns, meta_version, nbytes)
+
+    def _guard_pending(self) -> None:
+        """``auto`` after a switch: the pending frame must wait for its slot, so copy it now,
+        once (not every frame that passes by: only the newest one after a drain)."""
+        item = self._last_offered
+        guarded = self._guarded
+        if item is None or (
+            guarded is not None and guarded[0] == item.epoch and guarded[1] == item.seq
+        ):
+            return
+        consumer = self.consumer
+        read = consumer.reread(item.epoch, item.seq, item.header_index)
+        if read is None:
+            self.gate.discard_pending()
+            self._count_lost(consumer.epoch != item.epoch, consumer.last_read_drop_reason)
+            return
+        held = self._hold_copy(
+            read.layout,
+            read.array,
+            read.values_len_bytes,
+            read.timestamp_ns,
+            read.meta_version,
+            lambda: consumer.confirm(read),
+        )
+        if held is None:
+            self.gate.discard_pending()
+            self._guarded = None
+            return
+        self._guarded = (item.epoch, item.seq, held)
 
     def _publish_pending(self, item: Pending) -> bool:
         held = item.held
+        guarded = self._guarded
+        if held is None and guarded is not None:
+            if guarded[0] == item.epoch and guarded[1] == item.seq:
+                held = guarded[2]
+            self._guarded = None
         if held is not None:
             view = layout_view(held.layout, self._held_u8) if held.nbytes else None
             return self._remat(
@@ -279,8 +355,8 @@ class MappingRelay:
             return
         drops.increment(SOURCE_OVERWRITTEN)
         self._losses += 1
-        if self.hold == "auto" and not self._copying and self._losses >= AUTO_SWITCH_LOSSES:
-            self._copying = True
+        if self.hold == "auto" and not self._guard and self._losses >= AUTO_SWITCH_LOSSES:
+            self._guard = True
             self.stats.hold_switches += 1
             log.warning(
                 "stream %d: %d pending frames overwritten in the source ring before their slot "
@@ -367,13 +443,21 @@ class MappingRelay:
         self._dest_epoch = 0
         if self._on_dest_epoch is not None:
             self._on_dest_epoch(self)
+        self._gen_at_publish = self._gen
+        self._reopen_dest(now)
+
+    def _reopen_dest(self, now: int) -> None:
         try:
             self.producer = self._open_dest()
-        except Exception as exc:  # AttachError, driver gone: retry on the next regression
+        except Exception as exc:  # AttachError, driver gone: frames drop until a retry works
+            self._retry_dest_ns = now + REATTACH_RETRY_NS
             log.error(
-                "stream %d: cannot reattach as producer: %s", self.mapping.dest_stream_id, exc
+                "stream %d: cannot reattach as producer (retry in %.0f s): %s",
+                self.mapping.dest_stream_id,
+                REATTACH_RETRY_NS / 1e9,
+                exc,
             )
-        self._gen_at_publish = self._gen
+            return
         self._check_dest(now)
 
     def close(self) -> None:

@@ -78,7 +78,9 @@ class _IntakeConsumer(Consumer):
     read keeps the control-plane thread at ~1 µs per descriptor.
     """
 
-    def __init__(self, *args: Any, sink: Callable[[tuple[int, int, int, int]], object] | None, **kw: Any) -> None:
+    def __init__(
+        self, *args: Any, sink: Callable[[tuple[int, int, int, int]], object] | None, **kw: Any
+    ) -> None:
         self._sink = sink
         self.intake_count = 0
         super().__init__(*args, **kw)

@@ -36,11 +36,31 @@ NUMPY_DTYPES: Final[dict[str, np.dtype]] = {
 }
 
 
+#: ``dtype`` column value -> wire ``Dtype`` value (Wire Spec §15.8).
+WIRE_DTYPES: Final[dict[str, int]] = {
+    "uint8": 1,
+    "int8": 2,
+    "uint16": 3,
+    "int16": 4,
+    "uint32": 5,
+    "int32": 6,
+    "uint64": 7,
+    "int64": 8,
+    "float32": 9,
+    "float64": 10,
+    "boolean": 11,
+    "bytes": 13,
+    "bit": 14,
+}
+
+
 def numpy_dtype(name: str) -> np.dtype:
     try:
         return NUMPY_DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown tensorpool dtype {name!r}; known: {sorted(NUMPY_DTYPES)}") from None
+        raise ValueError(
+            f"unknown tensorpool dtype {name!r}; known: {sorted(NUMPY_DTYPES)}"
+        ) from None
 
 
 def _field(row: Any, name: str) -> Any:
@@ -64,7 +84,13 @@ def view(
     dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
     shp = tuple(int(d) for d in shape)
     st = None if strides is None else tuple(int(s) for s in strides)
-    arr = np.ndarray(shp, dt, buffer=payload, strides=st)  # raises if payload is too short
+    try:
+        arr = np.ndarray(shp, dt, buffer=payload, strides=st)
+    except TypeError as exc:  # numpy's "buffer is too small" / bad strides
+        raise ValueError(
+            f"payload of {memoryview(payload).nbytes} bytes cannot hold a {dt} tensor of "
+            f"shape {shp} strides {st}: {exc}"
+        ) from None
     return arr.copy() if copy else arr
 
 
@@ -76,6 +102,26 @@ def to_numpy(row: Any, *, copy: bool = False) -> np.ndarray:
     if payload is None or dtype is None or shape is None:
         raise ValueError("the row needs payload, dtype and shape (includeTensorMetadata=true)")
     return view(payload, dtype, shape, _field(row, "strides"), copy=copy)
+
+
+def _arrow_binary(col: Any) -> Any:
+    """``col`` as a single pyarrow BinaryArray, or None if it is not an Arrow binary column."""
+    mod = type(col).__module__
+    if not mod.startswith("pyarrow"):
+        return None
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col if isinstance(col, pa.BinaryArray) else None
+
+
+def _binary_parts(arr: Any) -> tuple[memoryview, np.ndarray]:
+    """(data buffer, offsets) of a BinaryArray, honouring a sliced array's offset."""
+    bufs = arr.buffers()
+    offs = np.frombuffer(bufs[1], np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+    return data, offs
 
 
 def _as_list(col: Any) -> list[Any]:
@@ -98,12 +144,10 @@ def column_to_numpy(
 
     ``dtype``/``shape``/``strides`` may be columns or single values shared by every row.
     """
-    if hasattr(payload, "buffers") and hasattr(payload, "offsets"):  # pyarrow BinaryArray
-        data = payload.buffers()[2]
-        offs = np.frombuffer(payload.buffers()[1], np.int32)[payload.offset :]
-        payloads: list[Any] = [
-            memoryview(data)[offs[i] : offs[i + 1]] for i in range(len(payload))
-        ]
+    arrow = _arrow_binary(payload)
+    if arrow is not None:
+        data, offs = _binary_parts(arrow)
+        payloads: list[Any] = [data[offs[i] : offs[i + 1]] for i in range(len(arrow))]
     else:
         payloads = _as_list(payload)
     n = len(payloads)
@@ -131,13 +175,14 @@ def stack(payload: Any, dtype: str | np.dtype, shape: Sequence[int]) -> np.ndarr
     dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
     shp = tuple(int(d) for d in shape)
     frame = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-    if hasattr(payload, "buffers") and hasattr(payload, "offsets"):
-        n = len(payload)
-        offs = np.frombuffer(payload.buffers()[1], np.int32)[payload.offset : payload.offset + n + 1]
+    arrow = _arrow_binary(payload)
+    if arrow is not None:
+        n = len(arrow)
+        data, offs = _binary_parts(arrow)
         if n and np.all(np.diff(offs) == frame):
-            flat = np.frombuffer(payload.buffers()[2], np.uint8, n * frame, int(offs[0]))
+            flat = np.frombuffer(data, np.uint8, n * frame, int(offs[0]))
             return flat.view(dt).reshape((n, *shp))
-        items: list[Any] = payload.to_pylist()
+        items: list[Any] = arrow.to_pylist()
     else:
         items = _as_list(payload)
     for i, b in enumerate(items):
@@ -147,4 +192,12 @@ def stack(payload: Any, dtype: str | np.dtype, shape: Sequence[int]) -> np.ndarr
     return np.frombuffer(joined, dt).reshape((len(items), *shp))
 
 
-__all__ = ["NUMPY_DTYPES", "column_to_numpy", "numpy_dtype", "stack", "to_numpy", "view"]
+__all__ = [
+    "NUMPY_DTYPES",
+    "WIRE_DTYPES",
+    "column_to_numpy",
+    "numpy_dtype",
+    "stack",
+    "to_numpy",
+    "view",
+]

@@ -226,9 +226,7 @@ class StreamPlanner:
 
     def set_target(self, states: Mapping[int, RingState | None]) -> None:
         """``prepareForTriggerAvailableNow``: never plan past what exists right now."""
-        self.target = {
-            sid: (st.epoch, st.head) for sid, st in states.items() if st is not None
-        }
+        self.target = {sid: (st.epoch, st.head) for sid, st in states.items() if st is not None}
 
     def plan(
         self,
@@ -289,7 +287,9 @@ class StreamPlanner:
                 first = st.oldest
             avail = max(0, head - first)
             ready.append((sid, st.epoch, first, avail, planned_loss))
-            end[sid] = StreamPos(pos.epoch, first, pos.lost + planned_loss, pos.lost_late + add_late)
+            end[sid] = StreamPos(
+                pos.epoch, first, pos.lost + planned_loss, pos.lost_late + add_late
+            )
 
         wants = [r[3] for r in ready]
         if limits.max_frames is not None:

@@ -15,6 +15,7 @@ the next sequence number to read; a stream may also be given as ``"earliest"`` /
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -95,12 +96,12 @@ def _normalise(options: Mapping[str, str], allowed: tuple[str, ...], what: str) 
     for key, value in options.items():
         name = allowed_lower.get(str(key).lower())
         if name is None:
-            known_elsewhere = _CANONICAL.get(str(key).lower())
-            hint = (
-                f" (it is a {('sink' if what == 'source' else 'source')} option)"
-                if known_elsewhere
-                else ""
-            )
+            # Spark lower-cases option keys before we see them; name it as received.
+            if str(key).lower() in _CANONICAL:
+                hint = f" (it is a {'sink' if what == 'source' else 'source'} option)"
+            else:
+                close = difflib.get_close_matches(str(key).lower(), list(allowed_lower), 1)
+                hint = f" (did you mean {allowed_lower[close[0]]}?)" if close else ""
             raise _fail(
                 str(key),
                 f"unknown option for the tensorpool {what}{hint}; valid options: "
@@ -184,7 +185,9 @@ class OffsetSpec:
         return self.default
 
 
-def parse_offset_spec(name: str, raw: str | None, default: str, streams: tuple[int, ...]) -> OffsetSpec:
+def parse_offset_spec(
+    name: str, raw: str | None, default: str, streams: tuple[int, ...]
+) -> OffsetSpec:
     if raw is None:
         return OffsetSpec(default)
     text = raw.strip()
@@ -242,7 +245,9 @@ class Connection:
     driver: bool = False
     attach_timeout_ms: int = 10_000
 
-    def client_settings(self, *, freshness_ms: int = 3000, announce_period_ms: int = 1000) -> ClientSettings:
+    def client_settings(
+        self, *, freshness_ms: int = 3000, announce_period_ms: int = 1000
+    ) -> ClientSettings:
         """ClientSettings for the attachment; freshness = periods x announce period."""
         period = max(1, min(announce_period_ms, freshness_ms))
         return ClientSettings(
@@ -324,14 +329,18 @@ class SourceOptions:
     include_tensor_metadata: bool
 
 
-def parse_source_options(options: Mapping[str, str], *, streaming: bool | None = None) -> SourceOptions:
+def parse_source_options(
+    options: Mapping[str, str], *, streaming: bool | None = None
+) -> SourceOptions:
     """Validate reader options. ``streaming`` None = not yet known (``schema()`` time)."""
     opts = _normalise(options, SOURCE_OPTIONS, "source")
     if "streams" not in opts:
         raise _fail("streams", "required: the stream id(s) to read, e.g. option('streams', '1,2')")
     streams = parse_stream_ids("streams", opts["streams"])
     default_start = LATEST if streaming else EARLIEST
-    starting = parse_offset_spec("startingOffsets", opts.get("startingOffsets"), default_start, streams)
+    starting = parse_offset_spec(
+        "startingOffsets", opts.get("startingOffsets"), default_start, streams
+    )
     ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets"), LATEST, streams)
     if streaming and "endingOffsets" in opts:
         raise _fail("endingOffsets", "is for batch queries (spark.read) only")

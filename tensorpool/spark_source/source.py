@@ -246,7 +246,11 @@ class TensorPoolBatchReader(DataSourceReader):
         opts = self.opts
         conn = opts.connection
         with open_attachment(
-            opts.streams, _settings(opts), driver=conn.driver, background=False, intake_capacity=None
+            opts.streams,
+            _settings(opts),
+            driver=conn.driver,
+            background=False,
+            intake_capacity=None,
         ) as att:
             layouts = att.wait_for_layouts(conn.attach_timeout_ms / 1000)
         ranges: list[Range] = []
@@ -259,7 +263,9 @@ class TensorPoolBatchReader(DataSourceReader):
             first = _resolve_batch(opts.starting.for_stream(sid), st, sid, "startingOffsets")
             end = _resolve_batch(opts.ending.for_stream(sid), st, sid, "endingOffsets")
             if not st.empty and first < st.oldest and first < end:
-                losses.append(Loss(sid, st.epoch, first, st.oldest - first, "overwritten", st.nslots))
+                losses.append(
+                    Loss(sid, st.epoch, first, st.oldest - first, "overwritten", st.nslots)
+                )
                 first = st.oldest
             ranges.append(Range(sid, st.epoch, first, max(first, end)))
         if losses:
@@ -534,9 +540,7 @@ class TensorPoolDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_source_options(self.options, streaming=False)
         _check_user_schema(schema, opts.include_tensor_metadata)
-        if opts.starting.default == LATEST or any(
-            s == LATEST for _, s in opts.starting.per_stream
-        ):
+        if opts.starting.default == LATEST or any(s == LATEST for _, s in opts.starting.per_stream):
             raise TensorPoolOptionError(
                 "startingOffsets: 'latest' is not allowed for batch queries (the result would "
                 "always be empty); use 'earliest' or JSON offsets"
@@ -568,6 +572,7 @@ class TensorPoolDataSource(DataSource):
 def register(spark: Any) -> None:
     """Make ``format("tensorpool")`` available in ``spark`` (call once per session)."""
     spark.dataSource.register(TensorPoolDataSource)
+
 
 __all__ = [
     "FORMAT",

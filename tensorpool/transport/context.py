@@ -54,6 +54,8 @@ class AeronContext:
         self._publishers: list[Publisher] = []
         self._subscribers: list[Subscriber] = []
         self._closed = False
+        self.errors = 0
+        self.last_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -83,7 +85,13 @@ class AeronContext:
 
     def _client_context(self, aeron_dir: str) -> pyaeron.Context:
         cfg = self.config
-        kwargs: dict[str, object] = {"dir": aeron_dir, "driver_timeout_ms": cfg.driver_timeout_ms}
+        kwargs: dict[str, object] = {
+            "dir": aeron_dir,
+            "driver_timeout_ms": cfg.driver_timeout_ms,
+            # Aeron's default handler exits the process when the media driver goes away;
+            # an agent must fail closed and keep running instead (counted, logged).
+            "error_handler": self._on_client_error,
+        }
         if cfg.client_name is not None:
             kwargs["client_name"] = cfg.client_name
         if cfg.keepalive_interval_ns is not None:
@@ -95,6 +103,12 @@ class AeronContext:
         if cfg.pre_touch_mapped_memory:
             kwargs["pre_touch_mapped_memory"] = True
         return pyaeron.Context(**kwargs)
+
+    def _on_client_error(self, code: int, text: str) -> None:
+        self.errors += 1
+        self.last_error = f"{code}: {text}"
+        if self.errors & (self.errors - 1) == 0:
+            log.error("aeron client error %s (%d so far)", self.last_error, self.errors)
 
     def close(self) -> None:
         """Close subscriptions, publications, the client, then an owned driver (idempotent)."""

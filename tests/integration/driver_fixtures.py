@@ -132,8 +132,15 @@ class DriverProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tensorpool", "driver", "--config", self.config_path,
-                 *extra],
+                [
+                    sys.executable,
+                    "-m",
+                    "tensorpool",
+                    "driver",
+                    "--config",
+                    self.config_path,
+                    *extra,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -322,9 +329,7 @@ class ControlClient:
                 )
             time.sleep(0.01)
 
-    def wait_for(
-        self, pred: Callable[[Msg], bool], timeout: float = 5.0, *, start: int = 0
-    ) -> Msg:
+    def wait_for(self, pred: Callable[[Msg], bool], timeout: float = 5.0, *, start: int = 0) -> Msg:
         deadline = time.monotonic() + timeout
         checked = start
         while True:

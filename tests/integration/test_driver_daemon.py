@@ -73,8 +73,11 @@ def shared(shared_md: MediaDriverProcess) -> Iterator[tuple[DriverProcess, str, 
     work = _tmpdir("tp-drv-it-")
     base = os.path.join(work, "shm")
     cfg = os.path.join(work, "driver.toml")
-    Path(cfg).write_text(driver_toml(base, shared_md.dir, policies=GRACE))
-    daemon = DriverProcess(cfg, base, os.path.join(work, "driver.log")).start().wait_ready()
+    Path(cfg).write_text(
+        driver_toml(base, shared_md.dir, policies=GRACE, streams=range(10000, 10011))
+    )
+    daemon = DriverProcess(cfg, base, os.path.join(work, "driver.log"))
+    daemon.start("--log-format", "json").wait_ready()
     yield daemon, base, cfg
     daemon.stop()
     print(daemon.log_text())  # shown by pytest when a test of this module failed
@@ -159,14 +162,16 @@ def test_s4_2_attach_keepalive_detach_round_trip_both_roles(shared, client: Cont
 
     start = len(c.messages)
     assert c.detach(cons, 102, CONSUMER)["code"] == OK
-    revoked = c.wait_for(lambda m: m.kind == "revoked" and m["lease_id"] == cons["lease_id"],
-                         start=start)
+    revoked = c.wait_for(
+        lambda m: m.kind == "revoked" and m["lease_id"] == cons["lease_id"], start=start
+    )
     assert revoked["reason"] == REVOKED_DETACHED and revoked["role"] == CONSUMER
 
     start = len(c.messages)
     assert c.detach(prod, 101, PRODUCER)["code"] == OK
-    revoked = c.wait_for(lambda m: m.kind == "revoked" and m["lease_id"] == prod["lease_id"],
-                         start=start)
+    revoked = c.wait_for(
+        lambda m: m.kind == "revoked" and m["lease_id"] == prod["lease_id"], start=start
+    )
     assert revoked["reason"] == REVOKED_DETACHED and revoked["role"] == PRODUCER
     bumped = _announce_after(c, 10000, start, epoch)
     assert revoked.index < bumped.index  # §4.9 SHOULD: revocation first
@@ -207,8 +212,11 @@ def test_s4_4_producer_expiry_revokes_then_announces_higher_epoch(
     while revoked is None and time.monotonic() < deadline:  # keep only the consumer alive
         c.keep_alive_for(0.1, [(cons, 402, CONSUMER)])
         revoked = next(
-            (m for m in c.messages[start:]
-             if m.kind == "revoked" and m["lease_id"] == prod["lease_id"]),
+            (
+                m
+                for m in c.messages[start:]
+                if m.kind == "revoked" and m["lease_id"] == prod["lease_id"]
+            ),
             None,
         )
     assert revoked is not None, "producer lease never expired"
@@ -235,8 +243,11 @@ def test_s4_9_consumer_expiry_affects_only_its_own_lease(shared, client: Control
     while revoked is None and time.monotonic() < deadline:
         c.keep_alive_for(0.1, [(prod, 501, PRODUCER), (alive, 502, CONSUMER)])
         revoked = next(
-            (m for m in c.messages[start:]
-             if m.kind == "revoked" and m["lease_id"] == silent["lease_id"]),
+            (
+                m
+                for m in c.messages[start:]
+                if m.kind == "revoked" and m["lease_id"] == silent["lease_id"]
+            ),
             None,
         )
     assert revoked is not None and revoked["reason"] == REVOKED_EXPIRED
@@ -309,22 +320,27 @@ def test_s4_6_malformed_control_messages_get_spec_codes_and_never_crash(
         ("unknown role", corr, _patched(data, 8 + att.ROLE_OFFSET, "<B", 9), INVALID_PARAMS)
     )
     corr, data = req(10005, 603)
-    expectations.append((
-        "unknown hugepages policy",
-        corr,
-        _patched(data, 8 + att.REQUIRE_HUGEPAGES_OFFSET, "<B", 7),
-        INVALID_PARAMS,
-    ))
+    expectations.append(
+        (
+            "unknown hugepages policy",
+            corr,
+            _patched(data, 8 + att.REQUIRE_HUGEPAGES_OFFSET, "<B", 7),
+            INVALID_PARAMS,
+        )
+    )
     corr, data = req(10005, 604)
-    expectations.append((
-        "unknown publish mode",
-        corr,
-        _patched(data, 8 + att.PUBLISH_MODE_OFFSET, "<B", 9),
-        UNSUPPORTED,
-    ))
+    expectations.append(
+        (
+            "unknown publish mode",
+            corr,
+            _patched(data, 8 + att.PUBLISH_MODE_OFFSET, "<B", 9),
+            UNSUPPORTED,
+        )
+    )
     corr, data = req(4242, 605, mode=None)
-    expectations.append(("null publishMode = REQUIRE_EXISTING, unknown stream", corr, data,
-                         REJECTED))
+    expectations.append(
+        ("null publishMode = REQUIRE_EXISTING, unknown stream", corr, data, REJECTED)
+    )
     corr, data = req(4243, 606, mode=REQUIRE_EXISTING)
     expectations.append(("REQUIRE_EXISTING, unknown stream", corr, data, REJECTED))
     corr, data = req(0xFFFF_FFFF, 607)
@@ -332,10 +348,13 @@ def test_s4_6_malformed_control_messages_get_spec_codes_and_never_crash(
     corr, data = req(10005, 608)
     expectations.append(("truncated body", corr, data[:16], INVALID_PARAMS))
     corr, data = req(10005, 609)
-    expectations.append(("block length too small", corr, _patched(data, 0, "<H", 8),
-                         INVALID_PARAMS))
+    expectations.append(
+        ("block length too small", corr, _patched(data, 0, "<H", 8), INVALID_PARAMS)
+    )
     corr, data = req(10005, 610, expected_layout_version=7)
     expectations.append(("layout version mismatch", corr, data, REJECTED))
+    corr, data = req(10005, 616, require_hugepages=int(drv.HugepagesPolicy.HUGEPAGES))
+    expectations.append(("hugepages on a tmpfs driver", corr, data, REJECTED))
     for label, corr, data, code in expectations:
         got = ask(data, corr)
         assert got["code"] == code, f"{label}: {got.fields}"
@@ -345,6 +364,8 @@ def test_s4_6_malformed_control_messages_get_spec_codes_and_never_crash(
     # Valid but unusual: nonzero maxDims is ignored (§4.3); dynamic creation gets a range id.
     corr, data = req(10005, 611, max_dims=5)
     assert _ok(ask(data, corr))["max_dims"] == 8
+    corr, data = req(10005, 617, require_hugepages=int(drv.HugepagesPolicy.STANDARD))
+    _ok(ask(data, corr))
     corr, data = req(4244, 612, mode=EXISTING_OR_CREATE)
     assert 20000 <= _ok(ask(data, corr))["stream_id"] <= 20099
     # §4.8 duplicate clientId: the newer attach is rejected.
@@ -376,7 +397,12 @@ def test_s4_6_malformed_control_messages_get_spec_codes_and_never_crash(
     c.send(bytes(bad_len))
     ka = bytearray(64)
     n = drv.ShmLeaseKeepaliveEncoder.encode(
-        ka, 0, lease_id=424242, stream_id=10005, client_id=698, role=CONSUMER,
+        ka,
+        0,
+        lease_id=424242,
+        stream_id=10005,
+        client_id=698,
+        role=CONSUMER,
         client_timestamp_ns=1,
     )
     c.send(bytes(ka[:n]))  # keepalive for an unknown lease: ignored
@@ -443,7 +469,9 @@ def test_status_json_shows_streams_and_leases(shared, client: ControlClient) -> 
     c.keep_alive_for(0.5, leases)  # at least two status rewrites
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorpool", "driver", "status", "--config", cfg, "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     while proc.poll() is None:
         c.keep_alive_for(0.05, leases)
@@ -483,6 +511,67 @@ def test_epoch_gc_deletes_superseded_epoch_dirs(shared, client: ControlClient) -
     assert int(Path(marker).read_text()) == last["epoch"]
 
 
+def test_structured_logs_are_json_lines(shared, client: ControlClient) -> None:
+    """`--log-format json`: one JSON object per line, with the event name and its fields."""
+    daemon, _, _ = shared
+    lease = _ok(client.attach(10008, 851, CONSUMER))
+    deadline = time.monotonic() + 5
+    events: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        lines = [ln for ln in daemon.log_text().splitlines() if ln.startswith("{")]
+        events = [json.loads(ln) for ln in lines]
+        if any(
+            e.get("event") == "attach_ok" and e.get("lease") == lease["lease_id"] for e in events
+        ):
+            break
+        time.sleep(0.05)
+    ok = [
+        e for e in events if e.get("event") == "attach_ok" and e.get("lease") == lease["lease_id"]
+    ]
+    assert ok and ok[0]["stream"] == 10008 and ok[0]["level"] == "INFO"
+    assert any(e.get("event") == "driver_ready" for e in events)
+
+
+def test_s2_client_driver_mode_frames_flow_through_driver_regions(shared, shared_md) -> None:
+    """§2.2/§2.3/§3 with the project's clients in driver mode: the producer writes into the
+    regions the daemon created and announced; the consumer maps them and reads every frame."""
+    import numpy as np
+
+    from tensorpool.client.consumer import Consumer
+    from tensorpool.client.producer import Producer
+    from tensorpool.client.settings import ClientSettings
+    from tensorpool.transport.config import TransportConfig
+    from tensorpool.transport.context import AeronContext
+
+    _, base, _ = shared
+    settings = ClientSettings(
+        transport=TransportConfig(aeron_dir=shared_md.dir),
+        shm_base_dir=base,
+        announce_period_ns=200_000_000,
+    )
+    with AeronContext(settings.transport) as ctx:
+        producer = Producer(ctx, 10010, settings, driver=True)
+        consumer = Consumer(ctx, 10010, settings, driver=True)
+        try:
+            epoch_dir = os.path.join(base, "default", INSTANCE, "stream-10010")
+            assert _epoch_dirs(base, 10010) == [producer.epoch]
+            got: list[tuple[int, int]] = []
+            deadline = time.monotonic() + 10
+            seq = 0
+            while len(got) < 10 and time.monotonic() < deadline:
+                producer.offer(np.full(64, seq % 251, np.uint8))
+                seq += 1
+                producer.do_work()
+                consumer.poll(lambda f: got.append((f.seq, int(f.array[0]))))
+                time.sleep(0.01)
+            assert len(got) >= 10, (got, consumer.stats)
+            assert all(value == s % 251 for s, value in got)
+            assert os.path.isdir(epoch_dir)
+        finally:
+            consumer.close()
+            producer.close()
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 
@@ -510,8 +599,11 @@ def _client(work: str, aeron_dir: str) -> ControlClient:
 def test_s10_restart_epochs_keep_increasing(shared_md: MediaDriverProcess, work: str) -> None:
     """§10/§4.13: SIGTERM → ShmDriverShutdown and exit 0; a restarted driver on the same base
     dir hands out epochs above every earlier one, even after cleanup removed the epoch dirs."""
-    first = _daemon(work, shared_md.dir, "first",
-                    policies={**GRACE, "cleanup_shm_on_exit": True}).start().wait_ready()
+    first = (
+        _daemon(work, shared_md.dir, "first", policies={**GRACE, "cleanup_shm_on_exit": True})
+        .start()
+        .wait_ready()
+    )
     seen: list[int] = []
     with _client(work, shared_md.dir) as c:
         c.wait_connected()
@@ -533,7 +625,7 @@ def test_s10_restart_epochs_keep_increasing(shared_md: MediaDriverProcess, work:
             c.wait_connected()
             again = _ok(c.attach(10000, 12, PRODUCER))
             assert again["epoch"] > max(seen)
-            assert again["lease_id"] != prod["lease_id"]
+            assert again["lease_id"] > prod["lease_id"]  # §4.8: seeded above the old ids
     finally:
         assert second.stop() == 0
 
@@ -542,11 +634,16 @@ def test_s2_1_one_driver_per_namespace_and_kill9_leaves_no_stuck_lock(
     shared_md: MediaDriverProcess, work: str
 ) -> None:
     """§2.1: a second driver on the same namespace refuses to start; after `kill -9` of the
-    first, the kernel has dropped its lock and a new driver starts (with a higher epoch)."""
+    first, the kernel has dropped its lock and a new driver starts (with a higher epoch), and
+    the epoch GC collects what the dead driver left behind (§10, EPOCH_GC_POLICY)."""
     first = _daemon(work, shared_md.dir, "first", policies=GRACE).start().wait_ready()
     with _client(work, shared_md.dir) as c:
         c.wait_connected()
         old = _ok(c.attach(10000, 21, PRODUCER))
+        start = len(c.messages)
+        assert c.detach(old, 21, PRODUCER)["code"] == OK
+        old_epochs = [old["epoch"], _announce_after(c, 10000, start, old["epoch"])["epoch"]]
+    assert _epoch_dirs(first.base_dir, 10000) == old_epochs
     rival = _daemon(work, shared_md.dir, "rival").start()
     assert rival.wait() == 2
     assert "another SHM driver" in rival.log_text()
@@ -554,12 +651,19 @@ def test_s2_1_one_driver_per_namespace_and_kill9_leaves_no_stuck_lock(
 
     first.signal(signal.SIGKILL)
     first.wait()
+    stale = cli("driver", "status", "--config", first.config_path, "--json")
+    assert stale.returncode == 1
+    assert json.loads(stale.stdout)["liveness"]["verdict"] == "stale"
     third = _daemon(work, shared_md.dir, "third").start().wait_ready()
     try:
         with _client(work, shared_md.dir) as c:
             c.wait_connected()
             new = _ok(c.attach(10000, 22, PRODUCER))
-            assert new["epoch"] > old["epoch"]
+            assert new["epoch"] > max(old_epochs)
+            deadline = time.monotonic() + 10  # 300 ms minimum age in the test config
+            while _epoch_dirs(third.base_dir, 10000) != [old_epochs[1], new["epoch"]]:
+                assert time.monotonic() < deadline, _epoch_dirs(third.base_dir, 10000)
+                c.keep_alive_for(0.1, [(new, 22, PRODUCER)])
     finally:
         assert third.stop() == 0
 
@@ -584,7 +688,7 @@ def test_s4_13_shutdown_request_needs_the_token(shared_md: MediaDriverProcess, w
         assert "reason ADMIN" in right.stdout
         notice = c.wait_for(lambda m: m.kind == "shutdown", start=start)
         assert notice["reason"] == SHUTDOWN_ADMIN
-        final = [m for m in c.messages[start:notice.index] if m.kind == "announce"]
+        final = [m for m in c.messages[start : notice.index] if m.kind == "announce"]
         assert {m["stream_id"] for m in final} >= {10000}
         assert daemon.wait() == 0
         del cons
@@ -596,9 +700,11 @@ def test_embedded_media_driver_serves_clients_and_mlocks(work: str) -> None:
     directory, clients join it; policies.mlock_shm locks the created regions (§17); SIGTERM
     still delivers ShmDriverShutdown before the media driver goes away."""
     aeron_dir = os.path.join(work, "aeron")
-    daemon = _daemon(
-        work, aeron_dir, embedded=True, policies={**GRACE, "mlock_shm": True}
-    ).start().wait_ready()
+    daemon = (
+        _daemon(work, aeron_dir, embedded=True, policies={**GRACE, "mlock_shm": True})
+        .start()
+        .wait_ready()
+    )
     with _client(work, aeron_dir) as c:
         c.wait_connected()
         prod = _ok(c.attach(10000, 41, PRODUCER))

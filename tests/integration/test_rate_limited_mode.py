@@ -46,8 +46,10 @@ def test_s11_rate_limited_consumer_drops_locally_when_producer_declines(
                 clock.advance(10_000_000)  # a 100 Hz stream in consumer time
             for _ in range(10):
                 consumer.poll(lambda f: accepted.append(f.seq))
-            assert accepted == list(range(0, 100, 10))
-            assert consumer.stats.drops["rate_limited"] == 90
+            # a fixed 100 ms grid from the first frame; a frame up to a quarter period early
+            # for its slot is taken (jitter tolerance), so each slot takes its 80 ms frame
+            assert accepted == [0, *range(8, 100, 10)]
+            assert consumer.stats.drops["rate_limited"] == 89
             assert consumer.drops_gap == 0  # rate limiting is not loss
         finally:
             consumer.close()

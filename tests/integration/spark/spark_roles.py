@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import ClientSettings
+from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--instance-id", default=None)
     ap.add_argument("--announce-period", type=float, default=0.2)
     ap.add_argument("--timestamp-base", type=int, default=-1)
+    ap.add_argument("--driver", action="store_true", help="attach through the SHM driver")
+    ap.add_argument("--control-stream-id", type=int, default=1000)
     a = ap.parse_args()
     stop = False
 
@@ -62,6 +64,7 @@ def main() -> None:
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,
         announce_period_ns=int(a.announce_period * 1e9),
+        channels=Channels(control_stream_id=a.control_stream_id),
     )
     shape = tuple(a.shape)
     frame_bytes = int(np.prod(shape)) * np.dtype(a.dtype).itemsize
@@ -69,7 +72,10 @@ def main() -> None:
     stream = StreamConfig(a.stream_id, header_nslots=a.nslots, pools=(PoolConfig(1, stride),))
     with AeronContext(s.transport) as ctx:
         ctx.start()
-        p = Producer(ctx, stream, s, instance_id=a.instance_id)
+        if a.driver:  # the driver's profile decides the ring; we only name the stream
+            p = Producer(ctx, a.stream_id, s, driver=True)
+        else:
+            p = Producer(ctx, stream, s, instance_id=a.instance_id)
         p.do_work()
         emit(event="ready", epoch=p.epoch, header=p.header_region_path)
 

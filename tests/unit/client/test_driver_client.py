@@ -171,3 +171,31 @@ def test_s4_9_detach_round_trip() -> None:
                                        error_message="")
     m.on_detach_response(dp.ShmDetachResponseDecoder().wrap(buf), 0)
     assert m.state is LeaseState.CLOSED
+
+
+def test_s4_4_keepalives_move_the_local_lease_deadline() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    m.on_attach_response(_response(req.correlation_id, lease_expiry_timestamp_ns=300 * MS), 0)
+    for t in range(100, 2000, 100):  # keepalives every 100 ms keep a 300 ms lease alive
+        evs = m.tick(t * MS)
+        assert [type(e) for e in evs] == [SendKeepalive]
+    assert m.state is LeaseState.ATTACHED and m.lease_expiry_ns == 1900 * MS + 300 * MS
+
+
+def test_s4_2_lease_expiry_is_a_hard_deadline_when_keepalives_stall() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    m.on_attach_response(_response(req.correlation_id, lease_expiry_timestamp_ns=300 * MS), 0)
+    (lost,) = m.tick(300 * MS)  # the process stalled: no keepalive went out before 300 ms
+    assert isinstance(lost, LeaseLost) and lost.reason == "lease_expired"
+
+
+def test_s4_13_shutdown_notice_older_than_our_attach_is_ignored() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(1000 * MS)
+    m.on_attach_response(_response(req.correlation_id), 1000 * MS)
+    assert m.on_driver_shutdown(1001 * MS, timestamp_ns=500 * MS) == []  # a previous driver's
+    assert m.state is LeaseState.ATTACHED
+    (lost,) = m.on_driver_shutdown(1002 * MS, timestamp_ns=1001 * MS)
+    assert isinstance(lost, LeaseLost)

@@ -65,7 +65,7 @@ def test_s17_example_config_parses() -> None:
     assert cfg.source == str(EXAMPLE)
     assert cfg.driver.instance_id == "driver-01"
     assert cfg.driver.control_stream_id == 1000
-    assert cfg.driver.announce_stream_id == 1001
+    assert cfg.driver.announce_stream_id == 1000  # where clients listen for announces
     assert cfg.driver.stream_id_range == IdRange(20000, 29999)
     assert cfg.policies.allow_dynamic_streams
     assert cfg.default_profile is not None and cfg.default_profile.name == "scratch"

@@ -92,9 +92,7 @@ def test_s8_mapping_rate_inherits_global_unless_set() -> None:
     assert [m.max_rate_hz for m in cfg.mappings] == [25, 5]
 
 
-@pytest.mark.parametrize(
-    "key", ["instance_id", "descriptor_channel", "descriptor_stream_id"]
-)
+@pytest.mark.parametrize("key", ["instance_id", "descriptor_channel", "descriptor_stream_id"])
 def test_s8_required_rate_limiter_keys(key: str) -> None:
     """§8 required keys: a missing one is an error naming it."""
     d = doc()

@@ -157,9 +157,16 @@ def test_s6_1_qos_rewritten_other_fields_preserved() -> None:
     fwd = Forwarder([route()])
     buf = bytearray(128)
     n = wire.QosConsumerEncoder.encode(
-        buf, 0, stream_id=SRC, consumer_id=5, epoch=7, last_seq_seen=1000, drops_gap=3,
-        drops_late=2, mode=int(wire.Mode.STREAM),
-    )  # fmt: skip
+        buf,
+        0,
+        stream_id=SRC,
+        consumer_id=5,
+        epoch=7,
+        last_seq_seen=1000,
+        drops_gap=3,
+        drops_late=2,
+        mode=int(wire.Mode.STREAM),
+    )
     data = fwd.qos(bytes(buf[:n]))
     c = wire.QosConsumerDecoder().wrap(bytes(data))  # type: ignore[arg-type]
     assert (c.stream_id, c.consumer_id, c.epoch, c.last_seq_seen) == (DEST, 5, 7, 1000)
@@ -170,8 +177,12 @@ def test_s6_1_qos_rewritten_other_fields_preserved() -> None:
     data = fwd.qos(bytes(buf[:n]))
     q = wire.QosProducerDecoder().wrap(bytes(data))  # type: ignore[arg-type]
     assert (q.stream_id, q.producer_id, q.epoch, q.current_seq, q.watermark) == (
-        DEST, 4, 7, 1001, 77,
-    )  # fmt: skip
+        DEST,
+        4,
+        7,
+        1001,
+        77,
+    )
     assert fwd.forwarded["qos_consumer"] == fwd.forwarded["qos_producer"] == 1
 
 
@@ -189,3 +200,15 @@ def test_forwarding_never_raises_on_garbage() -> None:
         assert fn(bytes(lying)) is None
         assert fn(progress()[:30]) is None
     assert fwd.counters.total() > 0
+
+
+def test_s6_1_mappings_share_streams_disambiguated_by_stream_id() -> None:
+    """§6.1: all mappings share the control/QoS streams; each forwarded message names its own
+    destination, chosen by the source streamId it came with."""
+    a = route()
+    b = Route(SRC + 1, DEST + 1, DEST + 1, source_epoch=2, dest_epoch=9, dest_nslots=4)
+    fwd = Forwarder([a, b])
+    pa = wire.FrameProgressDecoder().wrap(bytes(fwd.progress(progress(SRC, 7, 10))))  # type: ignore[arg-type]
+    pb = wire.FrameProgressDecoder().wrap(bytes(fwd.progress(progress(SRC + 1, 2, 10))))  # type: ignore[arg-type]
+    assert (pa.stream_id, pa.header_index, pa.epoch) == (DEST, 10 & 15, 3)
+    assert (pb.stream_id, pb.header_index, pb.epoch) == (DEST + 1, 10 & 3, 9)

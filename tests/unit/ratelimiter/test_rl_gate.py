@@ -3,6 +3,7 @@ first frame immediately, resets, ConsumerHello authority. No wall clock anywhere
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -248,9 +249,7 @@ def test_gate_rejects_negative_rates() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     rate=st.integers(1, 400),
-    steps=st.lists(
-        st.tuples(st.integers(1, 20 * MS), st.integers(0, 4)), min_size=1, max_size=300
-    ),
+    steps=st.lists(st.tuples(st.integers(1, 20 * MS), st.integers(0, 4)), min_size=1, max_size=300),
 )
 def test_s4_property_most_recent_and_at_most_rate(rate: int, steps: list[tuple[int, int]]) -> None:
     """§4, any arrival pattern: (1) a published frame is always the newest offered so far;
@@ -273,7 +272,7 @@ def test_s4_property_most_recent_and_at_most_rate(rate: int, steps: list[tuple[i
             gate.published(now)
             times.append(now)
     period = SEC / rate
-    for a, b in zip(times, times[1:], strict=False):
+    for a, b in itertools.pairwise(times):
         assert b > a
     j = 0
     for i, t in enumerate(times):

@@ -1,0 +1,134 @@
+"""`tensorpool bridge`: run an Aeron-UDP bridge instance (Bridge Spec v1.0).
+
+    tensorpool bridge --config bridge.toml               # status line per mapping every second
+    tensorpool bridge --config bridge.toml --json        # one JSON object per mapping per tick
+
+The process hosts the configuration's sender mappings (consume a local stream, send it as
+`BridgeFrameChunk`s), receiver mappings (re-materialize remote frames into a local stream)
+or both. It runs until SIGINT/SIGTERM (or `--duration`), then prints a final status and
+closes its producers (the SHM driver then bumps the destination epochs) and consumers.
+
+Status fields: frames/s and MB/s since the previous line, frame count, drops by reason
+(sender: back_pressured, not_connected, source_overwritten, ...; receiver: chunk and frame
+drop reasons such as no_announce, stale_epoch, superseded), assembly timeouts, source and
+local epochs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+from tensorpool.cli import UserError
+
+ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
+log = logging.getLogger("tensorpool.bridge")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=os.environ.get(ENV_CONFIG),
+        help=f"bridge TOML file (env {ENV_CONFIG})",
+    )
+    p.add_argument("--json", action="store_true", help="status as one JSON object per mapping")
+    p.add_argument(
+        "--status-interval",
+        type=float,
+        default=1.0,
+        help="seconds between status lines (0: only the final one)",
+    )
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.add_argument(
+        "--idle",
+        choices=("backoff", "busy-spin", "yield", "sleep"),
+        default="backoff",
+        help="idle strategy between duty cycles that did no work",
+    )
+    p.add_argument(
+        "--send-strategy",
+        choices=("staging", "claim"),
+        default="staging",
+        help="how the sender writes chunks: one staged copy + offer per chunk (default, "
+        "fastest in Python) or try_claim per chunk (no staging copy)",
+    )
+    p.add_argument(
+        "--max-park-us",
+        type=int,
+        default=200,
+        help="longest backoff park, microseconds (latency vs idle CPU)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorpool.bridge.app import BridgeApp, RateMeter
+    from tensorpool.bridge.config import ConfigError, load_bridge_config
+    from tensorpool.transport.clock import now_ns
+    from tensorpool.transport.idle import idle_strategy
+    from tensorpool.transport.mediadriver import MediaDriverError
+
+    if not args.config:
+        raise UserError(f"--config is required (or set {ENV_CONFIG})")
+    try:
+        config = load_bridge_config(args.config)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    for warning in config.warnings:
+        log.warning("%s: %s", args.config, warning)
+
+    stop = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        app = BridgeApp(config, send_strategy=args.send_strategy)
+    except MediaDriverError as exc:
+        raise UserError(
+            f"{exc} (is the host's media driver running? see [local] aeron_dir)"
+        ) from None
+    if args.idle == "backoff":
+        idle = idle_strategy("backoff", max_park_ns=max(args.max_park_us, 1) * 1000)
+    else:
+        idle = idle_strategy(args.idle.replace("-", "_"))
+    meter = RateMeter()
+    meter.update(app.status(), now_ns())
+    start = time.monotonic()
+    next_status = start + args.status_interval if args.status_interval > 0 else float("inf")
+    end = start + args.duration if args.duration > 0 else float("inf")
+    mode = ", ".join(f"{m.name} ({m.role.value})" for m in config.mappings)
+    log.info("bridge %s running: %s", config.bridge.instance_id, mode)
+    try:
+        while not stop:
+            idle.idle(app.do_work())
+            now = time.monotonic()
+            if now >= next_status:
+                next_status += args.status_interval
+                _print(meter.update(app.status(), now_ns()), args.json, final=False)
+            if now >= end:
+                break
+    finally:
+        _print(meter.update(app.status(), now_ns()), args.json, final=True)
+        app.close()
+    return 0
+
+
+def _print(rows: list[dict[str, object]], as_json: bool, *, final: bool) -> None:
+    from tensorpool.bridge.app import format_status_line
+
+    for row in rows:
+        if as_json:
+            row["final"] = final
+            print(json.dumps(row, sort_keys=True), flush=True)
+        else:
+            print(
+                ("final " if final else "") + format_status_line(row), file=sys.stdout, flush=True
+            )
