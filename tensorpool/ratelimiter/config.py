@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR
+from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR, IPC_CONTROL
 from tensorpool.config_util import (
     INT32_MAX,
     UINT32_MAX,
@@ -73,7 +73,7 @@ HOLD_MODES: Final = ("auto", "descriptor", "copy")
 # Defaults of the [driver]/[shm]/[policies] tables: the client defaults every other tensorpool
 # process uses (tensorpool.client.settings), so publications on shared IPC streams agree on
 # their term length, and the driver's default base directory and lease cadence.
-_CONTROL_CHANNEL = "aeron:ipc?term-length=1m"
+_CONTROL_CHANNEL = IPC_CONTROL
 _DESCRIPTOR_CHANNEL = "aeron:ipc?term-length=16m"
 _DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
 _MAX_STREAM_ID = UINT32_MAX - 1  # 0xFFFFFFFF is the SBE null value of a uint32 stream id

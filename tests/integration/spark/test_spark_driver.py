@@ -40,7 +40,8 @@ def shm_driver(spark_media_driver: MediaDriverProcess) -> Iterator[tuple[DriverP
             spark_media_driver.dir,
             streams=range(10000, 10003),
             control_stream_id=CONTROL,
-            policies={"lease_expiry_grace_intervals": 5},
+            # clients keep alive every 1 s (LeaseTimings default): leases last 2.5 s here
+            policies={"lease_keepalive_interval_ms": 500, "lease_expiry_grace_intervals": 5},
         )
     )
     daemon = DriverProcess(cfg, base, os.path.join(work, "driver.log"))
