@@ -198,14 +198,19 @@ class _ProducerRun:
         self.info: dict[str, Any] = {}
         self.src = np.full(sc.size, 7, np.uint8)
         self.idle_work: Callable[[], object] = _nothing
-        if sc.transport in (TP, TP_CLAIM):
-            self._setup_tp(shm_base_dir, aeron_dir)
-        elif sc.transport == INLINE:
-            self._setup_inline(aeron_dir)
-        elif sc.transport == MPQ:
-            self._setup_mpq()
-        else:
-            raise ValueError(f"unknown transport {sc.transport!r}")
+        self.ran = False
+        try:
+            if sc.transport in (TP, TP_CLAIM):
+                self._setup_tp(shm_base_dir, aeron_dir)
+            elif sc.transport == INLINE:
+                self._setup_inline(aeron_dir)
+            elif sc.transport == MPQ:
+                self._setup_mpq()
+            else:
+                raise ValueError(f"unknown transport {sc.transport!r}")
+        except BaseException:
+            self.close()
+            raise
 
     def _setup_tp(self, shm_base_dir: str, aeron_dir: str) -> None:
         sc = self.sc
@@ -288,7 +293,7 @@ class _ProducerRun:
             self._pub.await_connected(timeout=10.0)
 
     def close(self) -> None:
-        if self.sc.transport == MPQ:
+        if self.sc.transport == MPQ and self.ran:
             self.mpq.put(None)  # end-of-run sentinel: the consumer drains up to it
         if self.producer is not None:
             self.producer.close()
@@ -308,6 +313,7 @@ def _run_producer(run: _ProducerRun, win: Window) -> ProducerResult:
     publish = run.publish
     idle_work = run.idle_work
     res = ProducerResult()
+    run.ran = True
     while _mono() < win.start_ns:
         idle_work()
     if sc.mode == "tput":
@@ -511,12 +517,17 @@ class _ConsumerRun:
         self.rec = _Recorder()
         self.latency = sc.mode != "tput"
         self.sentinel_seen = False
-        if sc.transport in (TP, TP_CLAIM):
-            self._setup_tp(shm_base_dir, aeron_dir)
-        elif sc.transport == INLINE:
-            self._setup_inline(aeron_dir)
-        else:
-            self._setup_mpq(info)
+        self.ran = False
+        try:
+            if sc.transport in (TP, TP_CLAIM):
+                self._setup_tp(shm_base_dir, aeron_dir)
+            elif sc.transport == INLINE:
+                self._setup_inline(aeron_dir)
+            else:
+                self._setup_mpq(info)
+        except BaseException:
+            self.close()
+            raise
 
     def _setup_tp(self, shm_base_dir: str, aeron_dir: str) -> None:
         sc = self.sc
@@ -638,7 +649,7 @@ class _ConsumerRun:
         return True
 
     def close(self) -> None:
-        if self.sc.transport == MPQ and not self.sentinel_seen:
+        if self.sc.transport == MPQ and self.ran and not self.sentinel_seen:
             # drain to the sentinel so the next scenario starts with an empty queue
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline:
@@ -669,6 +680,7 @@ def _run_consumer(run: _ConsumerRun, win: Window) -> ConsumerResult:
     idle = make_idle(run.sc.idle).idle
     mono = _mono
     rec = run.rec
+    run.ran = True
     rec.lat_from = win.measure_ns
     rec.lat_to = win.end_ns
     mpq = run.sc.transport == MPQ

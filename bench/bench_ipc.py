@@ -12,14 +12,17 @@ frame size (64 slots, smallest power-of-two stride that fits) it runs:
   then ``frame.is_current()``. The ring is lossy: a producer outrunning the consumer shows up
   as drops (gap / resync / late), which are reported.
 * **(a) inline**: the same bytes offered over Aeron IPC with raw ``pyaeron`` (exclusive
-  publication, ``term-length=64m``, C fragment assembly); the consumer touches the assembled
-  message the same way. Reliable and back-pressured: a refused offer is retried.
+  publication, ``mtu=65504``, a term of >= 8 frames, pre-touched logs, C fragment assembly);
+  the consumer touches the assembled message the same way. Reliable and back-pressured: a
+  refused offer is retried.
 * **(b) mp.Queue**: ``multiprocessing.shared_memory`` ring of 64 slots, ``np.copyto`` into the
   next slot, slot index + timestamp through a ``multiprocessing.Queue`` bounded at 62 (no torn
   read protection); the consumer blocks in ``get()``.
 * 640 KiB only, **like-for-like with the Julia reference** (20,144 frames/s, one process, 1 MiB
   pool of 64 slots, consumer not reading the payload): ``claim``/``commit`` stamping 8 bytes,
   consumer not reading the payload.
+* 4 KiB only: tensorpool with the producer paced at 3x (b)'s measured rate, with 64 and with
+  1024 slots (Wire Spec §15.6 ring sizing), to separate ring overrun from per-frame cost.
 * sizes >= 64 KiB: ``numpy.copyto`` of the same size in the producer process (64 rotating
   destinations, i.e. the ring's footprint, and a single one), against the producer's write
   rate (the 4 MiB target) — also the ceiling for any producer that copies its frames.
@@ -28,7 +31,10 @@ Throughput runs: the producer publishes flat out for ``--duration`` s after a wa
 consumer counts accepted frames and drops by reason in the same window. Latency runs: the
 producer is paced (``--rate-hz``, at most 1 GB/s) so queues stay empty; latency is consumer
 time at acceptance minus the producer's ``time.monotonic_ns()`` at the start of publish (the
-descriptor's ``timestamp_ns``), for the busy-spin and backoff idle strategies.
+descriptor's ``timestamp_ns``), for the busy-spin and backoff idle strategies. Every row
+also shows CPU time per frame of each process, the stable number on a shared host;
+``--costs`` adds each side's per-frame CPU cost measured alone (``bench._ipc_costs``).
+Results and analysis: docs/benchmarks/ipc.md.
 """
 
 from __future__ import annotations
@@ -512,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     quick = args.quick
     rounds = args.rounds or (1 if quick else 3)
-    tput_s = args.duration or (0.8 if quick else 1.0)
-    lat_s = args.lat_duration or (0.6 if quick else 1.5)
+    tput_s = args.duration or (0.6 if quick else 1.0)
+    lat_s = args.lat_duration or (0.5 if quick else 1.5)
     warm_tput = 0.2 if quick else 0.3
     warm_lat = 0.1 if quick else 0.2
 
@@ -577,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate_hz=rate,
                 )
             if size >= 64 * KIB:
-                copyto[size] = orch.copyto(size, 0.6 if quick else 1.2)
+                copyto[size] = orch.copyto(size, 0.4 if quick else 1.2)
         report = build_report(orch, sizes, copyto)
     finally:
         orch.stop()

@@ -2,21 +2,23 @@
 
 Thin agent (Bridge Spec §2.1, §5, §7, §9). Per sender mapping it runs an ordinary
 :class:`~tensorpool.client.consumer.Consumer` of the source stream (driver mode or
-standalone, like any other consumer), and for every frame it is handed:
+standalone, like any other consumer); for every frame it is handed, the seqlock-validated
+read has already happened (Wire Spec §8.3), and :class:`ChunkSender`:
 
-1. the seqlock-validated read has already happened (Wire Spec §8.3);
-2. the 256-byte header slot and the payload are chunked straight from shared memory into
-   the UDP publication — ``try_claim`` for every chunk that fits one Aeron frame, so each
-   payload byte is copied exactly once (SHM → Aeron log); chunk 0, which carries the
-   header slot and is usually larger than an MTU, goes through one ``offer``;
-3. the **last** chunk is committed only if the slot still holds the frame afterwards
-   (``Frame.is_current()``): a frame overwritten while it was being sent never gets its
-   final chunk, so the receiver can never complete it (§5.3) — no extra copy needed.
+1. copies the 256-byte header slot and the payload out of shared memory (Frame.raw_views)
+   into a private staging buffer laid out as the chunk messages (§5.1, §5.2: uniform
+   chunks of ``min(chunk_bytes, mtu_bytes - 128)``, chunk 0 carrying the header slot);
+2. re-validates the slot (``Frame.is_current()``): a frame overwritten while it was being
+   copied is dropped (``source_overwritten``), never sent as good (§5.3);
+3. sends every message with one ``offer`` — in order — if the publication's flow-control
+   window can take the whole frame; otherwise keeps it pending and sends it when room
+   appears, dropping frames that arrive meanwhile (``back_pressured``).
 
-Back-pressure never blocks the source consumer: if the publication's window cannot take a
-whole frame it is not started, and a frame cut short by a refused claim is abandoned; both
-are counted (``back_pressured``/``not_connected``), and the receiver drops the partial
-frame as superseded or timed out.
+The ``claim`` strategy (``tensorpool bridge --send-strategy claim``) writes each chunk
+straight from shared memory into an Aeron ``try_claim`` buffer instead, committing the last
+chunk only after re-validation; it saves the staging copy but costs more Python calls per
+chunk (measured slower, see docs/benchmarks/bridge.md). Either way back-pressure never
+blocks the source consumer: frames are dropped and counted.
 
 Control plane: the source's ``ShmPoolAnnounce`` (as mapped by the consumer) is forwarded on
 the bridge control channel whenever the epoch changes and every announce period (§7.2);
@@ -60,7 +62,7 @@ from tensorpool.transport.subscription import Subscriber
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BridgeSender", "ChunkSender", "SenderStats"]
+__all__ = ["PENDING", "BridgeSender", "ChunkSender", "SenderStats"]
 
 _BL: Final = BridgeFrameChunkDecoder.BLOCK_LENGTH
 _TID: Final = BridgeFrameChunkDecoder.TEMPLATE_ID
@@ -78,6 +80,8 @@ _T_DS_META: Final = wire.DataSourceMetaDecoder.TEMPLATE_ID
 _CLOCK_MONOTONIC: Final = int(wire.ClockDomain.MONOTONIC)
 _STREAM_ID_AT: Final = struct.Struct("<I")  # every wire message starts with streamId at +8
 _ADMIN_ACTION: Final = pyaeron.ADMIN_ACTION
+#: :meth:`ChunkSender.submit`/:meth:`~ChunkSender.flush`: the frame is staged, waiting for room.
+PENDING: Final = "pending"
 _NOT_CONNECTED: Final = pyaeron.NOT_CONNECTED
 
 
@@ -173,37 +177,45 @@ def _row_dtype(stride: int) -> np.dtype:
 
 
 class ChunkSender:
-    """Sends one frame as ``BridgeFrameChunk`` messages; the hot loop of the sender.
+    """Sends frames as ``BridgeFrameChunk`` messages; the hot loop of the sender.
 
-    Two strategies, both copying each payload byte out of shared memory exactly once
-    before it is validated:
+    Two strategies, both copying each payload byte out of shared memory once and
+    re-validating the slot before the frame can complete at the receiver:
 
     * ``"staging"`` (default): header slot and payload are copied with two vectorized
-      copies into a staging buffer already laid out as the chunk messages (headers
+      copies into a private staging buffer already laid out as the chunk messages (headers
       pre-filled per frame length, epoch/seq written as two column stores), the slot is
       re-validated, then every message is one ``offer`` of a ready-made view. Measured on
-      this project's 2-core host with warm log buffers: ~0.2 µs per 1280-byte chunk against
-      ~1.3 µs for ``try_claim`` (four Python↔C calls per chunk) — the extra memcpy costs
-      far less than the calls it saves (see docs/benchmarks/bridge.md).
+      this project's 2-core host with warm log buffers: ~0.7 µs per 1280-byte chunk, staging
+      copy included, against ~2 µs for ``try_claim`` (four Python↔C calls per chunk) — the
+      extra memcpy costs far less than the calls it saves (docs/benchmarks/bridge.md).
+      Because the staged copy is private, a frame that finds the publication's
+      flow-control window full is kept *pending* and sent as soon as room appears (checked
+      every duty cycle) instead of being dropped on the spot; frames arriving meanwhile
+      are dropped (``back_pressured``), and one pending longer than ``max_hold_ns`` too.
     * ``"claim"``: every chunk that fits one Aeron frame is encoded straight into a
-      ``try_claim`` buffer (no staging copy); the last chunk is committed only after the
-      slot was re-validated, so an overwritten frame can never complete at the receiver.
+      ``try_claim`` buffer from shared memory (no staging copy); the last chunk is
+      committed only after the slot was re-validated, so an overwritten frame can never
+      complete at the receiver. Nothing can be held: a frame that does not fit the window
+      is dropped.
 
-    Either way a frame the slot no longer holds is never delivered as good (§5.3), and a
-    frame the publication cannot take whole is not started (flow-control window checked
-    first) — back-pressure drops frames, it never blocks the source.
+    A frame is never started unless the window can take all of it, so back-pressure never
+    cuts frames short and never blocks the source consumer.
     """
 
     __slots__ = (
         "_claim",
         "_layout",
         "_layouts",
+        "_pending",
         "_pub",
         "_raw",
         "_scratch",
         "_stg",
         "chunk_bytes",
         "max_claim",
+        "max_hold_ns",
+        "stats",
         "strategy",
         "stream_id",
         "window_check",
@@ -217,6 +229,8 @@ class ChunkSender:
         *,
         stream_id: int = 0,
         strategy: str = "staging",
+        stats: SenderStats | None = None,
+        max_hold_ns: int = 250_000_000,
     ) -> None:
         if strategy not in ("staging", "claim"):
             raise ValueError(f"strategy must be 'staging' or 'claim', got {strategy!r}")
@@ -227,13 +241,21 @@ class ChunkSender:
         self.max_claim = max_claim
         self.stream_id = stream_id
         self.strategy = strategy
+        self.stats = stats if stats is not None else SenderStats()
+        self.max_hold_ns = max_hold_ns
         self._scratch = bytearray(WITH_HEADER_OVERHEAD + chunk_bytes)
         self._stg = np.zeros(0, np.uint8)
         self._layout: _Layout | None = None
         self._layouts: dict[int, _Layout] = {}
+        self._pending: tuple[_Layout, int] | None = None  # staged frame, time it was staged
         # Concurrent publications expose their flow-control limit: a frame that cannot fit
         # is refused before its first chunk instead of being cut short (wasted bandwidth).
         self.window_check = hasattr(self._raw, "position_limit")
+
+    @property
+    def pending(self) -> bool:
+        """A staged frame is waiting for room in the publication."""
+        return self._pending is not None
 
     def wire_bytes(self, payload_length: int, count: int) -> int:
         """Log space one frame needs (Aeron data headers and 32-byte alignment included)."""
@@ -249,6 +271,8 @@ class ChunkSender:
 
     def _room(self, length: int, count: int) -> str | None:
         """None if the publication can take the whole frame now, else why not."""
+        if not self.window_check:
+            return None
         raw = self._raw
         try:
             room = raw.position_limit - raw.position  # type: ignore[union-attr]
@@ -256,11 +280,8 @@ class ChunkSender:
             return SendDrop.PUBLICATION_FAILED
         if room >= self.wire_bytes(length, count):
             return None
-        cnt = self._pub.counters
         if not raw.is_connected:
-            cnt.not_connected += 1
             return SendDrop.NOT_CONNECTED
-        cnt.back_pressured += 1
         return SendDrop.BACK_PRESSURED
 
     def _reason(self, before: tuple[int, int]) -> str:
@@ -271,6 +292,53 @@ class ChunkSender:
             return SendDrop.BACK_PRESSURED
         return SendDrop.PUBLICATION_FAILED
 
+    def _dropped(self, reason: str) -> str:
+        self.stats.drops.increment(reason)
+        if reason == SendDrop.BACK_PRESSURED:
+            self._pub.counters.back_pressured += 1
+        elif reason == SendDrop.NOT_CONNECTED:
+            self._pub.counters.not_connected += 1
+        return reason
+
+    def _sent(self, length: int) -> None:
+        stats = self.stats
+        stats.frames += 1
+        stats.bytes += length
+
+    def submit(
+        self,
+        stream_id: int,
+        epoch: int,
+        seq: int,
+        header: memoryview,
+        payload: memoryview,
+        is_current: Callable[[], bool],
+        now_ns: int = 0,
+    ) -> str | None:
+        """Offer one frame: None once it went out, :data:`PENDING` while it is staged and
+        waiting for room (staging strategy only), else the reason it was dropped (counted in
+        ``stats.drops``). Never waits."""
+        length = payload.nbytes
+        c = self.chunk_bytes
+        count = -(-length // c) if length else 1
+        if self.strategy == "claim" and NO_HEADER_OVERHEAD + c <= self.max_claim:
+            reason = self._room(length, count)
+            if reason is None:
+                reason = self._send_claimed(stream_id, epoch, seq, header, payload, is_current)
+            if reason is None:
+                self._sent(length)
+                return None
+            return self._dropped(reason)
+        if self._pending is not None and self.flush(now_ns) == PENDING:
+            # The window is still full: keep the older frame, which has waited longest.
+            return self._dropped(SendDrop.BACK_PRESSURED)
+        lay = self._stage(stream_id, epoch, seq, header, payload)
+        # Everything this frame will carry is now private: validate it once, then send.
+        if not is_current():
+            return self._dropped(SendDrop.SOURCE_OVERWRITTEN)
+        self._pending = (lay, now_ns)
+        return self.flush(now_ns)
+
     def send(
         self,
         stream_id: int,
@@ -280,28 +348,35 @@ class ChunkSender:
         payload: memoryview,
         is_current: Callable[[], bool],
     ) -> str | None:
-        """Send one frame; None on success, else the drop reason (nothing more is sent)."""
-        length = payload.nbytes
-        c = self.chunk_bytes
-        count = -(-length // c) if length else 1
-        if self.window_check:
-            reason = self._room(length, count)
-            if reason is not None:
-                return reason
-        if self.strategy == "claim" and NO_HEADER_OVERHEAD + c <= self.max_claim:
-            return self._send_claimed(stream_id, epoch, seq, header, payload, is_current)
-        return self._send_staged(stream_id, epoch, seq, header, payload, is_current)
+        """:meth:`submit` without holding: a frame that cannot go out now is dropped."""
+        reason = self.submit(stream_id, epoch, seq, header, payload, is_current)
+        if reason == PENDING:
+            self._pending = None
+            return self._dropped(SendDrop.BACK_PRESSURED)
+        return reason
+
+    def flush(self, now_ns: int = 0) -> str | None:
+        """Send the pending frame if the window has room: None when nothing is pending (any
+        more), :data:`PENDING` if it still waits, or the reason it was dropped."""
+        pending = self._pending
+        if pending is None:
+            return None
+        lay, since = pending
+        reason = self._room(lay.length, lay.count)
+        if reason == SendDrop.BACK_PRESSURED and now_ns - since <= self.max_hold_ns:
+            return PENDING
+        self._pending = None
+        if reason is None:
+            reason = self._offer_all(lay)
+        if reason is None:
+            self._sent(lay.length)
+            return None
+        return self._dropped(reason)
 
     # -- staging -----------------------------------------------------------------------------
-    def _send_staged(
-        self,
-        stream_id: int,
-        epoch: int,
-        seq: int,
-        header: memoryview,
-        payload: memoryview,
-        is_current: Callable[[], bool],
-    ) -> str | None:
+    def _stage(
+        self, stream_id: int, epoch: int, seq: int, header: memoryview, payload: memoryview
+    ) -> _Layout:
         length = payload.nbytes
         c = self.chunk_bytes
         lay = self._layout
@@ -330,9 +405,9 @@ class ChunkSender:
                 rows[-1, NO_HEADER_OVERHEAD : NO_HEADER_OVERHEAD + lay.last] = src[
                     length - lay.last :
                 ]
-        # Everything this frame will carry is now private: validate it once, then send.
-        if not is_current():
-            return SendDrop.SOURCE_OVERWRITTEN
+        return lay
+
+    def _offer_all(self, lay: _Layout) -> str | None:
         offer = self._raw.offer
         cnt = self._pub.counters
         for view in lay.views:
@@ -348,12 +423,10 @@ class ChunkSender:
                     retries -= 1
                     r = offer(view)
                 if r is not True:
-                    if r is _NOT_CONNECTED:
-                        cnt.not_connected += 1
-                        return SendDrop.NOT_CONNECTED
-                    cnt.back_pressured += 1
-                    return SendDrop.BACK_PRESSURED
-        cnt.ok += count
+                    return (
+                        SendDrop.NOT_CONNECTED if r is _NOT_CONNECTED else (SendDrop.BACK_PRESSURED)
+                    )
+        cnt.ok += lay.count
         return None
 
     def _use(self, length: int, stream_id: int) -> _Layout:
@@ -462,7 +535,7 @@ class _SenderMapping:
         self.announced_epoch = -1
         self.seen_epoch = -1
         self.next_announce_ns = 0
-        self.stats = SenderStats()
+        self.stats = chunks.stats
 
 
 class BridgeSender:
@@ -484,6 +557,7 @@ class BridgeSender:
         local = config.local
         settings = local.client_settings()
         self._clock = clock
+        self._now = clock()
         self._frames_per_poll = frames_per_poll
         self._announce_period_ns = local.announce_period_ms * 1_000_000
         self._buf = bytearray(64 * 1024)
@@ -505,7 +579,7 @@ class BridgeSender:
             )
             chunks = ChunkSender(
                 self._payload, b.chunk_size, max_claim, stream_id=m.source_stream_id,
-                strategy=strategy,
+                strategy=strategy, max_hold_ns=b.assembly_timeout_ns,
             )  # fmt: skip
             self.mappings.append(_SenderMapping(m, consumer, chunks))
         self._by_source = {sm.mapping.source_stream_id: sm for sm in self.mappings}
@@ -544,10 +618,13 @@ class BridgeSender:
 
     def do_work(self) -> int:
         work = 0
-        now = self._clock()
+        now = self._now = self._clock()
         for sub in self._subs:
             work += sub.poll()
         for sm in self.mappings:
+            chunks = sm.chunks
+            if chunks.pending and chunks.flush(now) is None:
+                work += 1  # the staged frame found room (or was given up)
             self._current = sm
             work += sm.consumer.poll(self._on_frame, self._frames_per_poll)
             work += self._maybe_announce(sm, now)
@@ -570,19 +647,15 @@ class BridgeSender:
         if length > self.config.bridge.max_payload_bytes:
             stats.drops.increment(SendDrop.PAYLOAD_TOO_LARGE)
             return
-        reason = sm.chunks.send(
+        sm.chunks.submit(  # counts what it sends and drops in sm.stats
             sm.mapping.source_stream_id,
             frame.epoch,
             frame.seq,
             header,
             payload,
             frame.is_current,
+            self._now,
         )
-        if reason is None:
-            stats.frames += 1
-            stats.bytes += length
-        else:
-            stats.drops.increment(reason)
 
     # -- control plane ----------------------------------------------------------------------------
 

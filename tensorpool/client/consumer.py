@@ -221,6 +221,8 @@ class Consumer:
         self._clock = clock
         self.stats = ConsumerStats()
         self._seq = SeqTracker(max_outstanding_seq_gap)
+        self._max_gap_cfg = max_outstanding_seq_gap
+        self._next_duty_ns = 0
         self._tracker = AnnounceTracker(stream_id, self.settings.freshness_ns)
         self._policy = PathPolicy(self.settings.base_dirs)
         self.layout: StreamLayout | None = None
@@ -253,6 +255,7 @@ class Consumer:
             ch.descriptor_stream_id,
             self._on_descriptor,
             fragment_limit=fragment_limit,
+            guard=False,  # _on_descriptor traps handler errors itself (and re-raises them)
         )
         self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
         self._pub_qos = ctx.add_publication(ch.qos_channel, ch.qos_stream_id)
@@ -290,12 +293,14 @@ class Consumer:
         The frame passed to `handler` (and its `array`) is only valid during the call.
         """
         now = self._clock()
-        # Drain control traffic (bounded) so announces are never read stale after a pause.
-        for _ in range(8):
-            if self._sub_control.poll() < 64:
-                break
-        self._sub_meta.poll()
-        self._duties(now)
+        if now >= self._next_duty_ns:  # control plane at most every 100 us: cheap empty polls
+            self._next_duty_ns = now + 100_000
+            # Drain control traffic (bounded) so announces are never read stale after a pause.
+            for _ in range(8):
+                if self._sub_control.poll() < 64:
+                    break
+            self._sub_meta.poll()
+            self._duties(now)
         if self._reader is None:
             return 0
         self._handler = handler
@@ -526,6 +531,8 @@ class Consumer:
         self.layout = layout
         self._epoch = layout.epoch
         self._seq.reset()
+        # more than nslots-1 behind the head means overwritten for sure: skip without reading
+        self._seq.max_gap = max(1, min(self._max_gap_cfg, layout.header_nslots - 1))
         self._tracker.on_mapped(layout.epoch, now)
         self.stats.remaps += 1
         self._hello_due = True

@@ -212,6 +212,8 @@ class Producer:
         self._desc_buf = bytearray(wire.FrameDescriptorEncoder.encoded_length())
         self._encode_desc = wire.FrameDescriptorEncoder.encode
         self._offer_desc = self._pub_desc.offer
+        # claim() layouts by (shape, dtype, order): building one costs more than the write
+        self._claim_layouts: dict[tuple[object, ...], TensorLayout] = {}
         self._ctl_buf = bytearray(64 * 1024)
         self._next_announce_ns = 0
         self._next_qos_ns = 0
@@ -461,7 +463,13 @@ class Producer:
         if layout is None:
             if shape is None or dtype is None:
                 raise TypeError("claim() needs shape and dtype, or layout")
-            layout = TensorLayout.contiguous(tuple(shape), np.dtype(dtype), order=order)
+            key = (tuple(shape), dtype, order)
+            layout = self._claim_layouts.get(key)
+            if layout is None:
+                layout = TensorLayout.contiguous(key[0], np.dtype(dtype), order=order)
+                if len(self._claim_layouts) >= 64:
+                    self._claim_layouts.clear()
+                self._claim_layouts[key] = layout
         if seq is None:
             seq = self._seq
         elif seq < self._seq:
@@ -590,6 +598,8 @@ class Producer:
 
     def do_work(self, now_ns: int | None = None) -> int:
         """Poll the control stream and run due periodic duties; return work done."""
+        if self._closed:  # inert after close: offers and claims count `no_lease`
+            return 0
         now = self._clock() if now_ns is None else now_ns
         work = self._sub_control.poll()
         if self._driver is not None:

@@ -123,22 +123,36 @@ class Loss:
 
 OVERWRITTEN: Final = "overwritten"
 EPOCH_CHANGE: Final = "epoch_change"
+REGIONS_GONE: Final = "region_unavailable"
 
 
 def loss_message(losses: Sequence[Loss]) -> str:
     """What was lost and what to change: the text users see when a query fails."""
     parts = []
     for ls in losses:
+        n = "an unknown number of" if ls.count is None else f"{ls.count}"
         if ls.reason == EPOCH_CHANGE:
-            n = "an unknown number of" if ls.count is None else f"{ls.count}"
             parts.append(
                 f"stream {ls.stream_id}: {n} frame(s) of epoch {ls.epoch} from seq {ls.first_seq} "
                 "were never read: the producer restarted (new epoch) before the query caught up"
             )
-        else:
-            last = ls.first_seq + (ls.count or 0) - 1
+        elif ls.reason == REGIONS_GONE:
             parts.append(
-                f"stream {ls.stream_id}: {ls.count} frame(s) lost (epoch {ls.epoch}, seq "
+                f"stream {ls.stream_id}: frames of epoch {ls.epoch} from seq {ls.first_seq} "
+                "could not be read: that epoch's regions are gone (the producer exited or "
+                "restarted) before the query read them"
+            )
+        elif ls.count is None:
+            parts.append(
+                f"stream {ls.stream_id}: frame {ls.first_seq} of epoch {ls.epoch} (and maybe "
+                "more) was overwritten in the ring"
+                + (f" ({ls.nslots} slots)" if ls.nslots else "")
+                + " between planning and reading the micro-batch"
+            )
+        else:
+            last = ls.first_seq + ls.count - 1
+            parts.append(
+                f"stream {ls.stream_id}: {n} frame(s) lost (epoch {ls.epoch}, seq "
                 f"{ls.first_seq}..{last}) -- overwritten in the ring"
                 + (f" ({ls.nslots} slots)" if ls.nslots else "")
                 + " before the query read them"
@@ -391,6 +405,7 @@ def split_ranges(ranges: Sequence[Range], min_partitions: int | None) -> list[Ra
 __all__ = [
     "EPOCH_CHANGE",
     "OVERWRITTEN",
+    "REGIONS_GONE",
     "Limits",
     "Loss",
     "OffsetError",

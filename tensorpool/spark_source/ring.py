@@ -46,7 +46,7 @@ from tensorpool.shm.region import ShmRegion, map_region
 from tensorpool.shm.seqlock import SlotReader
 from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.spark_source.offsets import RingState
+from tensorpool.spark_source.offsets import REGIONS_GONE, RingState
 from tensorpool.specs.generated.wire import SlotHeaderDecoder as _SH
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ _LEN_FIRST: Final = (SUPERBLOCK_SIZE + 8) // 4  # values_len_bytes sits right af
 OVERRUN_REASONS: Final = frozenset(
     {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.TORN_READ, Reason.SEQ_COMMIT_REGRESSED}
 )
-REGION_UNAVAILABLE: Final = "region_unavailable"
+REGION_UNAVAILABLE: Final = REGIONS_GONE
 
 #: One header slot as a numpy record (offsets from the generated SlotHeader codec; the
 #: TensorHeader bytes as one opaque field). Used by the vectorized chunk read.

@@ -60,6 +60,8 @@ from pyspark.sql.types import (
 from tensorpool.spark_source import ring
 from tensorpool.spark_source.attach import Attachment, open_attachment
 from tensorpool.spark_source.offsets import (
+    OVERWRITTEN,
+    REGIONS_GONE,
     Limits,
     Loss,
     Range,
@@ -176,8 +178,9 @@ class _LossRecorder:
         if self.part.fail_on_data_loss:
             p = self.part
             nslots = p.region.nslots if p.region is not None else 0
+            kind = REGIONS_GONE if reason == ring.REGION_UNAVAILABLE else OVERWRITTEN
             raise TensorPoolDataLossError(
-                loss_message([Loss(p.stream_id, p.epoch, seq, 1, "overwritten", nslots)])
+                loss_message([Loss(p.stream_id, p.epoch, seq, None, kind, nslots)])
                 + f" (detected while reading: {reason})"
             )
 
@@ -209,6 +212,13 @@ class _LossRecorder:
 
 
 def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    import time as _t
+    _t0 = _t.perf_counter()
+    yield from _read_partition(partition, schema)
+    with open("/tmp/sx/trace.txt", "a") as f: f.write(f"read {os.getpid()} {_t.perf_counter()-_t0:.3f}\n")
+
+
+def _read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, FramePartition):
         return  # Spark's placeholder partition of an empty batch read
     rec = _LossRecorder(partition)

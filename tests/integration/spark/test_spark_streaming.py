@@ -181,6 +181,7 @@ def test_epoch_change_mid_stream(spark, spark_media_driver, tmp_shm, producers, 
         assert b.epoch == a.epoch + 1
         b.produce(15)
         _wait(lambda: len(sink.frames()) == 35, q)
+        q.processAllAvailable()  # the last batch is committed, not only delivered
     finally:
         q.stop()
     assert sink.frames() == [(a.epoch, s) for s in range(20)] + [(b.epoch, s) for s in range(15)]

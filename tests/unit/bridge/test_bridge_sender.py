@@ -16,7 +16,7 @@ from bridge_helpers import DEST, NSLOTS, SRC, announce, header_slot, pattern, u8
 
 from tensorpool.bridge.assembler import FrameComplete, ReceiverCore, ReceiverMapping
 from tensorpool.bridge.reasons import SendDrop
-from tensorpool.bridge.sender import ChunkSender
+from tensorpool.bridge.sender import PENDING, ChunkSender
 from tensorpool.specs import peek_header
 from tensorpool.transport import AeronContext
 
@@ -174,3 +174,94 @@ def test_claim_strategy_falls_back_to_staging_when_chunks_exceed_one_frame(
     core = receiver(big)
     done = [r for m in wire.drain() if isinstance(r := core.on_chunk(m, 0), FrameComplete)]
     assert [bytes(d.payload) for d in done] == [data]
+
+
+def test_s5_2_full_window_keeps_one_staged_frame_and_sends_it_when_room_appears(
+    ctx: AeronContext,
+) -> None:
+    """Staging strategy: a frame that finds the window full is held (its private copy was
+    validated already) and goes out whole once the receiver catches up; frames arriving
+    meanwhile are dropped and counted; nothing ever blocks."""
+    wire = Wire(ctx)  # subscribed, not drained yet
+    cs = ChunkSender(wire.pub, 1000, wire.max_claim, stream_id=SRC)
+    core = receiver(1000)
+    results: list[str | None] = []
+    for seq in range(1, 12):
+        data = pattern(seq, 600_000)
+        hdr = header_slot(seq, u8_layout(600_000), 600_000)
+        results.append(cs.submit(SRC, 1, seq, memoryview(hdr), memoryview(data), lambda: True))
+    held = results.index(PENDING) + 1  # seq of the first frame that found no room
+    assert results[: held - 1] == [None] * (held - 1)
+    assert all(r == SendDrop.BACK_PRESSURED for r in results[held:])
+    assert cs.pending and cs.stats.drops[SendDrop.BACK_PRESSURED] == 11 - held
+    done: list[int] = []
+    deadline = time.monotonic() + 10
+    while cs.pending:
+        assert time.monotonic() < deadline
+        done += [r.seq for m in wire.drain() if isinstance(r := core.on_chunk(m, 0), FrameComplete)]
+        cs.flush(0)
+    done += [r.seq for m in wire.drain() if isinstance(r := core.on_chunk(m, 0), FrameComplete)]
+    assert done == list(range(1, held + 1))  # the held frame arrived whole, after the others
+    assert cs.stats.frames == held
+
+
+def test_s5_2_staged_frame_is_dropped_after_max_hold(ctx: AeronContext) -> None:
+    wire = Wire(ctx)
+    cs = ChunkSender(wire.pub, 1000, wire.max_claim, stream_id=SRC, max_hold_ns=1000)
+    now = 0
+    while True:
+        data = pattern(1, 600_000)
+        hdr = header_slot(1, u8_layout(600_000), 600_000)
+        if cs.submit(SRC, 1, 1, memoryview(hdr), memoryview(data), lambda: True, now) == PENDING:
+            break
+    assert cs.flush(now + 1000) == PENDING
+    assert cs.flush(now + 1001) == SendDrop.BACK_PRESSURED and not cs.pending
+
+
+def test_frame_raw_views_expose_the_header_slot_and_payload_bytes(ctx: AeronContext) -> None:
+    """The consumer hook the sender chunks from: the 256 header-slot bytes (seq_commit,
+    SlotHeader fields, embedded TensorHeader) and exactly values_len_bytes of payload."""
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    from tensorpool.client.consumer import Consumer, Frame
+    from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+    from tensorpool.client.settings import Channels, ClientSettings
+    from tensorpool.shm.tensor import TensorLayout
+
+    base = tempfile.mkdtemp(
+        prefix="tp-bridge-hook-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    sid = next(_ids)
+    settings = ClientSettings(
+        shm_base_dir=base,
+        channels=Channels(control_stream_id=sid, descriptor_stream_id=sid + 1),
+        announce_period_ns=50_000_000,
+    )
+    try:
+        with Producer(ctx, StreamConfig(sid, header_nslots=8, pools=(PoolConfig(1, 4096),)),
+                      settings) as prod, Consumer(ctx, sid, settings) as cons:  # fmt: skip
+            arr = np.arange(300, dtype="<u2").reshape(20, 15)
+            got: list[tuple[bytes, bytes, int]] = []
+
+            def take(f: Frame) -> None:
+                hdr, pay = f.raw_views()
+                got.append((bytes(hdr), bytes(pay), f.seq))
+                assert f.is_current()
+
+            deadline = time.monotonic() + 10
+            while not got:
+                assert time.monotonic() < deadline
+                prod.do_work()
+                if cons.is_mapped:
+                    prod.offer(arr, timestamp_ns=77)
+                cons.poll(take)
+            hdr, pay, seq = got[0]
+            assert len(hdr) == 256 and pay == arr.tobytes()
+            assert int.from_bytes(hdr[:8], "little") == (seq << 1) | 1
+            assert TensorLayout.from_blob(hdr[60:]) == TensorLayout.contiguous((20, 15), "<u2")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
