@@ -540,9 +540,7 @@ def main() -> None:
     ap.add_argument("--profiles", default="default,jumbo")
     ap.add_argument("--strategy", choices=("staging", "claim"), default="staging")
     ap.add_argument("--term", default="16m", help="payload channel term-length")
-    ap.add_argument(
-        "--window", default="4m", help="payload channel rcv-wnd (<= so-rcvbuf = 4m here)"
-    )
+    ap.add_argument("--window", default="2m", help="payload channel rcv-wnd (so-rcvbuf is 4m)")
     ap.add_argument("--quick", action="store_true", help="4 s measured, 2 s warm-up")
     ap.add_argument("--no-micro", action="store_true")
     ap.add_argument("--json", action="store_true", help="also print raw results as JSON")

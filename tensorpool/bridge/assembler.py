@@ -525,8 +525,10 @@ class ReceiverCore:
             except struct.error:
                 return self._global_drop(ChunkDrop.TRUNCATED)
         n = mv.nbytes
+        if hlen > HEADER_SLOT_BYTES:  # varDataEncoding256: never more than the slot (§5.2)
+            return self._global_drop(ChunkDrop.HEADER_LENGTH_INVALID)
         lpos = hpos + hlen
-        if hlen > HEADER_SLOT_BYTES or lpos + 4 > n:
+        if lpos + 4 > n:
             return self._global_drop(ChunkDrop.TRUNCATED)
         dlen = _U32.unpack_from(mv, lpos)[0]
         ppos = lpos + 4

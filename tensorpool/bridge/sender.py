@@ -10,9 +10,10 @@ read has already happened (Wire Spec §8.3), and :class:`ChunkSender`:
    chunks of ``min(chunk_bytes, mtu_bytes - 128)``, chunk 0 carrying the header slot);
 2. re-validates the slot (``Frame.is_current()``): a frame overwritten while it was being
    copied is dropped (``source_overwritten``), never sent as good (§5.3);
-3. sends every message with one ``offer`` — in order — if the publication's flow-control
-   window can take the whole frame; otherwise keeps it pending and sends it when room
-   appears, dropping frames that arrive meanwhile (``back_pressured``).
+3. sends the messages in order, one ``offer`` each, as far as the publication's
+   flow-control window allows; the rest goes out on the next duty cycles, before any newer
+   frame — frames arriving meanwhile are dropped (``back_pressured``), and a frame not out
+   within the assembly timeout is given up.
 
 The ``claim`` strategy (``tensorpool bridge --send-strategy claim``) writes each chunk
 straight from shared memory into an Aeron ``try_claim`` buffer instead, committing the last
@@ -83,10 +84,6 @@ _ADMIN_ACTION: Final = pyaeron.ADMIN_ACTION
 #: :meth:`ChunkSender.submit`/:meth:`~ChunkSender.flush`: the frame is staged, waiting for room.
 PENDING: Final = "pending"
 _NOT_CONNECTED: Final = pyaeron.NOT_CONNECTED
-
-
-def _align32(n: int) -> int:
-    return (n + 31) & ~31
 
 
 @dataclass(slots=True)
@@ -186,21 +183,22 @@ class ChunkSender:
       copies into a private staging buffer already laid out as the chunk messages (headers
       pre-filled per frame length, epoch/seq written as two column stores), the slot is
       re-validated, then every message is one ``offer`` of a ready-made view. Measured on
-      this project's 2-core host with warm log buffers: ~0.7 µs per 1280-byte chunk, staging
+      this project's 2-core host with warm log buffers: ~0.5 µs per 1280-byte chunk, staging
       copy included, against ~2 µs for ``try_claim`` (four Python↔C calls per chunk) — the
       extra memcpy costs far less than the calls it saves (docs/benchmarks/bridge.md).
-      Because the staged copy is private, a frame that finds the publication's
-      flow-control window full is kept *pending* and sent as soon as room appears (checked
-      every duty cycle) instead of being dropped on the spot; frames arriving meanwhile
-      are dropped (``back_pressured``), and one pending longer than ``max_hold_ns`` too.
+      Because the staged copy is private, a frame need not fit the flow-control window at
+      once (a 640 KiB frame does not fit Aeron's default 128 KiB receiver window): chunks
+      go out while the publication takes them and the rest is sent on the next duty
+      cycles, in order, before any other frame. Frames arriving meanwhile are dropped
+      (``back_pressured``); a frame still unfinished ``max_hold_ns`` after it was staged is
+      abandoned (the receiver drops the partial frame by its assembly timeout).
     * ``"claim"``: every chunk that fits one Aeron frame is encoded straight into a
       ``try_claim`` buffer from shared memory (no staging copy); the last chunk is
       committed only after the slot was re-validated, so an overwritten frame can never
-      complete at the receiver. Nothing can be held: a frame that does not fit the window
-      is dropped.
+      complete at the receiver. A frame refused mid-way is abandoned, so frames larger
+      than the window cannot pass; kept for comparison (``--send-strategy claim``).
 
-    A frame is never started unless the window can take all of it, so back-pressure never
-    cuts frames short and never blocks the source consumer.
+    Nothing here ever waits: back-pressure drops frames, it never blocks the source.
     """
 
     __slots__ = (
@@ -218,7 +216,6 @@ class ChunkSender:
         "stats",
         "strategy",
         "stream_id",
-        "window_check",
     )
 
     def __init__(
@@ -247,42 +244,13 @@ class ChunkSender:
         self._stg = np.zeros(0, np.uint8)
         self._layout: _Layout | None = None
         self._layouts: dict[int, _Layout] = {}
-        self._pending: tuple[_Layout, int] | None = None  # staged frame, time it was staged
-        # Concurrent publications expose their flow-control limit: a frame that cannot fit
-        # is refused before its first chunk instead of being cut short (wasted bandwidth).
-        self.window_check = hasattr(self._raw, "position_limit")
+        # the staged frame being sent: layout, index of the next message, time staged
+        self._pending: tuple[_Layout, int, int] | None = None
 
     @property
     def pending(self) -> bool:
-        """A staged frame is waiting for room in the publication."""
+        """A staged frame is still being sent."""
         return self._pending is not None
-
-    def wire_bytes(self, payload_length: int, count: int) -> int:
-        """Log space one frame needs (Aeron data headers and 32-byte alignment included)."""
-        c = self.chunk_bytes
-        first = WITH_HEADER_OVERHEAD + min(c, payload_length)
-        frags = -(-first // max(self.max_claim, 1))
-        total = _align32(first + frags * _AERON_HEADER)
-        if count > 1:
-            full = _align32(NO_HEADER_OVERHEAD + c + _AERON_HEADER)
-            last = payload_length - (count - 1) * c
-            total += (count - 2) * full + _align32(NO_HEADER_OVERHEAD + last + _AERON_HEADER)
-        return total
-
-    def _room(self, length: int, count: int) -> str | None:
-        """None if the publication can take the whole frame now, else why not."""
-        if not self.window_check:
-            return None
-        raw = self._raw
-        try:
-            room = raw.position_limit - raw.position  # type: ignore[union-attr]
-        except Exception:  # closed publication
-            return SendDrop.PUBLICATION_FAILED
-        if room >= self.wire_bytes(length, count):
-            return None
-        if not raw.is_connected:
-            return SendDrop.NOT_CONNECTED
-        return SendDrop.BACK_PRESSURED
 
     def _reason(self, before: tuple[int, int]) -> str:
         cnt = self._pub.counters
@@ -294,10 +262,6 @@ class ChunkSender:
 
     def _dropped(self, reason: str) -> str:
         self.stats.drops.increment(reason)
-        if reason == SendDrop.BACK_PRESSURED:
-            self._pub.counters.back_pressured += 1
-        elif reason == SendDrop.NOT_CONNECTED:
-            self._pub.counters.not_connected += 1
         return reason
 
     def _sent(self, length: int) -> None:
@@ -315,28 +279,25 @@ class ChunkSender:
         is_current: Callable[[], bool],
         now_ns: int = 0,
     ) -> str | None:
-        """Offer one frame: None once it went out, :data:`PENDING` while it is staged and
-        waiting for room (staging strategy only), else the reason it was dropped (counted in
+        """Offer one frame: None once all of it went out, :data:`PENDING` while the rest of
+        it waits for room (staging strategy only), else the reason it was dropped (counted in
         ``stats.drops``). Never waits."""
         length = payload.nbytes
-        c = self.chunk_bytes
-        count = -(-length // c) if length else 1
-        if self.strategy == "claim" and NO_HEADER_OVERHEAD + c <= self.max_claim:
-            reason = self._room(length, count)
-            if reason is None:
-                reason = self._send_claimed(stream_id, epoch, seq, header, payload, is_current)
+        if self.strategy == "claim" and NO_HEADER_OVERHEAD + self.chunk_bytes <= self.max_claim:
+            reason = self._send_claimed(stream_id, epoch, seq, header, payload, is_current)
             if reason is None:
                 self._sent(length)
                 return None
             return self._dropped(reason)
         if self._pending is not None and self.flush(now_ns) == PENDING:
-            # The window is still full: keep the older frame, which has waited longest.
+            # Still busy with an earlier frame: it goes out first, whole; this one is dropped.
+            self._pub.counters.back_pressured += 1
             return self._dropped(SendDrop.BACK_PRESSURED)
         lay = self._stage(stream_id, epoch, seq, header, payload)
         # Everything this frame will carry is now private: validate it once, then send.
         if not is_current():
             return self._dropped(SendDrop.SOURCE_OVERWRITTEN)
-        self._pending = (lay, now_ns)
+        self._pending = (lay, 0, now_ns)
         return self.flush(now_ns)
 
     def send(
@@ -348,7 +309,7 @@ class ChunkSender:
         payload: memoryview,
         is_current: Callable[[], bool],
     ) -> str | None:
-        """:meth:`submit` without holding: a frame that cannot go out now is dropped."""
+        """:meth:`submit` without resuming: whatever cannot go out now is abandoned."""
         reason = self.submit(stream_id, epoch, seq, header, payload, is_current)
         if reason == PENDING:
             self._pending = None
@@ -356,22 +317,50 @@ class ChunkSender:
         return reason
 
     def flush(self, now_ns: int = 0) -> str | None:
-        """Send the pending frame if the window has room: None when nothing is pending (any
-        more), :data:`PENDING` if it still waits, or the reason it was dropped."""
+        """Send as much of the pending frame as the publication takes: None when nothing is
+        pending (any more — the frame is out), :data:`PENDING` if part of it still waits, or
+        the reason it was abandoned."""
         pending = self._pending
         if pending is None:
             return None
-        lay, since = pending
-        reason = self._room(lay.length, lay.count)
-        if reason == SendDrop.BACK_PRESSURED and now_ns - since <= self.max_hold_ns:
-            return PENDING
-        self._pending = None
-        if reason is None:
-            reason = self._offer_all(lay)
-        if reason is None:
+        lay, i, since = pending
+        views = lay.views
+        n = len(views)
+        offer = self._raw.offer
+        cnt = self._pub.counters
+        reason: str | None = None
+        admin = 0
+        while i < n:
+            try:
+                r = offer(views[i])
+            except Exception:  # closed publication, message too long for the channel
+                cnt.closed += 1
+                reason = SendDrop.PUBLICATION_FAILED
+                break
+            if r is True:
+                i += 1
+                continue
+            if r is _ADMIN_ACTION and admin < 8:
+                cnt.admin_action += 1
+                admin += 1
+                continue  # the log rotated under us: retrying at once normally succeeds
+            if r is _NOT_CONNECTED:
+                cnt.not_connected += 1
+                reason = SendDrop.NOT_CONNECTED
+            else:
+                cnt.back_pressured += 1
+                reason = PENDING
+            break
+        if i == n:
+            cnt.ok += n
+            self._pending = None
             self._sent(lay.length)
             return None
-        return self._dropped(reason)
+        if reason == PENDING and now_ns - since <= self.max_hold_ns:
+            self._pending = (lay, i, since)
+            return PENDING
+        self._pending = None
+        return self._dropped(SendDrop.BACK_PRESSURED if reason == PENDING else reason)  # type: ignore[arg-type]
 
     # -- staging -----------------------------------------------------------------------------
     def _stage(
@@ -406,28 +395,6 @@ class ChunkSender:
                     length - lay.last :
                 ]
         return lay
-
-    def _offer_all(self, lay: _Layout) -> str | None:
-        offer = self._raw.offer
-        cnt = self._pub.counters
-        for view in lay.views:
-            try:
-                r = offer(view)
-            except Exception:  # closed publication, message too long for the channel
-                cnt.closed += 1
-                return SendDrop.PUBLICATION_FAILED
-            if r is not True:
-                retries = 3
-                while r is _ADMIN_ACTION and retries:
-                    cnt.admin_action += 1
-                    retries -= 1
-                    r = offer(view)
-                if r is not True:
-                    return (
-                        SendDrop.NOT_CONNECTED if r is _NOT_CONNECTED else (SendDrop.BACK_PRESSURED)
-                    )
-        cnt.ok += lay.count
-        return None
 
     def _use(self, length: int, stream_id: int) -> _Layout:
         """The layout for this length (cached, up to 16 lengths), headers stamped in."""

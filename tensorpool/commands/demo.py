@@ -1,12 +1,19 @@
-"""`tensorpool demo`: frames flowing between real processes, end to end.
+"""`tensorpool demo`: the whole system on one machine, end to end.
 
-Starts a standalone Aeron media driver, a synthetic camera (`tensorpool produce`,
-640x480 uint16 at 100 Hz with a moving pattern) and a consumer (`tensorpool
-consume`) as separate processes sharing one SHM base directory, relays the
-consumer's once-a-second report, then stops everything and cleans up.
+Processes (each a real `tensorpool` subcommand, sharing one temporary directory):
+
+1. the SHM driver (`tensorpool driver`), hosting the Aeron media driver;
+2. a synthetic camera (`tensorpool produce --driver`): 640x480 uint16 at 100 Hz with a
+   moving pattern, on stream 10000;
+3. a rate limiter (`tensorpool ratelimiter`) copying the newest frame to stream 20000 at
+   10 Hz;
+4. in this process, a Spark streaming query (`format("tensorpool")`, attached through the
+   driver) that prints one line per micro-batch: batch id, frames, mean intensity and
+   end-to-end latency (camera timestamp -> micro-batch visible), then a summary.
+
+`--no-spark` runs steps 1-3 with `tensorpool consume` instead of Spark (no Java needed).
+Everything is stopped and removed at the end, also on Ctrl-C.
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -16,69 +23,286 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from tensorpool.cli import UserError
+
+CAMERA_STREAM = 10000
+VIEW_STREAM = 20000
+
+DRIVER_TOML = """\
+[driver]
+instance_id = "demo"
+aeron_dir = "{aeron}"
+embedded_media_driver = true
+
+[shm]
+base_dir = "{shm}"
+namespace = "demo"
+permissions_mode = "600"
+allowed_base_dirs = ["{shm}"]
+
+[policies]
+allow_dynamic_streams = false
+announce_period_ms = 500
+cleanup_shm_on_exit = true
+epoch_gc_keep = 1
+
+[profiles.camera]
+header_nslots = 64
+payload_pools = [{{ pool_id = 1, stride_bytes = 1048576 }}]
+
+# the rate limiter keeps the camera's seq numbers (every 10th), so its ring must be deeper
+# in seq terms for Spark to find a micro-batch's frames still there
+[profiles.view]
+header_nslots = 256
+payload_pools = [{{ pool_id = 1, stride_bytes = 1048576 }}]
+
+[streams.camera]
+stream_id = {camera}
+profile = "camera"
+
+[streams.view]
+stream_id = {view}
+profile = "view"
+"""
+
+RATELIMITER_TOML = """\
+[rate_limiter]
+instance_id = "demo-view"
+descriptor_channel = "aeron:ipc?term-length=16m"
+descriptor_stream_id = 1100
+max_rate_hz = {rate}
+
+[[mappings]]
+source_stream_id = {camera}
+dest_stream_id = {view}
+profile = "camera"
+
+[driver]
+aeron_dir = "{aeron}"
+
+[shm]
+base_dir = "{shm}"
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--duration", type=float, default=10.0, help="seconds to run (%(default)s)")
-    p.add_argument("--rate", type=float, default=100.0, help="camera frames/s (%(default)s)")
-    p.add_argument("--shape", default="480,640", help="camera frame shape (%(default)s)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of streaming")
+    p.add_argument("--camera-rate", type=float, default=100.0, help="camera frames/s")
+    p.add_argument("--view-rate", type=int, default=10, help="rate limiter output frames/s")
+    p.add_argument("--trigger-s", type=float, default=1.0, help="Spark micro-batch interval")
+    p.add_argument("--no-spark", action="store_true", help="plain consumer instead of Spark")
 
 
-def _cli(*args: str) -> list[str]:
+def _tp(*args: str) -> list[str]:
     return [sys.executable, "-m", "tensorpool", *args]
 
 
-def run(args: argparse.Namespace) -> int:
-    from tensorpool.transport.mediadriver import MediaDriverProcess
+def _wait_driver(config: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    from tensorpool.driver.config import load_driver_config
+    from tensorpool.driver.status import StatusUnavailable, assess, read_status, status_path
 
-    work = tempfile.mkdtemp(
-        prefix="tensorpool-demo-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-    )
-    shm = os.path.join(work, "shm")
+    path = status_path(load_driver_config(config))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"the SHM driver exited with status {proc.returncode}")
+        try:
+            if assess(read_status(path), time.time_ns()).verdict == "running":
+                return
+        except (StatusUnavailable, OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise UserError(f"the SHM driver did not come up within {timeout_s:g} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    work = Path(tempfile.mkdtemp(prefix="tensorpool-demo-", dir=root))
+    aeron, shm = work / "aeron", work / "shm"
+    fields = {
+        "aeron": aeron,
+        "shm": shm,
+        "camera": CAMERA_STREAM,
+        "view": VIEW_STREAM,
+        "rate": args.view_rate,
+    }
+    (work / "driver.toml").write_text(DRIVER_TOML.format(**fields))
+    (work / "ratelimiter.toml").write_text(RATELIMITER_TOML.format(**fields))
     procs: list[subprocess.Popen[bytes]] = []
-    print(f"demo: media driver, camera producer and consumer under {work}", flush=True)
+    client = ("--aeron-dir", str(aeron), "--shm-base-dir", str(shm))
+    print(f"demo: working under {work}", flush=True)
     try:
-        with MediaDriverProcess(os.path.join(work, "aeron")) as md:
-            common = ("--aeron-dir", md.dir, "--shm-base-dir", shm, "--stream-id", "1")
+        procs.append(
+            subprocess.Popen(
+                _tp("driver", "--config", str(work / "driver.toml"), "--log-level", "warning"),
+                stdin=subprocess.DEVNULL,
+            )
+        )
+        _wait_driver(str(work / "driver.toml"), procs[0], 30)
+        print(
+            "demo: SHM driver up; starting camera (stream 10000, 640x480 uint16 at "
+            f"{args.camera_rate:g} Hz) and rate limiter (-> stream 20000 at "
+            f"{args.view_rate} Hz)",
+            flush=True,
+        )
+        procs.append(
+            subprocess.Popen(
+                _tp(
+                    "produce",
+                    "--driver",
+                    *client,
+                    "--stream-id",
+                    str(CAMERA_STREAM),
+                    "--shape",
+                    "480,640",
+                    "--dtype",
+                    "uint16",
+                    "--rate",
+                    str(args.camera_rate),
+                    "--pattern",
+                    "moving",
+                    "--quiet",
+                    "--meta",
+                    "instrument=demo-camera",
+                ),
+                stdin=subprocess.DEVNULL,
+            )
+        )
+        with open(work / "ratelimiter.log", "wb") as rl_log:  # its own log; shown on failure
             procs.append(
                 subprocess.Popen(
-                    _cli(
-                        "produce",
-                        *common,
-                        "--rate",
-                        str(args.rate),
-                        "--shape",
-                        args.shape,
-                        "--pattern",
-                        "moving",
-                        "--duration",
-                        str(args.duration + 2),
-                        "--quiet",
-                        "--meta",
-                        "instrument=demo-camera",
+                    _tp(
+                        "ratelimiter",
+                        "--config",
+                        str(work / "ratelimiter.toml"),
+                        "--stats-interval",
+                        "0",
                     ),
                     stdin=subprocess.DEVNULL,
+                    stdout=rl_log,
+                    stderr=rl_log,
                 )
             )
-            procs.append(
-                subprocess.Popen(
-                    _cli("consume", *common, "--duration", str(args.duration)),
-                    stdin=subprocess.DEVNULL,
+        time.sleep(1.0)
+        if procs[-1].poll() is not None:
+            sys.stderr.write((work / "ratelimiter.log").read_text())
+            raise UserError("the rate limiter exited early (its log is above)")
+        if args.no_spark:
+            return subprocess.call(
+                _tp(
+                    "consume",
+                    "--driver",
+                    *client,
+                    "--stream-id",
+                    str(VIEW_STREAM),
+                    "--duration",
+                    str(args.duration),
                 )
             )
-            deadline = time.monotonic() + args.duration + 15
-            while procs[1].poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return 0 if procs[1].returncode == 0 else 1
+        return _spark(args, str(aeron), str(shm))
     except KeyboardInterrupt:
+        print("\ndemo: interrupted", flush=True)
         return 130
     finally:
-        for p in procs:
+        for p in reversed(procs):  # clients first, the driver last
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in procs:
             try:
-                p.wait(10)
+                p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _spark(args: argparse.Namespace, aeron: str, shm: str) -> int:
+    import numpy as np
+
+    try:
+        import pandas as pd
+        from pyspark.sql import SparkSession
+        from pyspark.sql.functions import pandas_udf
+    except ImportError as exc:
+        raise UserError(
+            f"the Spark demo needs tensorpool[spark] ({exc}); or use --no-spark"
+        ) from None
+    import tensorpool.spark_source as tps
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    print("demo: starting Spark (local[2]) ...", flush=True)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("tensorpool-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    tps.register(spark)
+
+    @pandas_udf("double")
+    def frame_mean(payload: pd.Series, dtype: pd.Series, shape: pd.Series) -> pd.Series:
+        return pd.Series([float(a.mean()) for a in tps.column_to_numpy(payload, dtype, shape)])
+
+    frames = (
+        spark.readStream.format("tensorpool")
+        .option("streams", str(VIEW_STREAM))
+        .option("aeronDir", aeron)
+        .option("shmBaseDir", shm)
+        .option("driver", "true")
+        .option("failOnDataLoss", "false")
+        .load()
+        .select("seq", "timestamp_ns", frame_mean("payload", "dtype", "shape").alias("mean"))
+    )
+    totals = {"batches": 0, "frames": 0, "latency_ms": []}
+    stopping = False
+
+    def show(batch, batch_id: int) -> None:
+        try:
+            rows = batch.collect()
+        except Exception:
+            if stopping:  # the query is being stopped under a running batch: not an error
+                return
+            raise
+        now = time.monotonic_ns()
+        if not rows:
+            print(f"batch {batch_id:3d}: no frames", flush=True)
+            return
+        lat = np.array([(now - r.timestamp_ns) / 1e6 for r in rows])
+        mean = float(np.mean([r.mean for r in rows]))
+        totals["batches"] += 1
+        totals["frames"] += len(rows)
+        totals["latency_ms"].extend(lat.tolist())
+        print(
+            f"batch {batch_id:3d}: {len(rows):3d} frames  seq {rows[0].seq}..{rows[-1].seq}"
+            f"  mean intensity {mean:7.1f}  latency p50 {np.median(lat):6.0f} ms"
+            f"  max {lat.max():6.0f} ms",
+            flush=True,
+        )
+
+    query = (
+        frames.writeStream.foreachBatch(show)
+        .trigger(processingTime=f"{args.trigger_s:g} seconds")
+        .start()
+    )
+    try:
+        query.awaitTermination(args.duration)
+    finally:
+        stopping = True
+        # let a running micro-batch finish (bounded) so the stop does not interrupt it
+        deadline = time.monotonic() + 20
+        while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        query.stop()
+        spark.stop()
+    lat = np.array(totals["latency_ms"] or [float("nan")])
+    print(
+        f"demo: {totals['batches']} micro-batches, {totals['frames']} frames in "
+        f"{args.duration:g} s ({totals['frames'] / args.duration:.1f} frames/s after the rate "
+        f"limiter); end-to-end latency p50 {np.nanmedian(lat):.0f} ms, "
+        f"max {np.nanmax(lat):.0f} ms",
+        flush=True,
+    )
+    return 0 if totals["frames"] else 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import random
 import signal
 import threading
 import time
@@ -37,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tensorpool.client.announce import StreamLayout
+from tensorpool.client.announce import StreamLayout, Verdict
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import IngressBuffer
-from tensorpool.specs import CodecError
+from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext
 
@@ -276,6 +277,138 @@ class Attachment:
         self.close()
 
 
+class AnnounceProbe:
+    """Standalone layouts for a one-shot batch plan, with two Aeron resources.
+
+    A :class:`Attachment` builds a full Consumer per stream (five publications and
+    subscriptions, ~30 ms each to register with the media driver); a batch read only needs
+    the announces. The probe subscribes to the control stream, says ``ConsumerHello`` per
+    stream (a standalone producer answers with an announce at once) and applies the same
+    announce rules as the Consumer (:class:`~tensorpool.client.announce.AnnounceTracker`:
+    freshness, join time, highest epoch wins). A layout counts only once its regions map and
+    validate (``on_mapped``), so a bad announce cannot hide the stream's real producer.
+    """
+
+    def __init__(
+        self,
+        streams: tuple[int, ...],
+        settings: ClientSettings,
+        *,
+        map_layout: Callable[[StreamLayout], object],
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        from tensorpool.client.announce import AnnounceTracker
+
+        self.streams = streams
+        self.settings = settings
+        self._map = map_layout
+        self._clock = clock
+        self._trackers = {sid: AnnounceTracker(sid, settings.freshness_ns) for sid in streams}
+        self._layouts: dict[int, StreamLayout] = {}
+        self.rejected: dict[str, int] = {}
+        self._buf = bytearray(1024)
+        self._consumer_id = random.getrandbits(31) + 1
+        self._ctx = AeronContext(settings.transport).start()
+        ch = settings.channels
+        try:
+            self._sub = self._ctx.add_subscription(
+                ch.control_channel, ch.control_stream_id, self._on_control, fragment_limit=64
+            )
+            self._pub = self._ctx.add_publication(ch.control_channel, ch.control_stream_id)
+        except BaseException:
+            self._ctx.close()
+            raise
+
+    def _on_control(self, buffer: object, header: object) -> None:
+        try:
+            if peek_header(buffer)[2] != wire.FrameDescriptorDecoder.SCHEMA_ID:
+                return
+            dec = decode_any(buffer)
+            if not isinstance(dec, wire.ShmPoolAnnounceDecoder):
+                return
+            sid = dec.stream_id
+            tracker = self._trackers.get(sid)
+            if tracker is None:
+                return
+            now = self._clock()
+            decision = tracker.on_announce(
+                sid,
+                dec.epoch,
+                dec.announce_timestamp_ns,
+                dec.announce_clock_domain_raw,
+                dec.header_slot_bytes,
+                self._sub.join_time_ns(header.session_id),  # type: ignore[attr-defined]
+                now,
+            )
+            if decision.verdict is Verdict.IGNORE or decision.verdict is Verdict.REFRESH:
+                return
+            layout = StreamLayout.from_announce(dec)
+        except CodecError as exc:
+            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            return
+        try:
+            self._map(layout)
+        except Exception as exc:
+            reason = getattr(exc, "reason", type(exc).__name__)
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            log.warning("stream %d epoch %d not mappable: %s", sid, layout.epoch, exc)
+            return
+        tracker.on_mapped(layout.epoch, now)
+        self._layouts[sid] = layout
+
+    def _hello(self, sid: int) -> None:
+        n = wire.ConsumerHelloEncoder.encode(
+            self._buf,
+            0,
+            stream_id=sid,
+            consumer_id=self._consumer_id,
+            supports_shm=int(wire.Bool.TRUE),
+            supports_progress=int(wire.Bool.FALSE),
+            mode=int(wire.Mode.STREAM),
+            max_rate_hz=0,
+            expected_layout_version=0,
+            descriptor_stream_id=0,
+            control_stream_id=0,
+            descriptor_channel="",
+            control_channel="",
+        )
+        self._pub.offer(self._buf, 0, n)
+
+    def wait_for_layouts(self, timeout_s: float) -> dict[int, StreamLayout]:
+        deadline = time.monotonic() + timeout_s
+        next_hello = 0.0
+        while True:
+            now = time.monotonic()
+            missing = [s for s in self.streams if s not in self._layouts]
+            if not missing:
+                return dict(self._layouts)
+            if now >= next_hello:
+                for sid in missing:
+                    self._hello(sid)
+                next_hello = now + 0.2
+            if now >= deadline:
+                ch = self.settings.channels
+                raise AttachError(
+                    f"stream(s) {missing}: no ShmPoolAnnounce (is the producer running?) within "
+                    f"{timeout_s:g} s on control {ch.control_channel} stream "
+                    f"{ch.control_stream_id}, Aeron dir {self._ctx.dir!r}"
+                    + (f", rejected: {self.rejected}" if self.rejected else "")
+                    + "; check streams / aeronDir / controlChannel / controlStreamId / "
+                    "shmBaseDir / attachTimeoutMs"
+                )
+            if not self._sub.poll():
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        self._ctx.close()
+
+    def __enter__(self) -> AnnounceProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # --- process-wide registry, SIGTERM and exit hooks ----------------------------------------------
 _OPEN: weakref.WeakSet[Attachment] = weakref.WeakSet()
 _HOOKS_LOCK = threading.Lock()
@@ -356,6 +489,7 @@ def open_attachment(
 
 __all__ = [
     "DEFAULT_INTAKE_CAPACITY",
+    "AnnounceProbe",
     "AttachError",
     "Attachment",
     "IntakeStats",

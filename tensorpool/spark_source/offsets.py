@@ -121,6 +121,9 @@ class Loss:
     nslots: int = 0
 
 
+#: Placeholder epoch of a stream that was not announced when the query started (real epochs
+#: start at 1).
+NOT_STARTED: Final = 0
 OVERWRITTEN: Final = "overwritten"
 EPOCH_CHANGE: Final = "epoch_change"
 REGIONS_GONE: Final = "region_unavailable"
@@ -219,10 +222,12 @@ class StreamPlanner:
     ends before it was fully read) and the ``Trigger.AvailableNow`` target.
     """
 
-    def __init__(self, streams: Sequence[int]) -> None:
+    def __init__(self, streams: Sequence[int], start_at: Mapping[int, str] | None = None) -> None:
         self.streams = tuple(sorted(streams))
         self._seen: dict[int, tuple[int, int]] = {}  # stream -> (epoch, highest head seen)
         self.target: dict[int, tuple[int, int]] | None = None
+        # where a stream that was not there when the query started begins ("earliest"/"latest")
+        self.start_at = dict(start_at or {})
 
     def observe(self, stream_id: int, state: RingState) -> None:
         """Remember the highest head of the newest epoch (older epochs are never re-entered)."""
@@ -278,6 +283,12 @@ class StreamPlanner:
                         continue
                 elif st.epoch == tgt[0]:
                     head = min(head, tgt[1])
+            if pos.epoch == NOT_STARTED:
+                # The stream was not announced when the query started: it begins now, where
+                # startingOffsets says, and nothing before that point counts as lost.
+                first = st.oldest if self.start_at.get(sid, "earliest") == "earliest" else st.head
+                end[sid] = StreamPos(st.epoch, min(first, head), pos.lost, pos.lost_late + add_late)
+                continue
             if st.epoch > pos.epoch:
                 # Transition batch: account for the old epoch, start at the new one's oldest.
                 lost = 0
@@ -404,6 +415,7 @@ def split_ranges(ranges: Sequence[Range], min_partitions: int | None) -> list[Ra
 
 __all__ = [
     "EPOCH_CHANGE",
+    "NOT_STARTED",
     "OVERWRITTEN",
     "REGIONS_GONE",
     "Limits",

@@ -215,14 +215,6 @@ class MappedStream:
             self.spec.epoch, int(committed.min()), int(committed.max()) + 1, self.spec.nslots
         )
 
-    def newest_timestamp_ns(self, head: int) -> int | None:
-        """timestamp_ns of frame ``head - 1`` if still committed (for latency reporting)."""
-        if head <= 0:
-            return None
-        idx = (head - 1) & self.mask
-        r = self.reader.read(idx, head - 1)
-        return None if r is None else r.timestamp_ns
-
     def sizes(self, first: int, count: int) -> list[int]:
         """``values_len_bytes`` per frame; frames already overwritten count as a full stride."""
         if count <= 0:

@@ -58,8 +58,14 @@ from pyspark.sql.types import (
 )
 
 from tensorpool.spark_source import ring
-from tensorpool.spark_source.attach import Attachment, open_attachment
+from tensorpool.spark_source.attach import (
+    AnnounceProbe,
+    AttachError,
+    Attachment,
+    open_attachment,
+)
 from tensorpool.spark_source.offsets import (
+    NOT_STARTED,
     OVERWRITTEN,
     REGIONS_GONE,
     Limits,
@@ -212,13 +218,6 @@ class _LossRecorder:
 
 
 def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    import time as _t
-    _t0 = _t.perf_counter()
-    yield from _read_partition(partition, schema)
-    with open("/tmp/sx/trace.txt", "a") as f: f.write(f"read {os.getpid()} {_t.perf_counter()-_t0:.3f}\n")
-
-
-def _read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, FramePartition):
         return  # Spark's placeholder partition of an empty batch read
     rec = _LossRecorder(partition)
@@ -255,14 +254,19 @@ class TensorPoolBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
         conn = opts.connection
-        with open_attachment(
-            opts.streams,
-            _settings(opts),
-            driver=conn.driver,
-            background=False,
-            intake_capacity=None,
-        ) as att:
-            layouts = att.wait_for_layouts(conn.attach_timeout_ms / 1000)
+        timeout = conn.attach_timeout_ms / 1000
+        if conn.driver:
+            with open_attachment(
+                opts.streams, _settings(opts), driver=True, background=False, intake_capacity=None
+            ) as att:
+                layouts = att.wait_for_layouts(timeout)
+        else:
+
+            def validate(layout: Any) -> None:
+                ring.mapped(ring.RegionSpec.from_layout(layout), conn.base_dirs)
+
+            with AnnounceProbe(opts.streams, _settings(opts), map_layout=validate) as probe:
+                layouts = probe.wait_for_layouts(timeout)
         ranges: list[Range] = []
         specs: dict[int, ring.RegionSpec] = {}
         losses: list[Loss] = []
@@ -328,8 +332,6 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
         self._states: dict[int, RingState | None] = {}
         self._spool: str | None = None
-        self.lost_total = 0
-        self.lost_late_total = 0
 
     # --- driver-side plumbing -------------------------------------------------------------------
     def _attach(self) -> Attachment:
@@ -339,11 +341,20 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             att = open_attachment(opts.streams, _settings(opts), driver=opts.connection.driver)
             try:
                 att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
+            except AttachError as exc:
+                # A stream may come later (producer not started yet, or restarting): it is
+                # picked up when it appears; until then it simply has no new data.
+                log.warning("tensorpool: %s; continuing without them for now", exc)
             except BaseException:
                 att.close()
                 raise
             self._att = att
-            self._planner = StreamPlanner(opts.streams)
+            start_at = {
+                sid: spec
+                for sid in opts.streams
+                if isinstance(spec := opts.starting.for_stream(sid), str)
+            }
+            self._planner = StreamPlanner(opts.streams, start_at)
             self._spool = _make_spool(opts.connection.shm_base_dir)
         return att
 
@@ -406,7 +417,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if isinstance(spec, tuple):
                 start[sid] = StreamPos(spec[0], spec[1])
             elif st is None:
-                start[sid] = StreamPos(0, 0)
+                start[sid] = StreamPos(NOT_STARTED, 0)  # begins when the stream appears
             elif spec == EARLIEST:
                 start[sid] = StreamPos(st.epoch, st.oldest)
             else:
@@ -448,10 +459,6 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(message)
             log.warning("%s [skipped: failOnDataLoss=false]", message)
-        for sid, e in plan.end.items():
-            b = begin[sid]
-            self.lost_total += e.lost - b.lost
-            self.lost_late_total += e.lost_late - b.lost_late
         return encode_offsets(plan.end)
 
     def reportLatestOffset(self) -> dict | None:

@@ -172,7 +172,7 @@ def h() -> Iterator[Harness]:
                 "control_stream_id": 3001,
                 "metadata_channel": f"aeron:udp?endpoint=127.0.0.1:{p_meta}",
                 "metadata_stream_id": 3002,
-                "assembly_timeout_ms": 100,
+                "assembly_timeout_ms": 1000,
                 "forward_progress": True,
                 "forward_qos": True,
             },

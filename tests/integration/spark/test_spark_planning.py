@@ -35,8 +35,8 @@ from tensorpool.spark_source.options import (
 
 
 def test_offsets_json_has_a_stable_key_order():
-    """§4 offsets: streams by ascending id, fields epoch, seq, lost, lostLate (Spark compares
-    offset JSON as text and stores it verbatim in the checkpoint)."""
+    """issue 6 §4 offsets: streams by ascending id, fields epoch, seq, lost, lostLate (Spark
+    compares offset JSON as text and stores it verbatim in the checkpoint)."""
     doc = encode_offsets({12: StreamPos(3, 7), 2: StreamPos(1, 5, 2, 1)})
     assert json.dumps(doc) == (
         '{"2": {"epoch": 1, "seq": 5, "lost": 2, "lostLate": 1}, '
@@ -60,7 +60,8 @@ def test_split_budget_is_proportional_and_deterministic():
 
 
 def test_split_ranges_honours_min_partitions():
-    """§4 partitions: each stream range is split so there are at least minPartitions tasks."""
+    """issue 6 §4 partitions: each stream range is split so that there are at least
+    minPartitions tasks."""
     ranges = [Range(1, 1, 0, 100), Range(2, 1, 10, 20)]
     assert split_ranges(ranges, None) == ranges
     pieces = split_ranges(ranges, 5)
@@ -73,7 +74,7 @@ def test_split_ranges_honours_min_partitions():
 
 
 def test_planner_admission_and_planned_loss():
-    """§4 admission control (ReadMaxRows / ReadMaxBytes) and loss known at planning time."""
+    """issue 6 §4 admission control (ReadMaxRows / ReadMaxBytes) and loss known at planning time."""
     pl = StreamPlanner([1, 2])
     start = {1: StreamPos(5, 0), 2: StreamPos(7, 10)}
     states = {1: RingState(5, 0, 100, 128), 2: RingState(7, 40, 60, 16)}
@@ -100,8 +101,8 @@ def test_planner_admission_and_planned_loss():
 
 
 def test_planner_epoch_change_is_a_transition_batch():
-    """§4 epoch change: read to the end of the old epoch -> no loss; the next batch starts at
-    the new epoch's oldest frame; unread frames of the old epoch are counted (or unknown)."""
+    """issue 6 §4 epoch change: read to the end of the old epoch -> no loss; the next batch starts
+    at the new epoch's oldest frame; unread frames of the old epoch are counted (or unknown)."""
     pl = StreamPlanner([1])
     pl.plan({1: StreamPos(3, 0)}, {1: RingState(3, 0, 50, 64)}, Limits())
     plan = pl.plan({1: StreamPos(3, 50)}, {1: RingState(4, 0, 20, 64)}, Limits())
@@ -117,8 +118,20 @@ def test_planner_epoch_change_is_a_transition_batch():
     assert plan.unknown_epoch_loss and plan.end[1].epoch == 6
 
 
+def test_planner_stream_that_appears_later_starts_without_loss():
+    """issue 6 §4: a stream not announced when the query started (placeholder epoch 0) begins
+    where startingOffsets says once it appears; earlier frames are not data loss."""
+    pl = StreamPlanner([1, 2], {1: "earliest", 2: "latest"})
+    start = {1: StreamPos(0, 0), 2: StreamPos(0, 0)}
+    states = {1: RingState(4, 3, 10, 64), 2: RingState(9, 0, 7, 64)}
+    plan = pl.plan(start, states, Limits())
+    assert plan.end == {1: StreamPos(4, 3), 2: StreamPos(9, 7)}
+    assert not plan.losses and not plan.unknown_epoch_loss
+    assert batch_ranges(start, plan.end) == []
+
+
 def test_planner_available_now_target():
-    """§4 Trigger.AvailableNow: never plan past the heads seen when the trigger started."""
+    """issue 6 §4 Trigger.AvailableNow: never plan past the heads seen when the trigger started."""
     pl = StreamPlanner([1])
     pl.set_target({1: RingState(2, 0, 10, 64)})
     plan = pl.plan({1: StreamPos(2, 0)}, {1: RingState(2, 0, 50, 64)}, Limits())
@@ -126,7 +139,7 @@ def test_planner_available_now_target():
 
 
 def test_source_options_validation():
-    """§1 options: types, ranges, stream lists, offsets JSON, mode-specific options."""
+    """issue 6 §1 options: types, ranges, stream lists, offsets JSON, mode-specific options."""
     o = parse_source_options(
         {"streams": "3,1", "maxframespertrigger": "10", "failondataloss": "false"}
     )
@@ -144,7 +157,7 @@ def test_source_options_validation():
 
 
 def test_convert_helpers_copy_at_most_once():
-    """§2 helper: rows and columns back to numpy; an Arrow column of equal frames is viewed
+    """issue 6 §2 helper: rows and columns back to numpy; an Arrow column of equal frames is viewed
     without copying, a pandas column is joined once."""
     frames = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(4)]
     col = pa.array([f.tobytes() for f in frames], pa.binary())

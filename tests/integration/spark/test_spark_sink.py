@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from spark_helpers import source_options
+from spark_helpers import ProducerProc, source_options
 
 from tensorpool.spark_source.options import parse_sink_options
 from tensorpool.spark_source.sink import (
@@ -44,8 +44,8 @@ def sink_options(md_dir: str, shm: str, stream: int, **extra: object) -> dict[st
 
 
 def test_write_round_trip_to_a_plain_consumer(spark, media_driver, shm_base, roles):
-    """§6 write path: df.write publishes rows (payload+dtype+shape) as frames, in order, on a
-    stream that any tensorpool consumer reads."""
+    """issue 6 §6 write path: df.write publishes rows (payload+dtype+shape) as frames, in order, on
+    a stream that any tensorpool consumer reads."""
     opts = sink_options(media_driver.dir, shm_base, 41)
     ensure_publisher(parse_sink_options(opts))  # so the consumer maps before the frames come
     try:
@@ -65,7 +65,7 @@ def test_write_round_trip_to_a_plain_consumer(spark, media_driver, shm_base, rol
 
 
 def test_write_rejects_bad_rows_and_modes(spark, media_driver, shm_base):
-    """§6: rows the wire cannot carry fail the write naming the column/option; nothing is
+    """issue 6 §6: rows the wire cannot carry fail the write naming the column/option; nothing is
     published for a failed job."""
     from pyspark.errors import PySparkException
 
@@ -88,12 +88,10 @@ def test_write_rejects_bad_rows_and_modes(spark, media_driver, shm_base):
 def test_write_stream_relay_is_idempotent_per_batch_id(
     spark, media_driver, shm_base, roles, tmp_path
 ):
-    """§6 writeStream: Spark relays stream 43 into stream 44 (rows of the tensorpool source
+    """issue 6 §6 writeStream: Spark relays stream 43 into stream 44 (rows of the tensorpool source
     written back as is); a replayed batchId is acknowledged without publishing again."""
-    src = roles(
-        "producer", "--stream-id", "43", "--shape", "256", "--count", "40", "--linger", "120"
-    )
-    src.wait_event("done")
+    src = ProducerProc(media_driver.dir, shm_base, "--stream-id", "43", "--shape", "256")
+    src.produce(40)
     ckpt = str(tmp_path / "ck")
     opts = sink_options(media_driver.dir, shm_base, 44, checkpointLocation=ckpt)
     ensure_publisher(parse_sink_options(opts))
@@ -129,6 +127,7 @@ def test_write_stream_relay_is_idempotent_per_batch_id(
         done = consumer.wait_event("done", timeout=60)
     finally:
         stop_publisher(opts)
+        src.close()
     assert done["n_bad"] == 0 and done["accepted"] == 43
     assert [s for _, s in done["seen"]] == list(range(43))
 

@@ -370,8 +370,20 @@ def test_s5_2_declared_lengths_beyond_the_message_are_truncation() -> None:
     assert drops(feed(core, [bytes(m)])) == [ChunkDrop.TRUNCATED]
     m0 = bytearray(f.chunks[0])
     m0[OFF_HLEN : OFF_HLEN + 4] = (0xFFFFFFFF).to_bytes(4, "little")
-    assert drops(feed(core, [bytes(m0)])) == [ChunkDrop.TRUNCATED]
+    assert drops(feed(core, [bytes(m0)])) == [ChunkDrop.HEADER_LENGTH_INVALID]
     assert sink.sizes == []
+
+
+def test_s5_2_oversized_header_bytes_rejected() -> None:
+    """headerBytes longer than the 256-byte slot (the bytes really present) is refused from
+    its length prefix; nothing is copied or allocated."""
+    core, sink = make_core()
+    f = make_frame(1, 2 * CHUNK)
+    m0 = f.chunks[0]
+    big = m0[:OFF_HLEN] + (300).to_bytes(4, "little") + m0[OFF_HLEN + 4 : OFF_HLEN + 4 + 256]
+    big += bytes(44) + m0[OFF_HLEN + 4 + 256 :]
+    assert drops(feed(core, [big])) == [ChunkDrop.HEADER_LENGTH_INVALID]
+    assert sink.sizes == [] and core.stats(0).chunks == 0
 
 
 @pytest.mark.parametrize(
