@@ -635,6 +635,10 @@ class Consumer:
         if decision is not None:
             self.stats.control.increment(decision.reason)
             self._unmap(decision.reason)
+            if self._driver is not None:  # the driver went quiet: it may have crashed (§10)
+                for ev in self._driver.driver_silent(now):
+                    if isinstance(ev, LeaseLost):
+                        self.stats.control.increment("lease_lost")
         if self._hello_due:
             self._send_hello()
         if now >= self._next_qos_ns:

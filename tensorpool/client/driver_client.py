@@ -153,6 +153,7 @@ class LeaseMachine:
         self.lease_id: int | None = None
         self.lease_expiry_ns: int | None = None
         self._lease_duration_ns = 0
+        self._keepalive_ns = self.timings.keepalive_interval_ns
         self.layout: StreamLayout | None = None
         self._attach_sent_ns = 0
         self._corr = correlation_seed if correlation_seed is not None else random.getrandbits(40)
@@ -220,9 +221,16 @@ class LeaseMachine:
         # The driver extends the lease by the same duration on every keepalive (§4.4); the
         # client tracks that locally so the deadline moves with the keepalives it sends.
         self._lease_duration_ns = max(0, expiry - now) if expiry is not None else 0
+        # Keep the lease alive whatever the driver granted: at least three keepalives per
+        # lease duration, even if the configured interval is longer (§4.2 hard deadline).
+        self._keepalive_ns = self.timings.keepalive_interval_ns
+        if self._lease_duration_ns:
+            self._keepalive_ns = max(
+                1_000_000, min(self._keepalive_ns, self._lease_duration_ns // 3)
+            )
         self.layout = layout
         self._backoff_ns = self.timings.backoff_initial_ns
-        self._next_keepalive = now + self.timings.keepalive_interval_ns
+        self._next_keepalive = now + self._keepalive_ns
         return [Attached(lease_id, layout, expiry)]
 
     def on_detach_response(self, r: dp.ShmDetachResponseDecoder, now: int) -> list[Action]:
@@ -262,6 +270,15 @@ class LeaseMachine:
             return [*lost, *self._to_backoff(now)]
         return []
 
+    def on_driver_silent(self, now: int) -> list[Action]:
+        """§10: no announce from the driver for a freshness window means it died (a crash
+        sends no notice); keepalives may still "succeed" into a log other processes read, so
+        drop the lease and reattach rather than trust it."""
+        if self.state is LeaseState.ATTACHED:
+            self._count("driver_silent")
+            return [LeaseLost("driver_silent"), *self._to_backoff(now)]
+        return []
+
     def on_keepalive_failed(self, now: int) -> list[Action]:
         """§4.4: a keepalive that cannot be sent is fatal for the lease: reattach."""
         if self.state is LeaseState.ATTACHED:
@@ -278,7 +295,7 @@ class LeaseMachine:
                 self._count("lease_expired")
                 return [LeaseLost("lease_expired"), *self._to_backoff(now)]
             if now >= self._next_keepalive:
-                self._next_keepalive = now + self.timings.keepalive_interval_ns
+                self._next_keepalive = now + self._keepalive_ns
                 if self.lease_expiry_ns is not None and self._lease_duration_ns:
                     # the driver extends the lease by its duration on each keepalive (§4.4)
                     self.lease_expiry_ns = now + self._lease_duration_ns
@@ -487,6 +504,10 @@ class DriverClient:
                 role=ev.role,
             )
         return self._pub.offer(buf, 0, n)
+
+    def driver_silent(self, now: int | None = None) -> list[Action]:
+        """Report that the driver stopped announcing; the lease is dropped and retried."""
+        return self.machine.on_driver_silent(self._clock() if now is None else now)
 
     def close(self, timeout_ns: int = SEC) -> None:
         """Best-effort detach (§4.9): send it, wait briefly for the response."""

@@ -221,6 +221,8 @@ class Producer:
         self._pending_configs: list[tuple[int, int]] = []
 
         self._driver: DriverClient | None = None
+        self._map_error: ShmError | None = None
+        self._last_driver_announce_ns = clock()
         if driver:
             self._driver = DriverClient(
                 ctx,
@@ -284,6 +286,12 @@ class Producer:
                     f"{_code_name(failure.code)} {failure.message}".rstrip()
                 )
             if time.monotonic() > deadline:
+                if self._map_error is not None:
+                    raise AttachError(
+                        f"attached to stream {self.stream_id} but cannot map the driver's "
+                        f"regions: {self._map_error} (is the driver's shm base dir among "
+                        "this client's allowed base dirs?)"
+                    )
                 raise AttachError(
                     f"no attach response from the driver for stream {self.stream_id} "
                     f"within {timeout_s:g} s (is `tensorpool driver` running?)"
@@ -341,6 +349,7 @@ class Producer:
             for r in regions:
                 r.close()
             self.stats.drops.increment(exc.reason)
+            self._map_error = exc
             log.error("producer stream %d cannot map driver regions: %s", self.stream_id, exc)
             return
         self.stream = StreamConfig(
@@ -352,6 +361,7 @@ class Producer:
             summary=self.stream.summary,
         )
         self._install(regions, layout.epoch)
+        self._last_driver_announce_ns = self._clock()
         self._announce_now = True  # metadata for the new epoch right away
         log.info("producer stream=%d attached, epoch %d", self.stream_id, layout.epoch)
 
@@ -592,7 +602,13 @@ class Producer:
             dec = decode_any(buffer)
         except CodecError:
             return  # other traffic shares the control stream; consumers count their own
-        if isinstance(dec, wire.ConsumerHelloDecoder) and dec.stream_id == self.stream_id:
+        if (
+            isinstance(dec, wire.ShmPoolAnnounceDecoder)
+            and self._driver is not None
+            and dec.stream_id == self.stream_id
+        ):
+            self._last_driver_announce_ns = self._clock()  # the driver is alive
+        elif isinstance(dec, wire.ConsumerHelloDecoder) and dec.stream_id == self.stream_id:
             self._announce_now = True
             self._pending_configs.append((dec.consumer_id, dec.mode_raw))
 
@@ -604,6 +620,16 @@ class Producer:
         work = self._sub_control.poll()
         if self._driver is not None:
             self._poll_driver()
+            if self._writer is not None and now - self._last_driver_announce_ns > (
+                self.settings.freshness_ns
+            ):  # no announce for our stream: the driver died without notice (§10)
+                self._last_driver_announce_ns = now
+                for ev in self._driver.driver_silent(now):
+                    if isinstance(ev, LeaseLost):
+                        log.warning(
+                            "producer stream %d: driver silent, reattaching", self.stream_id
+                        )
+                        self._uninstall()
         if self._pending_configs:
             for consumer_id, mode in self._pending_configs:
                 self._send_consumer_config(consumer_id, mode)

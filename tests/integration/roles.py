@@ -19,7 +19,7 @@ import numpy as np
 
 from tensorpool.client.consumer import MODE_STREAM, Consumer, Frame
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import ClientSettings
+from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -45,10 +45,12 @@ def check(u8: np.ndarray, seq: int) -> bool:
 
 
 def settings(a: argparse.Namespace) -> ClientSettings:
+    channels = Channels(control_stream_id=a.control_stream_id) if a.control_stream_id else None
     return ClientSettings(
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,
         announce_period_ns=int(a.announce_period * 1e9),
+        **({"channels": channels} if channels else {}),
     )
 
 
@@ -66,7 +68,10 @@ def run_producer(a: argparse.Namespace) -> None:
     stream = StreamConfig(a.stream_id, header_nslots=a.nslots, pools=(PoolConfig(1, stride),))
     with AeronContext(s.transport) as ctx:
         ctx.start()
-        p = Producer(ctx, stream, s, instance_id=a.instance_id)
+        if a.driver:
+            p = Producer(ctx, a.stream_id, s, driver=True)
+        else:
+            p = Producer(ctx, stream, s, instance_id=a.instance_id)
         p.do_work()
         emit(event="ready", epoch=p.epoch)
         if a.wait_go:
@@ -90,7 +95,10 @@ def run_producer(a: argparse.Namespace) -> None:
                     time.sleep(min(due - now, 0.001))
                     continue
             claim = p.claim(shape, a.dtype)
-            assert claim is not None
+            if claim is None:  # driver mode without a lease: wait for the reattach
+                p.do_work()
+                time.sleep(0.005)
+                continue
             fill_checked(claim.array, claim.seq)
             p.commit(claim)
             sent += 1
@@ -197,6 +205,8 @@ def main() -> None:
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--idle-exit", type=float, default=0.0)
     ap.add_argument("--max-gap", type=int, default=256)
+    ap.add_argument("--driver", action="store_true", help="attach through the SHM driver")
+    ap.add_argument("--control-stream-id", type=int, default=0)
     a = ap.parse_args()
     (run_producer if a.role == "producer" else run_consumer)(a)
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from spark_helpers import check_payload, source_options
 
 import tensorpool.spark_source as tps
-from spark_helpers import check_payload, source_options
 
 pytestmark = pytest.mark.spark
 

@@ -199,3 +199,16 @@ def test_s4_13_shutdown_notice_older_than_our_attach_is_ignored() -> None:
     assert m.state is LeaseState.ATTACHED
     (lost,) = m.on_driver_shutdown(1002 * MS, timestamp_ns=1001 * MS)
     assert isinstance(lost, LeaseLost)
+
+
+def test_s4_2_keepalives_adapt_to_a_short_lease() -> None:
+    """A driver granting 90 ms leases gets keepalives every 30 ms, not the configured 100 ms."""
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    m.on_attach_response(_response(req.correlation_id, lease_expiry_timestamp_ns=90 * MS), 0)
+    assert m.tick(29 * MS) == []
+    (ka,) = m.tick(30 * MS)
+    assert isinstance(ka, SendKeepalive)
+    for t in range(60, 600, 30):
+        assert isinstance(m.tick(t * MS)[0], SendKeepalive)
+    assert m.state is LeaseState.ATTACHED
