@@ -40,8 +40,9 @@ def shm_driver(spark_media_driver: MediaDriverProcess) -> Iterator[tuple[DriverP
             spark_media_driver.dir,
             streams=range(10000, 10003),
             control_stream_id=CONTROL,
-            # clients keep alive every 1 s (LeaseTimings default): leases last 2.5 s here
-            policies={"lease_keepalive_interval_ms": 500, "lease_expiry_grace_intervals": 5},
+            # clients keep alive every 1 s (LeaseTimings default); 10 s leases survive a starved
+            # producer on a loaded 2-core host (an expired producer lease bumps the epoch)
+            policies={"lease_keepalive_interval_ms": 1000, "lease_expiry_grace_intervals": 10},
         )
     )
     daemon = DriverProcess(cfg, base, os.path.join(work, "driver.log"))
