@@ -41,6 +41,12 @@ def default_shm_base_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "tensorpool")
 
 
+def default_aeron_dir() -> str:
+    """Where `tensorpool mediadriver` / the SHM driver serve by default, and clients look."""
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
+
+
 @dataclass(frozen=True, slots=True)
 class Channels:
     control_channel: str = IPC_CONTROL

@@ -6,16 +6,17 @@ import argparse
 import os
 
 from tensorpool.cli import UserError
-from tensorpool.client.settings import Channels, ClientSettings, default_shm_base_dir
+from tensorpool.client.settings import (
+    Channels,
+    ClientSettings,
+    default_aeron_dir,
+    default_shm_base_dir,
+)
 
 ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
 ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
 
 
-def default_aeron_dir() -> str:
-    """Where `tensorpool mediadriver` serves by default, and clients look by default."""
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
 
 
 def add_transport_args(p: argparse.ArgumentParser, *, driver: bool = True) -> None:

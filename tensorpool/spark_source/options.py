@@ -31,6 +31,7 @@ from tensorpool.client.settings import (
     IPC_DESCRIPTORS,
     Channels,
     ClientSettings,
+    default_aeron_dir,
     default_shm_base_dir,
 )
 from tensorpool.transport.config import TransportConfig
@@ -276,7 +277,7 @@ class Connection:
 def _connection(opts: dict[str, str]) -> Connection:
     raw_dir = opts.get("aeronDir")
     if raw_dir is None or not raw_dir.strip():
-        aeron_dir: str | None = ""
+        aeron_dir: str | None = default_aeron_dir()  # where the tensorpool commands look
     elif raw_dir.strip().lower() == EMBEDDED:
         aeron_dir = None
     else:

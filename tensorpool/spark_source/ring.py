@@ -68,6 +68,7 @@ OVERRUN_REASONS: Final = frozenset(
     {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.TORN_READ, Reason.SEQ_COMMIT_REGRESSED}
 )
 REGION_UNAVAILABLE: Final = REGIONS_GONE
+_SKIPPABLE: Final = frozenset({Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH})
 
 #: One header slot as a numpy record (offsets from the generated SlotHeader codec; the
 #: TensorHeader bytes as one opaque field). Used by the vectorized chunk read.
@@ -504,11 +505,21 @@ def _read_chunk(
     strides = m.pool_strides
     pos = 0
     n = 0
+    slot_seq = reader.slot_seq
     for seq in range(first, end):
         index = seq & mask
         r = read(index, seq)
         if r is None:
-            on_loss(seq, reader.last_drop_reason or Reason.TORN_READ)
+            # A slot only ever moves forward in seq. If it holds an older frame (or none),
+            # `seq` was never published: a relay (rate limiter, bridge) keeps its source's
+            # numbering, so its seqs have gaps. Not data loss. A newer seq is ambiguous
+            # (overwritten, or never published and the slot reused later) and is counted as
+            # loss; it only arises when a range spans more seqs than the ring has slots.
+            # Dense streams never take the skip branch.
+            reason = reader.last_drop_reason
+            if reason in _SKIPPABLE and slot_seq(index) < seq:
+                continue
+            on_loss(seq, reason or Reason.TORN_READ)
             continue
         vl = r.values_len_bytes
         if vl:
