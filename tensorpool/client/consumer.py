@@ -40,14 +40,15 @@ from tensorpool.client.driver_client import (
     LeaseTimings,
     ProducerRevoked,
 )
+from tensorpool.client.mapping import map_stream
 from tensorpool.client.sequence import DEFAULT_MAX_OUTSTANDING_SEQ_GAP, SeqTracker, SeqVerdict
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import LATE_REASONS, DropCounters, Reason
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import ShmRegion, map_region
+from tensorpool.shm.region import ShmRegion
 from tensorpool.shm.seqlock import SlotRead, SlotReader
-from tensorpool.shm.superblock import ExpectedRegion, is_fresh
+from tensorpool.shm.superblock import is_fresh
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
@@ -539,49 +540,9 @@ class Consumer:
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
     def _map_regions(self, layout: StreamLayout, now: int) -> list[ShmRegion]:
-        fresh = self.settings.freshness_ns
-        if not layout.pools:
-            raise ShmError("announce_no_pools", "announce lists no payload pools")
-        regions: list[ShmRegion] = []
-        try:
-            regions.append(
-                map_region(
-                    layout.header_region_uri,
-                    ExpectedRegion.header_ring(
-                        epoch=layout.epoch,
-                        stream_id=layout.stream_id,
-                        nslots=layout.header_nslots,
-                        layout_version=layout.layout_version,
-                    ),
-                    self._policy,
-                    now_ns=now,
-                    freshness_window_ns=fresh,
-                )
-            )
-            for pool in layout.pools:
-                if pool.nslots != layout.header_nslots:
-                    raise ShmError("pool_nslots_mismatch", f"pool {pool.pool_id}")
-                regions.append(
-                    map_region(
-                        pool.region_uri,
-                        ExpectedRegion.payload_pool(
-                            epoch=layout.epoch,
-                            stream_id=layout.stream_id,
-                            pool_id=pool.pool_id,
-                            nslots=pool.nslots,
-                            stride_bytes=pool.stride_bytes,
-                            layout_version=layout.layout_version,
-                        ),
-                        self._policy,
-                        now_ns=now,
-                        freshness_window_ns=fresh,
-                    )
-                )
-        except BaseException:
-            for r in regions:
-                r.close()
-            raise
-        return regions
+        return map_stream(
+            layout, self._policy, now_ns=now, freshness_window_ns=self.settings.freshness_ns
+        )
 
     def _check_activity(self, now: int) -> None:
         if not self._regions:

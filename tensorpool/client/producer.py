@@ -41,13 +41,14 @@ from tensorpool.client.driver_client import (
     LeaseLost,
     LeaseTimings,
 )
+from tensorpool.client.mapping import map_stream
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import EpochLayout, ShmRegion, create_region, map_region
+from tensorpool.shm.region import EpochLayout, ShmRegion, create_region
 from tensorpool.shm.seqlock import SlotWriter
-from tensorpool.shm.superblock import LAYOUT_VERSION, ExpectedRegion, SuperblockFields
+from tensorpool.shm.superblock import LAYOUT_VERSION, SuperblockFields
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
 from tensorpool.specs import CodecError, decode_any
@@ -313,41 +314,9 @@ class Producer:
 
     def _attach_layout(self, layout: StreamLayout) -> None:
         self._uninstall()
-        policy = PathPolicy(self.settings.base_dirs)
-        regions: list[ShmRegion] = []
         try:
-            regions.append(
-                map_region(
-                    layout.header_region_uri,
-                    ExpectedRegion.header_ring(
-                        epoch=layout.epoch,
-                        stream_id=layout.stream_id,
-                        nslots=layout.header_nslots,
-                        layout_version=layout.layout_version,
-                    ),
-                    policy,
-                    writable=True,
-                )
-            )
-            for pool in layout.pools:
-                regions.append(
-                    map_region(
-                        pool.region_uri,
-                        ExpectedRegion.payload_pool(
-                            epoch=layout.epoch,
-                            stream_id=layout.stream_id,
-                            pool_id=pool.pool_id,
-                            nslots=pool.nslots,
-                            stride_bytes=pool.stride_bytes,
-                            layout_version=layout.layout_version,
-                        ),
-                        policy,
-                        writable=True,
-                    )
-                )
+            regions = map_stream(layout, PathPolicy(self.settings.base_dirs), writable=True)
         except ShmError as exc:
-            for r in regions:
-                r.close()
             self.stats.drops.increment(exc.reason)
             self._map_error = exc
             log.error("producer stream %d cannot map driver regions: %s", self.stream_id, exc)
