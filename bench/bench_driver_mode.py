@@ -25,7 +25,7 @@ from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
 from tensorpool.driver.config import load_driver_config
-from tensorpool.driver.status import StatusUnavailable, assess, read_status, status_path
+from tensorpool.driver.status import status_path, wait_running
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -47,14 +47,21 @@ profile = "p"
 """
 
 
-def _run(ctx: AeronContext, settings: ClientSettings, driver: bool, size: int, seconds: float,
-         stream: int) -> float:
+def _run(
+    ctx: AeronContext,
+    settings: ClientSettings,
+    driver: bool,
+    size: int,
+    seconds: float,
+    stream: int,
+) -> float:
     if driver:
         producer = Producer(ctx, 10000, settings, driver=True)
         consumer = Consumer(ctx, 10000, settings, driver=True)
     else:
-        cfg = StreamConfig(stream, header_nslots=1024,
-                           pools=(PoolConfig(1, 4096), PoolConfig(2, 65536)))
+        cfg = StreamConfig(
+            stream, header_nslots=1024, pools=(PoolConfig(1, 4096), PoolConfig(2, 65536))
+        )
         producer = Producer(ctx, cfg, settings)
         consumer = Consumer(ctx, stream, settings)
     deadline = time.monotonic() + 10
@@ -91,22 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="tp-bench-dm-", dir="/dev/shm"))
     aeron, shm = work / "aeron", work / "shm"
     (work / "driver.toml").write_text(TOML.format(aeron=aeron, shm=shm))
-    daemon = subprocess.Popen([sys.executable, "-m", "tensorpool", "driver", "--config",
-                               str(work / "driver.toml"), "--log-level", "warning"])
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorpool",
+            "driver",
+            "--config",
+            str(work / "driver.toml"),
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         path = status_path(load_driver_config(str(work / "driver.toml")))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if assess(read_status(path), time.time_ns()).verdict == "running":
-                    break
-            except (StatusUnavailable, OSError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("driver did not start")
-            time.sleep(0.1)
-        settings = ClientSettings(transport=TransportConfig(aeron_dir=str(aeron)),
-                                  shm_base_dir=str(shm))
+        if not wait_running(path, 30, alive=lambda: daemon.poll() is None):
+            raise SystemExit("driver did not start")
+        settings = ClientSettings(
+            transport=TransportConfig(aeron_dir=str(aeron)), shm_base_dir=str(shm)
+        )
         rows = []
         with AeronContext(settings.transport) as ctx:
             stream = 11000
@@ -115,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(a.rounds):
                     for driver in (False, True):
                         stream += 1
-                        results[driver].append(_run(ctx, settings, driver, size, a.seconds,
-                                                    stream))
+                        results[driver].append(_run(ctx, settings, driver, size, a.seconds, stream))
                 sa = float(np.median(results[False]))
                 dm = float(np.median(results[True]))
                 rows.append((size, sa, dm))
-        print(f"`.venv/bin/python -m bench.bench_driver_mode --seconds {a.seconds:g} "
-              f"--rounds {a.rounds}` — load average {os.getloadavg()[0]:.2f}\n")
+        print(
+            f"`.venv/bin/python -m bench.bench_driver_mode --seconds {a.seconds:g} "
+            f"--rounds {a.rounds}` — load average {os.getloadavg()[0]:.2f}\n"
+        )
         print("| frame | standalone frames/s | driver mode frames/s | driver / standalone |")
         print("| --- | ---: | ---: | ---: |")
         for size, sa, dm in rows:

@@ -51,6 +51,8 @@ from tensorpool.shm.seqlock import SlotRead, SlotReader
 from tensorpool.shm.superblock import is_fresh
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.specs import CodecError, decode_any, peek_header
+from tensorpool.specs.generated import bridge as bridge_schema
+from tensorpool.specs.generated import driver as driver_schema
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 MODE_STREAM = int(wire.Mode.STREAM)
 MODE_RATE_LIMITED = int(wire.Mode.RATE_LIMITED)
 _WIRE_SCHEMA = wire.FrameDescriptorDecoder.SCHEMA_ID
-_OTHER_TENSORPOOL_SCHEMAS = frozenset({901, 902})  # driver control, bridge
+_OTHER_TENSORPOOL_SCHEMAS = frozenset({driver_schema.SCHEMA_ID, bridge_schema.SCHEMA_ID})
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 
 # reasons the consumer itself adds on top of the slot reader's

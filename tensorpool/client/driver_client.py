@@ -35,7 +35,7 @@ from tensorpool.transport.context import AeronContext
 log = logging.getLogger(__name__)
 
 SEC = 1_000_000_000
-DRIVER_SCHEMA_ID = 901
+DRIVER_SCHEMA_ID = dp.SCHEMA_ID
 ROLE_PRODUCER = int(dp.Role.PRODUCER)
 ROLE_CONSUMER = int(dp.Role.CONSUMER)
 _OK = int(dp.ResponseCode.OK)

@@ -101,19 +101,13 @@ def _tp(*args: str) -> list[str]:
 
 def _wait_driver(config: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     from tensorpool.driver.config import load_driver_config
-    from tensorpool.driver.status import StatusUnavailable, assess, read_status, status_path
+    from tensorpool.driver.status import status_path, wait_running
 
     path = status_path(load_driver_config(config))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise UserError(f"the SHM driver exited with status {proc.returncode}")
-        try:
-            if assess(read_status(path), time.time_ns()).verdict == "running":
-                return
-        except (StatusUnavailable, OSError, ValueError):
-            pass
-        time.sleep(0.1)
+    if wait_running(path, timeout_s, alive=lambda: proc.poll() is None):
+        return
+    if proc.poll() is not None:
+        raise UserError(f"the SHM driver exited with status {proc.returncode}")
     raise UserError(f"the SHM driver did not come up within {timeout_s:g} s")
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -159,6 +160,23 @@ class Liveness:
     @property
     def running(self) -> bool:
         return self.verdict == "running"
+
+
+def wait_running(path: str, timeout_s: float, *, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Poll the status file until a live driver reports running (launchers, benchmarks).
+
+    False when `timeout_s` passes or `alive()` (e.g. "the daemon process has not exited")
+    turns False first.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            if assess(read_status(path), time.time_ns()).running:
+                return True
+        except StatusUnavailable:
+            pass
+        time.sleep(0.1)
+    return False
 
 
 def _pid_alive(pid: int) -> bool:
