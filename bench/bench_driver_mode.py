@@ -3,9 +3,10 @@
 A producer and a consumer in one process (so the comparison is the data path, not the
 scheduler): standalone (the producer owns its regions) against driver mode (both attach
 through a real `tensorpool driver` daemon and use the regions it created). 4 KiB and 64 KiB
-frames, rounds alternated; the consumer touches one byte per 4 KiB page.
+frames; both pipelines open at once and measured in short alternating bursts (see
+`_measure`); the consumer touches one byte per 4 KiB page.
 
-    .venv/bin/python -m bench.bench_driver_mode [--seconds S] [--rounds N]
+    .venv/bin/python -m bench.bench_driver_mode [--frames N] [--pairs P] [--verbose]
 """
 
 from __future__ import annotations
@@ -47,14 +48,9 @@ profile = "p"
 """
 
 
-def _run(
-    ctx: AeronContext,
-    settings: ClientSettings,
-    driver: bool,
-    size: int,
-    seconds: float,
-    stream: int,
-) -> float:
+def _open(
+    ctx: AeronContext, settings: ClientSettings, driver: bool, stream: int
+) -> tuple[Producer, Consumer]:
     if driver:
         producer = Producer(ctx, 10000, settings, driver=True)
         consumer = Consumer(ctx, 10000, settings, driver=True)
@@ -65,11 +61,17 @@ def _run(
         producer = Producer(ctx, cfg, settings)
         consumer = Consumer(ctx, stream, settings)
     deadline = time.monotonic() + 10
-    while not consumer.is_mapped and time.monotonic() < deadline:
+    while not consumer.is_mapped:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{'driver' if driver else 'standalone'} consumer never mapped")
         producer.do_work()
         consumer.poll(lambda f: None)
         time.sleep(0.002)
-    frame = np.zeros(size, np.uint8)
+    return producer, consumer
+
+
+def _burst(producer: Producer, consumer: Consumer, frame: np.ndarray, frames: int) -> float:
+    """Seconds of the loop thread's CPU to move ``frames`` frames producer -> consumer."""
     touched = 0
 
     def handler(f: Frame) -> None:
@@ -77,23 +79,47 @@ def _run(
         touched += int(f.array[::4096].sum())
 
     got = 0
-    start = time.perf_counter()
-    end = start + seconds
-    while time.perf_counter() < end:
+    cpu0 = time.thread_time()
+    while got < frames:
         for _ in range(32):
             producer.offer(frame)
         got += consumer.poll(handler, 64)
         producer.do_work()
-    elapsed = time.perf_counter() - start
-    consumer.close()
-    producer.close()
-    return got / elapsed
+    return time.thread_time() - cpu0
+
+
+def _measure(
+    ctx: AeronContext, settings: ClientSettings, size: int, frames: int, pairs: int, stream: int
+) -> tuple[list[float], list[float]]:
+    """Frames per CPU-second of both modes, in alternating bursts (ABBA order).
+
+    Both pipelines stay open for the whole measurement, so a pair of bursts is milliseconds
+    apart and sees the same host state: on this VM the speed of *any* code drifts by ±20 %
+    over seconds (a profile shows every function slower by the same factor), which swamped
+    the earlier "one mode for N seconds, then the other" design.
+    """
+    frame = np.zeros(size, np.uint8)
+    pipes = {False: _open(ctx, settings, False, stream), True: _open(ctx, settings, True, stream)}
+    try:
+        for driver in (False, True):  # warm-up: first lap of the ring, caches, code paths
+            _burst(*pipes[driver], frame, 2 * frames)
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for driver in order:
+                rates[driver].append(frames / _burst(*pipes[driver], frame, frames))
+        return rates[False], rates[True]
+    finally:
+        for producer, consumer in pipes.values():
+            consumer.close()
+            producer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--frames", type=int, default=5000, help="frames per burst")
+    ap.add_argument("--pairs", type=int, default=100, help="bursts per mode")
+    ap.add_argument("--verbose", action="store_true", help="print every round")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tp-bench-dm-", dir="/dev/shm"))
     aeron, shm = work / "aeron", work / "shm"
@@ -119,24 +145,43 @@ def main(argv: list[str] | None = None) -> int:
         )
         rows = []
         with AeronContext(settings.transport) as ctx:
-            stream = 11000
-            for size in (4096, 65536):
-                results: dict[bool, list[float]] = {False: [], True: []}
-                for _ in range(a.rounds):
-                    for driver in (False, True):
-                        stream += 1
-                        results[driver].append(_run(ctx, settings, driver, size, a.seconds, stream))
-                sa = float(np.median(results[False]))
-                dm = float(np.median(results[True]))
-                rows.append((size, sa, dm))
+            for n, size in enumerate((4096, 65536)):
+                sa, dm = _measure(ctx, settings, size, a.frames, a.pairs, 11000 + n)
+                if a.verbose:
+                    print(f"{size}: standalone {sa}\n{size}: driver {dm}")
+                ratios = sorted(d / s for s, d in zip(sa, dm, strict=True))
+                q1, q3 = np.percentile(ratios, [25, 75])
+                # 95 % bootstrap interval of the median ratio (fixed seed: reproducible text)
+                rng = np.random.default_rng(0)
+                boot = np.median(rng.choice(ratios, (2000, len(ratios))), axis=1)
+                lo, hi = np.percentile(boot, [2.5, 97.5])
+                rows.append(
+                    (
+                        size,
+                        float(np.median(sa)),
+                        float(np.median(dm)),
+                        float(np.median(ratios)),
+                        float(q1),
+                        float(q3),
+                        float(lo),
+                        float(hi),
+                    )
+                )
         print(
-            f"`.venv/bin/python -m bench.bench_driver_mode --seconds {a.seconds:g} "
-            f"--rounds {a.rounds}` — load average {os.getloadavg()[0]:.2f}\n"
+            f"`.venv/bin/python -m bench.bench_driver_mode --frames {a.frames} "
+            f"--pairs {a.pairs}` — load average {os.getloadavg()[0]:.2f}\n"
         )
-        print("| frame | standalone frames/s | driver mode frames/s | driver / standalone |")
-        print("| --- | ---: | ---: | ---: |")
-        for size, sa, dm in rows:
-            print(f"| {size // 1024} KiB | {sa:,.0f} | {dm:,.0f} | {dm / sa:.3f} |")
+        print(
+            "| frame | standalone frames/CPU-s (median) | driver mode frames/CPU-s (median) "
+            "| driver / standalone (median of paired bursts) | 95 % CI of the median "
+            "| interquartile range |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for size, sa_m, dm_m, med, q1, q3, lo, hi in rows:
+            print(
+                f"| {size // 1024} KiB | {sa_m:,.0f} | {dm_m:,.0f} | {med:.3f} "
+                f"| {lo:.3f} – {hi:.3f} | {q1:.3f} – {q3:.3f} |"
+            )
     finally:
         daemon.terminate()
         daemon.wait(20)
