@@ -17,8 +17,6 @@ ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
 ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
 
 
-
-
 def add_transport_args(p: argparse.ArgumentParser, *, driver: bool = True) -> None:
     """`--aeron-dir`/`--embedded`, and `--driver` for commands that attach to streams."""
     g = p.add_argument_group("Aeron")

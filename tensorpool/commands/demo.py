@@ -18,7 +18,6 @@ Everything is stopped and removed at the end, also on Ctrl-C.
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 from tensorpool.cli import UserError
+from tensorpool.transport.process import stop_process
 
 CAMERA_STREAM = 10000
 VIEW_STREAM = 20000
@@ -201,12 +201,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         for p in reversed(procs):  # clients first, the driver last
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_process(p)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -34,6 +34,7 @@ from typing import Final, Self
 import pyaeron
 
 from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.process import stop_process
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +209,7 @@ class MediaDriverProcess:
         proc = self._process
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("media driver pid %d ignored SIGTERM; killing it", proc.pid)
-                proc.kill()
-                proc.wait()
+        stop_process(proc, timeout_s)
         if self._owns_dir and os.path.isdir(self.dir):
             # A killed driver cannot clean up after itself.
             shutil.rmtree(self.dir, ignore_errors=True)

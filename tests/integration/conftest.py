@@ -16,6 +16,7 @@ from typing import IO
 import pytest
 
 from tensorpool.transport.mediadriver import MediaDriverProcess
+from tensorpool.transport.process import stop_process
 
 ROLES = str(Path(__file__).with_name("roles.py"))
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -38,8 +39,16 @@ class Role:
     """A roles.py subprocess with line-based JSON output."""
 
     def __init__(self, role: str, aeron_dir: str, shm_base: str, *args: str) -> None:
-        cmd = [sys.executable, ROLES, role, "--aeron-dir", aeron_dir, "--shm-base-dir", shm_base,
-               *args]
+        cmd = [
+            sys.executable,
+            ROLES,
+            role,
+            "--aeron-dir",
+            aeron_dir,
+            "--shm-base-dir",
+            shm_base,
+            *args,
+        ]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
@@ -82,12 +91,7 @@ class Role:
             self.proc.terminate()
 
     def close(self) -> None:
-        self.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture

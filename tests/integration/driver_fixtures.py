@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pyaeron
 from tensorpool.specs import CodecError, peek_header
 from tensorpool.specs.generated import driver as drv
 from tensorpool.specs.generated import wire
+from tensorpool.transport.process import stop_process
 from tensorpool.transport.publication import Publisher
 from tensorpool.transport.subscription import Subscriber
 
@@ -187,14 +187,7 @@ class DriverProcess:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)[0]
 
 
 @dataclass

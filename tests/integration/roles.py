@@ -106,11 +106,17 @@ def run_producer(a: argparse.Namespace) -> None:
                 p.do_work()
             if a.duration and time.monotonic() - start > a.duration:
                 break
-        emit(event="done", epoch=p.epoch, sent=sent, stats={
-            "frames": p.stats.frames,
-            "descriptors_not_sent": p.stats.descriptors_not_sent,
-            "drops": p.stats.drops.snapshot(),
-        }, elapsed=time.monotonic() - start)
+        emit(
+            event="done",
+            epoch=p.epoch,
+            sent=sent,
+            stats={
+                "frames": p.stats.frames,
+                "descriptors_not_sent": p.stats.descriptors_not_sent,
+                "drops": p.stats.drops.snapshot(),
+            },
+            elapsed=time.monotonic() - start,
+        )
         end = time.monotonic() + a.linger
         while not stop and time.monotonic() < end:
             p.do_work()

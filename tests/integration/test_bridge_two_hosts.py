@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from tensorpool.specs.generated import wire
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.mediadriver import MediaDriverProcess
+from tensorpool.transport.process import stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -183,14 +183,7 @@ class BridgeProcess:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, 20)[0]
 
 
 @dataclass

@@ -26,9 +26,16 @@ STREAM = 9
 def _announce(path: str, *, epoch: int = 5, stream: int = STREAM) -> bytes:
     buf = bytearray(4096)
     n = wire.ShmPoolAnnounceEncoder.encode(
-        buf, 0, stream_id=stream, producer_id=1, epoch=epoch,
-        announce_timestamp_ns=time.monotonic_ns(), announce_clock_domain=1, layout_version=1,
-        header_nslots=8, header_slot_bytes=256,
+        buf,
+        0,
+        stream_id=stream,
+        producer_id=1,
+        epoch=epoch,
+        announce_timestamp_ns=time.monotonic_ns(),
+        announce_clock_domain=1,
+        layout_version=1,
+        header_nslots=8,
+        header_slot_bytes=256,
         payload_pools=[(1, 8, 4096, f"shm:file?path={path}.pool")],
         header_region_uri=f"shm:file?path={path}",
     )
@@ -38,7 +45,8 @@ def _announce(path: str, *, epoch: int = 5, stream: int = STREAM) -> bytes:
 @pytest.fixture
 def setup(media_driver, shm_base):
     settings = ClientSettings(
-        transport=TransportConfig(aeron_dir=media_driver.dir), shm_base_dir=shm_base,
+        transport=TransportConfig(aeron_dir=media_driver.dir),
+        shm_base_dir=shm_base,
         announce_period_ns=200_000_000,
     )
     with AeronContext(settings.transport) as ctx:

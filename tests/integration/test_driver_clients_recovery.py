@@ -31,8 +31,9 @@ _streams = iter(range(1700, 1800))
 
 @pytest.fixture
 def setup(media_driver: MediaDriverProcess) -> Iterator[tuple[str, str, int]]:
-    work = tempfile.mkdtemp(prefix="tp-recov-", dir="/dev/shm" if os.path.isdir("/dev/shm")
-                            else None)
+    work = tempfile.mkdtemp(
+        prefix="tp-recov-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
     control = next(_streams)
     base = os.path.join(work, "shm")
     Path(work, "driver.toml").write_text(
@@ -43,8 +44,15 @@ def setup(media_driver: MediaDriverProcess) -> Iterator[tuple[str, str, int]]:
 
 
 def _daemon(work: str, name: str) -> DriverProcess:
-    return DriverProcess(os.path.join(work, "driver.toml"), os.path.join(work, "shm"),
-                         os.path.join(work, f"{name}.log")).start().wait_ready()
+    return (
+        DriverProcess(
+            os.path.join(work, "driver.toml"),
+            os.path.join(work, "shm"),
+            os.path.join(work, f"{name}.log"),
+        )
+        .start()
+        .wait_ready()
+    )
 
 
 def _frames_until(consumer: Consumer, got: list[tuple[int, int]], pred, timeout: float) -> None:
@@ -59,15 +67,30 @@ def _frames_until(consumer: Consumer, got: list[tuple[int, int]], pred, timeout:
 
 
 def _producer(roles, media_driver, base: str, control: int):
-    return roles("producer", "--driver", "--control-stream-id", str(control), "--stream-id",
-                 str(STREAM), "--rate", "200", "--duration", "120", "--announce-period", "0.2",
-                 "--shm-base-dir", base)  # the driver's base dir: its paths must be allowed
+    return roles(
+        "producer",
+        "--driver",
+        "--control-stream-id",
+        str(control),
+        "--stream-id",
+        str(STREAM),
+        "--rate",
+        "200",
+        "--duration",
+        "120",
+        "--announce-period",
+        "0.2",
+        "--shm-base-dir",
+        base,
+    )  # the driver's base dir: its paths must be allowed
 
 
 def _consumer(ctx: AeronContext, media_driver, base: str, control: int) -> Consumer:
     settings = ClientSettings(
-        transport=TransportConfig(aeron_dir=media_driver.dir), shm_base_dir=base,
-        channels=Channels(control_stream_id=control), announce_period_ns=200_000_000,
+        transport=TransportConfig(aeron_dir=media_driver.dir),
+        shm_base_dir=base,
+        channels=Channels(control_stream_id=control),
+        announce_period_ns=200_000_000,
     )
     return Consumer(ctx, STREAM, settings, driver=True)
 

@@ -16,10 +16,17 @@ pytestmark = pytest.mark.slow
 def test_s10_2_1_frames_arrive_intact_across_processes(roles) -> None:
     """N frames with known content arrive with matching checksums, shapes, dtypes, timestamps."""
     n = 300
-    cons = roles("consumer", "--shape", "16", "64", "--dtype", "uint16", "--count", str(n),
-                 "--record", "--duration", "60")
-    prod = roles("producer", "--shape", "16", "64", "--dtype", "uint16", "--count", str(n),
-                 "--rate", "1000", "--wait-go", "--nslots", "512")
+    frames = ["--shape", "16", "64", "--dtype", "uint16", "--count", str(n)]
+    cons = roles("consumer", *frames, "--record", "--duration", "60")
+    prod = roles(
+        "producer",
+        *frames,
+        "--rate",
+        "1000",
+        "--wait-go",
+        "--nslots",
+        "512",
+    )
     prod.wait_event("ready")
     cons.wait_event("mapped")
     prod.send("go")
@@ -37,11 +44,32 @@ def test_s8_3_torn_reads_never_accepted_under_overwrite(roles) -> None:
 
     The guard must fire (late or gap drops observed) and no accepted frame may be torn.
     """
-    prod = roles("producer", "--shape", "1024", "--dtype", "uint32", "--nslots", "8",
-                 "--duration", "5", "--wait-go")
+    prod = roles(
+        "producer",
+        "--shape",
+        "1024",
+        "--dtype",
+        "uint32",
+        "--nslots",
+        "8",
+        "--duration",
+        "5",
+        "--wait-go",
+    )
     consumers = [
-        roles("consumer", "--shape", "1024", "--dtype", "uint32", "--duration", "30",
-              "--idle-exit", "1.0", "--max-gap", "1000000000")
+        roles(
+            "consumer",
+            "--shape",
+            "1024",
+            "--dtype",
+            "uint32",
+            "--duration",
+            "30",
+            "--idle-exit",
+            "1.0",
+            "--max-gap",
+            "1000000000",
+        )
         for _ in range(2)
     ]
     prod.wait_event("ready")
@@ -60,15 +88,24 @@ def test_s15_21_producer_restart_new_epoch_remaps_and_drops_old(roles) -> None:
     """A restarted producer announces a higher epoch; the consumer remaps and continues, and
     no frame of the old epoch is delivered after the first frame of the new one."""
     cons = roles("consumer", "--shape", "256", "--record", "--duration", "60", "--idle-exit", "3")
-    p1 = roles("producer", "--shape", "256", "--count", "100", "--rate", "500", "--wait-go",
-               "--instance-id", "cam", "--linger", "0")
+    same = [
+        "--shape",
+        "256",
+        "--count",
+        "100",
+        "--rate",
+        "500",
+        "--wait-go",
+        "--instance-id",
+        "cam",
+    ]
+    p1 = roles("producer", *same, "--linger", "0")
     e1 = p1.wait_event("ready")["epoch"]
     cons.wait_event("mapped")
     p1.send("go")
     p1.wait_event("done")
     p1.close()
-    p2 = roles("producer", "--shape", "256", "--count", "100", "--rate", "500", "--wait-go",
-               "--instance-id", "cam")
+    p2 = roles("producer", *same)
     e2 = p2.wait_event("ready")["epoch"]
     assert e2 > e1
     # the consumer must remap to e2 before frames flow
@@ -96,12 +133,34 @@ def test_s15_4_slow_consumer_drops_fast_consumer_gets_everything(roles) -> None:
     """Two consumers at different speeds: the slow one counts gaps, the fast one loses nothing,
     and the producer never waits (every descriptor was handed to Aeron)."""
     n = 1500
-    fast = roles("consumer", "--shape", "512", "--count", str(n), "--duration", "60",
-                 "--idle-exit", "3")
-    slow = roles("consumer", "--shape", "512", "--slow-ms", "5", "--duration", "60",
-                 "--idle-exit", "2", "--max-gap", "64")
-    prod = roles("producer", "--shape", "512", "--count", str(n), "--rate", "500",
-                 "--nslots", "256", "--wait-go")
+    fast = roles(
+        "consumer", "--shape", "512", "--count", str(n), "--duration", "60", "--idle-exit", "3"
+    )
+    slow = roles(
+        "consumer",
+        "--shape",
+        "512",
+        "--slow-ms",
+        "5",
+        "--duration",
+        "60",
+        "--idle-exit",
+        "2",
+        "--max-gap",
+        "64",
+    )
+    prod = roles(
+        "producer",
+        "--shape",
+        "512",
+        "--count",
+        str(n),
+        "--rate",
+        "500",
+        "--nslots",
+        "256",
+        "--wait-go",
+    )
     prod.wait_event("ready")
     fast.wait_event("mapped")
     slow.wait_event("mapped")

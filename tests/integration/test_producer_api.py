@@ -19,13 +19,15 @@ from tensorpool.transport.context import AeronContext
 @pytest.fixture
 def pair(media_driver, shm_base):
     settings = ClientSettings(
-        transport=TransportConfig(aeron_dir=media_driver.dir), shm_base_dir=shm_base,
+        transport=TransportConfig(aeron_dir=media_driver.dir),
+        shm_base_dir=shm_base,
         announce_period_ns=100_000_000,
     )
     with AeronContext(settings.transport) as ctx:
         ctx.start()
-        stream = StreamConfig(4, header_nslots=64,
-                              pools=(PoolConfig(1, 4096), PoolConfig(2, 65536)))
+        stream = StreamConfig(
+            4, header_nslots=64, pools=(PoolConfig(1, 4096), PoolConfig(2, 65536))
+        )
         producer = Producer(ctx, stream, settings)
         consumer = Consumer(ctx, 4, settings)
         deadline = time.monotonic() + 10

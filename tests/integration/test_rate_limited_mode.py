@@ -24,10 +24,8 @@ def test_s11_rate_limited_consumer_drops_locally_when_producer_declines(
     clock = ManualClock(time.monotonic_ns())  # the consumer's clock; advanced 10 ms per frame
     with AeronContext(settings.transport) as ctx:
         ctx.start()
-        producer = Producer(ctx, StreamConfig.for_frame_bytes(3, 4096, header_nslots=256),
-                            settings)
-        consumer = Consumer(ctx, 3, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10,
-                            clock=clock)
+        producer = Producer(ctx, StreamConfig.for_frame_bytes(3, 4096, header_nslots=256), settings)
+        consumer = Consumer(ctx, 3, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10, clock=clock)
         try:
             deadline = time.monotonic() + 10
             while (not consumer.is_mapped or consumer.config_declined is None) and (

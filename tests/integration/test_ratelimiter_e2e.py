@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.process import stop_process
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
 SOURCE = 10001  # statically provisioned in driver_toml (profile "small": 16 slots, 4 KiB)
@@ -160,13 +160,7 @@ class RateLimiterProcess:
         return self.proc.stderr.read()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return stop_process(self.proc, 20)[0]
 
 
 def consumer(dep: dict[str, Any], stream_id: int, descriptors: int) -> Consumer:
