@@ -19,6 +19,8 @@ replay after a crash, admission control, ``Trigger.AvailableNow``, Kafka-style
 * :mod:`.attach`   -- the control-plane seam: standalone announces or SHM-driver leases;
 * :mod:`.ring`     -- mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
 * :mod:`.source`   -- the DataSource and its readers;
+* :mod:`.pulse`    -- ``batching=pulse``: one micro-batch = one pulse-aligned window across
+  streams (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
 * :mod:`.sink` / :mod:`.publisher` -- the write path;
 * :mod:`.convert`  -- rows / pandas / Arrow columns back to numpy.
 

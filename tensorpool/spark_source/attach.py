@@ -15,9 +15,12 @@ Either way a background thread keeps polling: Aeron IPC subscriptions are flow c
 their publishers, so a Spark driver that only polled when Spark calls ``latestOffset`` would
 back-pressure the producer's descriptor stream for every other consumer. Descriptors are not
 the offset authority (the header ring is: it survives restarts and covers frames committed
-before this process joined); they go into a bounded
-:class:`~tensorpool.ingest.IngressBuffer` (``queue`` mode, one lane per stream, overflow drops
-the oldest and counts it) that the reader drains once per trigger.
+before this process joined); they are the record of *which seqs were published*, which the
+planner needs to count loss on sparse (relay) streams. They go into one bounded
+:class:`~tensorpool.ingest.IngressBuffer` per stream (``queue`` mode, overflow drops the oldest;
+each drop's seq is remembered so the planner knows where its record has a hole). The planner
+takes from a stream's queue once per trigger, only as far as the planned range reaches
+(:meth:`Attachment.take`, the budgeted drain); later descriptors stay queued.
 
 Process hygiene: attachments register themselves; a SIGTERM handler (Spark terminates its
 Python workers with SIGTERM and does not always call ``stop()``) and ``atexit`` close them, which
@@ -34,14 +37,14 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from tensorpool.client.announce import StreamLayout, Verdict
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
-from tensorpool.ingest import IngressBuffer
+from tensorpool.ingest import DropInfo, IngressBuffer
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext
@@ -70,6 +73,37 @@ class IntakeSummary:
 class IntakeStats:
     per_stream: dict[int, IntakeSummary] = field(default_factory=dict)
     dropped: int = 0  # intake overflow since the previous drain
+    pending: dict[int, int] = field(default_factory=dict)  # left queued, per stream
+
+
+class _DropLog:
+    """Seq intervals of descriptors one stream's queue dropped, per epoch (overflow holes).
+
+    ``drop_oldest`` drops a queue's oldest entries, so the drops between two takes are a
+    contiguous stretch of the stream's publication order: ``[lo, hi]`` per epoch says it all.
+    """
+
+    __slots__ = ("count", "spans")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.spans: dict[int, list[int]] = {}
+
+    def __call__(self, info: DropInfo) -> None:
+        _sid, epoch, seq, _ts = info.item
+        self.count += 1
+        span = self.spans.get(epoch)
+        if span is None:
+            self.spans[epoch] = [seq, seq, 1]
+        else:
+            span[0] = min(span[0], seq)
+            span[1] = max(span[1], seq)
+            span[2] += 1
+
+    def pop(self) -> list[tuple[int, int, int, int]]:
+        out = [(e, lo, hi, n) for e, (lo, hi, n) in sorted(self.spans.items())]
+        self.spans = {}
+        return out
 
 
 class _IntakeConsumer(Consumer):
@@ -104,10 +138,6 @@ def _noop(_frame: object) -> None:  # pragma: no cover - never called by _Intake
     return None
 
 
-def _lane(d: tuple[int, int, int, int]) -> int:
-    return d[0]
-
-
 class Attachment:
     """Control-plane attachment to a set of streams (one per Spark reader process)."""
 
@@ -129,17 +159,29 @@ class Attachment:
         self._idle = idle_sleep_s
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.intake: IngressBuffer | None = None
-        sink = None
+        #: one descriptor queue per stream (lanes that can be drained with their own budget)
+        self.intakes: dict[int, IngressBuffer] = {}
+        self._drops: dict[int, _DropLog] = {}
         if intake_capacity:
-            self.intake = IngressBuffer(
-                "spark.intake", mode="queue", capacity=intake_capacity, lane=_lane
-            )
-            sink = self.intake.ingest
+            for sid in streams:
+                self._drops[sid] = log_ = _DropLog()
+                self.intakes[sid] = IngressBuffer(
+                    f"spark.intake.{sid}",
+                    mode="queue",
+                    capacity=intake_capacity,
+                    overflow="drop_oldest",
+                    on_drop=log_,
+                )
         self._ctx = AeronContext(settings.transport).start()
         try:
             self._consumers = {
-                sid: _IntakeConsumer(self._ctx, sid, settings, driver=driver, sink=sink)
+                sid: _IntakeConsumer(
+                    self._ctx,
+                    sid,
+                    settings,
+                    driver=driver,
+                    sink=self.intakes[sid].ingest if sid in self.intakes else None,
+                )
                 for sid in streams
             }
         except BaseException:
@@ -214,12 +256,40 @@ class Attachment:
                 )
             time.sleep(0.002)
 
-    def drain_intake(self) -> IntakeStats:
-        """Fold the descriptors received since the previous call, per stream."""
-        out = IntakeStats()
-        intake = self.intake
+    def pending(self, stream_id: int) -> int:
+        """Descriptors of ``stream_id`` queued and not taken yet."""
+        intake = self.intakes.get(stream_id)
+        return 0 if intake is None else intake.pending
+
+    def take(
+        self, stream_id: int, max_items: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
+        """Up to ``max_items`` oldest ``(epoch, seq)`` of one stream, plus ``(epoch, lo, hi,
+        count)``: the seq span and number of descriptors its queue dropped (overflow) since
+        the previous take -- they precede the returned ones. A
+        :class:`~.offsets.DescriptorFeed`."""
+        intake = self.intakes.get(stream_id)
         if intake is None:
-            return out
+            return [], []
+        out: list[tuple[int, int]] = []
+        add = out.append
+
+        def handle(d: tuple[int, int, int, int]) -> None:
+            add((d[1], d[2]))
+
+        with self._lock:
+            intake.drain(max_items, handle)
+            return out, self._drops[stream_id].pop()
+
+    def dropped_total(self) -> int:
+        """Descriptors dropped by the queues' overflow since this attachment opened."""
+        return sum(d.count for d in self._drops.values())
+
+    def drain_intake(self, budgets: Mapping[int, int] | None = None) -> IntakeStats:
+        """Fold queued descriptors per stream: at most ``budgets[stream]`` of each stream (a
+        stream not named is not drained), or everything with ``budgets=None``. What is left
+        stays queued for the next call."""
+        out = IntakeStats()
         per = out.per_stream
 
         def fold(d: tuple[int, int, int, int]) -> None:
@@ -236,8 +306,11 @@ class Attachment:
                 s.newest_timestamp_ns = ts
 
         with self._lock:
-            stats = intake.drain(intake.pending, fold)
-        out.dropped = stats.dropped
+            for sid, intake in self.intakes.items():
+                budget = intake.pending if budgets is None else budgets.get(sid, 0)
+                out.dropped += intake.drain(max(0, budget), fold).dropped
+                self._drops[sid].pop()
+                out.pending[sid] = intake.pending
         return out
 
     def lease_states(self) -> dict[int, object]:

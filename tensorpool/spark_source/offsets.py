@@ -2,38 +2,73 @@
 
 Offset model
 ------------
-A source offset is, per stream, ``{"epoch": E, "seq": S, "lost": L, "lostLate": T}``:
+A source offset is, per stream, ``{"epoch", "seq", "frames", "lost", "lostLate"}``:
 
-* ``epoch``/``seq`` -- the *next* frame to read: everything below ``seq`` in ``epoch`` has been
-  handed to Spark (or counted lost). A new epoch is a new producer incarnation whose frames
-  start again at seq 0 (Wire Spec §15.2: producers reset ``seq`` on an epoch change).
-* ``lost`` -- cumulative count, since the query started, of frames that were already gone when a
-  micro-batch was *planned*: overwritten in the ring before the reader got to them, or left
-  unread in an epoch that ended. These are known exactly at planning time, so they are part of
-  the batch's definition: a batch ``[start, end)`` reads ``[start.seq + (end.lost - start.lost),
-  end.seq)`` when both are in the same epoch (planned loss is always a prefix of the range).
-* ``lostLate`` -- cumulative count of frames overwritten between planning and the executor's
-  read (only with ``failOnDataLoss=false``); executors report them and the driver folds them into
-  the next planned offset. Informational: it never changes what a batch reads.
+* ``epoch``/``seq`` -- a position in the stream's seq space: everything below ``seq`` in
+  ``epoch`` has been planned. A batch ``[start, end)`` of one epoch reads *every frame
+  committed in the ring with a seq in* ``[start.seq, end.seq)`` -- no more, no fewer. That
+  definition needs no knowledge of which seqs exist: a normal producer publishes 0, 1, 2, ...;
+  a relay (rate limiter, bridge) keeps its source's numbers, so its seqs have gaps. Because a
+  single writer publishes in seq order, no frame can join a range after it was planned (the
+  plan's ``end.seq`` never passes the highest committed seq + 1).
+* ``frames`` -- cumulative count of frames admitted (planned to be read) since the query
+  started. ``end.frames - start.frames`` is how many frames the batch had, so a replay in a new
+  process (no memory of the plan) reads what is still in the ring and counts the rest as lost.
+  Offsets written before this field existed decode with ``frames=None``: such a batch is read
+  as "whatever is in the range", without that check.
+* ``lost`` -- cumulative count of frames known, at planning, to have been published and
+  overwritten before they were read (and unread frames of an epoch that ended). Informational:
+  it does not define what a batch reads.
+* ``lostLate`` -- cumulative count of planned frames that were gone when the executor read
+  them (only with ``failOnDataLoss=false``); folded into the next offset.
 
-Offsets are written as JSON dicts with a stable key order (streams by ascending id, then
-``epoch, seq, lost, lostLate``): Spark stores them verbatim and compares them as strings.
+Keys are written in that fixed order, streams by ascending id: Spark stores offsets verbatim
+and compares them as text.
+
+Planning
+--------
+The ring scan (:class:`RingState`: the seq held by every slot) is the authority for what is
+readable. A plan takes, per stream, the committed seqs at or after ``start.seq`` in order and
+admits the first ``n`` (``maxFramesPerTrigger``/``maxBytesPerTrigger`` count frames and
+bytes, never seq span); ``end.seq`` is the last admitted seq + 1 (or the ring's head when
+everything was admitted). Partitions carry the admitted seqs as compact runs ``[a, b)``: one
+run for a normal stream (the executors' vectorized path), many for a relay.
+
+Loss is found from the scan too: a seq ``s`` missing from the ring can only have been
+overwritten if its slot (``s & (nslots-1)``) now holds a newer seq (slots only move forward).
+How many of those candidates were really published:
+
+* **dense stream** (the ring's committed seqs form one gap-free run): every seq was published,
+  so every candidate is a lost frame -- exact.
+* **sparse stream** (the ring shows gaps): the descriptors the driver received since it
+  attached (:class:`DescriptorFeed`) say exactly which seqs were published, so the count is
+  exact where that record is complete. Where it is not -- seqs published before the reader
+  attached (after a restart), or descriptors dropped by the bounded intake -- the count is
+  *unknown*: the plan reports it as a ``possible`` loss with an upper bound (the number of
+  candidates), logs it, and does not add it to ``lost`` nor fail the query on it.
+
+Descriptor intake: one queue per stream; each plan drains a stream's queue only as far as the
+planned range reaches (the admitted frames' descriptors plus those of frames lost within the
+range), so descriptors of later frames stay queued for the next trigger.
 
 An epoch change (the Kafka analogue: a topic deleted and recreated) is planned as a one-off
 *transition* batch that ends at the first readable frame of the new epoch and reads nothing for
-that stream; the frames of the old epoch the query had not read yet, if any, count as ``lost``.
-If the reader never saw how far the old epoch got (e.g. it restarted after the change), that
-number is unknown: with ``failOnDataLoss=true`` the query fails, otherwise it moves on and the
-unknown count is logged.
+that stream; unread frames of the old epoch count as ``lost``. If the reader never saw how far
+the old epoch got (it restarted after the change), that number is unknown: with
+``failOnDataLoss=true`` the query fails, otherwise it moves on and the unknown count is logged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import numpy as np
 
 MAX_SEQ: Final = 2**63 - 1
+_NO_RUNS: Final = np.empty((0, 2), np.int64)
 
 
 class OffsetError(ValueError):
@@ -42,15 +77,29 @@ class OffsetError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class StreamPos:
-    """Per-stream offset: next ``seq`` to read in ``epoch`` plus cumulative loss counters."""
+    """Per-stream offset: position ``seq`` in ``epoch``, frames admitted, loss counters."""
 
     epoch: int
     seq: int
     lost: int = 0
     lost_late: int = 0
+    frames: int | None = 0  # None: an offset written before the field existed
 
     def to_json(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "seq": self.seq, "lost": self.lost, "lostLate": self.lost_late}
+        if self.frames is None:
+            return {
+                "epoch": self.epoch,
+                "seq": self.seq,
+                "lost": self.lost,
+                "lostLate": self.lost_late,
+            }
+        return {
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "frames": self.frames,
+            "lost": self.lost,
+            "lostLate": self.lost_late,
+        }
 
 
 Offsets = dict[int, StreamPos]
@@ -85,6 +134,7 @@ def decode_offsets(doc: object, streams: Sequence[int] | None = None) -> Offsets
             _int_field(value, "seq", key),
             _int_field(value, "lost", key, 0),
             _int_field(value, "lostLate", key, 0),
+            _int_field(value, "frames", key) if "frames" in value else None,
         )
     if streams is not None and set(out) != set(streams):
         raise OffsetError(
@@ -94,31 +144,161 @@ def decode_offsets(doc: object, streams: Sequence[int] | None = None) -> Offsets
     return out
 
 
+# --- seq runs ------------------------------------------------------------------------------------
+def to_runs(seqs: np.ndarray) -> np.ndarray:
+    """Sorted unique seqs -> ``(k, 2)`` int64 runs ``[a, b)`` (one run for a dense range)."""
+    n = len(seqs)
+    if n == 0:
+        return _NO_RUNS
+    seqs = np.asarray(seqs, np.int64)
+    breaks = np.flatnonzero(np.diff(seqs) != 1) + 1
+    starts = seqs[np.concatenate(([0], breaks))]
+    ends = seqs[np.concatenate((breaks - 1, [n - 1]))] + 1
+    return np.stack([starts, ends], axis=1)
+
+
+def runs_count(runs: np.ndarray) -> int:
+    return int((runs[:, 1] - runs[:, 0]).sum()) if len(runs) else 0
+
+
+def runs_seqs(runs: np.ndarray) -> np.ndarray:
+    if not len(runs):
+        return np.empty(0, np.int64)
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs.tolist()])
+
+
+def iter_seq_chunks(runs: np.ndarray, step: int) -> Iterator[np.ndarray]:
+    """The seqs of ``runs`` in order, ``step`` at a time (a long dense run is sliced lazily)."""
+    pending: list[np.ndarray] = []
+    have = 0
+    for a, b in runs.tolist():
+        while a < b:
+            k = min(b - a, step - have)
+            pending.append(np.arange(a, a + k, dtype=np.int64))
+            have += k
+            a += k
+            if have == step:
+                yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else np.concatenate(pending)
+
+
+def _cut_runs(runs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``runs`` after its first ``n`` frames."""
+    lens = runs[:, 1] - runs[:, 0]
+    cum = np.cumsum(lens)
+    i = int(np.searchsorted(cum, n))  # run holding frame n-1 (or the cut is a run boundary)
+    if i >= len(runs):
+        return runs, _NO_RUNS
+    before = int(cum[i] - lens[i])
+    inside = n - before
+    if inside == 0:
+        return runs[:i], runs[i:]
+    a, b = int(runs[i, 0]), int(runs[i, 1])
+    head = np.concatenate([runs[:i], [[a, a + inside]]]).astype(np.int64)
+    tail = runs[i:].copy()
+    tail[0, 0] = a + inside
+    if a + inside == b:
+        tail = tail[1:]
+    return head, tail
+
+
 # --- what the driver sees of a ring --------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RingState:
-    """One scan of a stream's header ring: committed frames are ``[oldest, head)``."""
+    """One scan of a stream's header ring: committed frames lie in ``[oldest, head)``.
+
+    ``slot_seq`` is the seq each slot holds (committed or being written; -1 empty), ``seqs``
+    the committed seqs sorted when they do *not* form one gap-free run (None when they do),
+    ``lens`` each slot's ``values_len_bytes``. States built without ``slot_seq`` describe a
+    dense ring holding exactly ``[oldest, head)`` (used by tests and old callers).
+    """
 
     epoch: int
     oldest: int
     head: int
     nslots: int
+    slot_seq: np.ndarray | None = field(default=None, compare=False, repr=False)
+    seqs: np.ndarray | None = field(default=None, compare=False, repr=False)
+    lens: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_slots(
+        cls,
+        epoch: int,
+        slot_seq: np.ndarray,
+        committed: np.ndarray,
+        lens: np.ndarray | None = None,
+    ) -> RingState:
+        """Build from per-slot seqs and committed flags (what :meth:`MappedStream.scan` reads)."""
+        nslots = len(slot_seq)
+        slot_seq = np.asarray(slot_seq, np.int64)
+        c = slot_seq[np.asarray(committed, bool)]
+        if c.size == 0:
+            return cls(epoch, 0, 0, nslots, slot_seq, None, lens)
+        oldest, last = int(c.min()), int(c.max())
+        seqs = None if last - oldest + 1 == c.size else np.sort(c)
+        return cls(epoch, oldest, last + 1, nslots, slot_seq, seqs, lens)
 
     @property
     def empty(self) -> bool:
         return self.head <= self.oldest
 
+    @property
+    def gapped(self) -> bool:
+        """The committed seqs have holes: evidence of a sparse (relay) stream."""
+        return self.seqs is not None
+
+    def present(self, lo: int, hi: int) -> np.ndarray:
+        """Committed seqs in ``[lo, hi)``, ascending."""
+        if self.seqs is None:
+            a, b = max(lo, self.oldest), min(hi, self.head)
+            return np.arange(a, max(a, b), dtype=np.int64)
+        s = self.seqs
+        return s[np.searchsorted(s, lo) : np.searchsorted(s, hi)]
+
+    def lens_of(self, seqs: np.ndarray) -> np.ndarray | None:
+        if self.lens is None:
+            return None
+        return self.lens[np.asarray(seqs, np.int64) & (self.nslots - 1)].astype(np.int64)
+
+    def maybe_overwritten(self, lo: int, hi: int) -> tuple[int, int, int]:
+        """Seqs in ``[lo, hi)`` absent from the ring whose slot holds a newer seq.
+
+        Only those can have been published and overwritten (a seq whose slot holds an older
+        frame, or none, was never written). Returns ``(count, first, last)``; for a dense
+        stream every one of them is a lost frame. Computed per slot in O(nslots).
+        """
+        if hi <= lo or self.empty:
+            return 0, lo, lo
+        if self.slot_seq is None:
+            top = min(hi, self.oldest)
+            return (top - lo, lo, top - 1) if top > lo else (0, lo, lo)
+        n = self.nslots
+        i = np.arange(n, dtype=np.int64)
+        top = np.minimum(self.slot_seq, hi)
+        f = lo + ((i - lo) % n)  # first seq >= lo that maps to slot i
+        cnt = np.where(top > f, (top - f + n - 1) // n, 0)
+        total = int(cnt.sum())
+        if not total:
+            return 0, lo, lo
+        has = cnt > 0
+        return total, int(f[has].min()), int((f + (cnt - 1) * n)[has].max())
+
 
 @dataclass(frozen=True, slots=True)
 class Loss:
-    """Frames a batch plan had to skip (reason ``overwritten`` or ``epoch_change``)."""
+    """Frames a plan found gone (reason ``overwritten`` or ``epoch_change``)."""
 
     stream_id: int
     epoch: int
     first_seq: int
-    count: int | None  # None: unknown (epoch changed before the reader saw the old head)
+    count: int | None  # None: unknown (see at_most)
     reason: str
     nslots: int = 0
+    last_seq: int | None = None  # highest seq concerned, when known
+    at_most: int | None = None  # upper bound of an unknown count (sparse streams)
 
 
 #: Placeholder epoch of a stream that was not announced when the query started (real epochs
@@ -129,44 +309,59 @@ EPOCH_CHANGE: Final = "epoch_change"
 REGIONS_GONE: Final = "region_unavailable"
 
 
+def _describe(ls: Loss) -> str:
+    n = "an unknown number of" if ls.count is None else f"{ls.count}"
+    slots = f" ({ls.nslots} slots)" if ls.nslots else ""
+    if ls.at_most is not None:
+        last = ls.last_seq if ls.last_seq is not None else ls.first_seq
+        return (
+            f"stream {ls.stream_id}: an unknown number (at most {ls.at_most}) of frame(s) of "
+            f"epoch {ls.epoch} within seq {ls.first_seq}..{last} may have been overwritten in "
+            f"the ring{slots} before the query read them (a sparse stream: the reader has no "
+            "record of which of these seqs were published -- they predate it, or its descriptor "
+            "intake overflowed)"
+        )
+    if ls.reason == EPOCH_CHANGE:
+        return (
+            f"stream {ls.stream_id}: {n} frame(s) of epoch {ls.epoch} from seq {ls.first_seq} "
+            "were never read: the producer restarted (new epoch) before the query caught up"
+        )
+    if ls.reason == REGIONS_GONE:
+        what = "" if ls.count is None else f"{ls.count} "
+        return (
+            f"stream {ls.stream_id}: {what}frames of epoch {ls.epoch} from seq {ls.first_seq} "
+            "could not be read: that epoch's regions are gone (the producer exited or "
+            "restarted) before the query read them"
+        )
+    if ls.count is None:
+        return (
+            f"stream {ls.stream_id}: frame {ls.first_seq} of epoch {ls.epoch} (and maybe "
+            f"more) was overwritten in the ring{slots} between planning and reading the "
+            "micro-batch"
+        )
+    last = ls.last_seq if ls.last_seq is not None else ls.first_seq + ls.count - 1
+    return (
+        f"stream {ls.stream_id}: {n} frame(s) lost (epoch {ls.epoch}, seq "
+        f"{ls.first_seq}..{last}) -- overwritten in the ring{slots} before the query read them"
+    )
+
+
 def loss_message(losses: Sequence[Loss]) -> str:
     """What was lost and what to change: the text users see when a query fails."""
-    parts = []
-    for ls in losses:
-        n = "an unknown number of" if ls.count is None else f"{ls.count}"
-        if ls.reason == EPOCH_CHANGE:
-            parts.append(
-                f"stream {ls.stream_id}: {n} frame(s) of epoch {ls.epoch} from seq {ls.first_seq} "
-                "were never read: the producer restarted (new epoch) before the query caught up"
-            )
-        elif ls.reason == REGIONS_GONE:
-            parts.append(
-                f"stream {ls.stream_id}: frames of epoch {ls.epoch} from seq {ls.first_seq} "
-                "could not be read: that epoch's regions are gone (the producer exited or "
-                "restarted) before the query read them"
-            )
-        elif ls.count is None:
-            parts.append(
-                f"stream {ls.stream_id}: frame {ls.first_seq} of epoch {ls.epoch} (and maybe "
-                "more) was overwritten in the ring"
-                + (f" ({ls.nslots} slots)" if ls.nslots else "")
-                + " between planning and reading the micro-batch"
-            )
-        else:
-            last = ls.first_seq + ls.count - 1
-            parts.append(
-                f"stream {ls.stream_id}: {n} frame(s) lost (epoch {ls.epoch}, seq "
-                f"{ls.first_seq}..{last}) -- overwritten in the ring"
-                + (f" ({ls.nslots} slots)" if ls.nslots else "")
-                + " before the query read them"
-            )
     return (
         "tensorpool data loss: "
-        + "; ".join(parts)
+        + "; ".join(_describe(ls) for ls in losses)
         + ". The query fell behind the producer. Give the ring more slots (header_nslots), put "
         "a rate limiter with a deeper ring in front of the stream, trigger more often or raise "
         "maxFramesPerTrigger/maxBytesPerTrigger, or set failOnDataLoss=false to skip lost frames "
         "(they are then counted in the offsets' 'lost'/'lostLate' fields)."
+    )
+
+
+def possible_loss_message(losses: Sequence[Loss]) -> str:
+    """Loss that may have happened but cannot be counted (logged, never fails a query)."""
+    return "tensorpool possible data loss (not counted in 'lost'): " + "; ".join(
+        _describe(ls) for ls in losses
     )
 
 
@@ -203,8 +398,107 @@ class Limits:
     max_bytes: int | None = None
 
 
-#: sizes(stream_id, epoch, first_seq, count) -> byte size of each frame (list of ints)
-SizeFn = Callable[[int, int, int, int], Sequence[int]]
+#: sizes(stream_id, epoch, seqs) -> byte size of each frame; used when a RingState has no lens
+SizeFn = Callable[[int, int, np.ndarray], Sequence[int]]
+
+
+# --- descriptor intake ---------------------------------------------------------------------------
+class DescriptorFeed(Protocol):
+    """Per-stream queues of received ``FrameDescriptor`` s (the driver's attachment)."""
+
+    def pending(self, stream_id: int) -> int:
+        """Descriptors of ``stream_id`` waiting to be taken."""
+        ...
+
+    def take(
+        self, stream_id: int, max_items: int
+    ) -> tuple[Sequence[tuple[int, int]], Sequence[tuple[int, int, int, int]]]:
+        """Up to ``max_items`` oldest ``(epoch, seq)``, and ``(epoch, lo, hi, count)``: seq
+        spans and numbers of descriptors the queue dropped (overflow) since the previous take
+        (they precede the returned ones)."""
+        ...
+
+
+class _Ledger:
+    """What one epoch of one stream is known to have published (sparse-stream loss counts).
+
+    ``known`` holds published seqs at or above the planning position (from descriptors and
+    from ring scans). The record is *complete* (every published seq is in it) over
+    ``[lo, hi]`` minus ``holes`` (intervals whose descriptors the intake dropped).
+    """
+
+    __slots__ = ("desc_hi", "described", "hi", "holes", "known", "lo", "new", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.described = False
+        self.lo = 0
+        self.hi = -1
+        self.desc_hi = -1
+        self.holes: list[tuple[int, int]] = []
+        self.known = np.empty(0, np.int64)
+        self.new: list[int] = []
+
+    def anchor(self, lo: int, hi: int) -> None:
+        """Coverage starts here: at ``lo`` when the query begins reading the epoch at ``lo``
+        (nothing missing before that is its concern), at the ring head after a restart."""
+        self.lo = min(self.lo, lo) if self.described else lo
+        self.hi = max(self.hi, hi)
+        self.started = True
+
+    def describe(self, seq: int) -> None:
+        self.new.append(seq)
+        if not self.described:
+            self.described = True
+            if not self.started:
+                self.lo = seq
+        if seq > self.desc_hi:
+            self.desc_hi = seq
+        if seq > self.hi:
+            self.hi = seq
+
+    def dropped(self, lo: int, hi: int) -> None:
+        if not self.described:
+            self.described = True
+            if not self.started:
+                self.lo = lo
+        self.holes.append((lo, hi))
+        self.desc_hi = max(self.desc_hi, hi)
+        self.hi = max(self.hi, hi)
+
+    def add_known(self, seqs: np.ndarray) -> None:
+        if len(seqs):
+            self.known = np.union1d(self.known, seqs)
+
+    def _settle(self) -> np.ndarray:
+        if self.new:
+            self.known = np.union1d(self.known, np.asarray(self.new, np.int64))
+            self.new = []
+        return self.known
+
+    def known_in(self, lo: int, hi: int) -> np.ndarray:
+        k = self._settle()
+        return k[np.searchsorted(k, lo) : np.searchsorted(k, hi)]
+
+    def uncovered(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Parts of ``[lo, hi)`` where the record is incomplete."""
+        out: list[tuple[int, int]] = []
+        if lo < self.lo:
+            out.append((lo, min(hi, self.lo)))
+        a, b = max(lo, self.lo), min(hi, self.hi + 1)
+        for h0, h1 in self.holes:
+            x, y = max(a, h0), min(b, h1 + 1)
+            if x < y:
+                out.append((x, y))
+        if hi > self.hi + 1:
+            out.append((max(lo, self.hi + 1), hi))
+        return out
+
+    def retire(self, below: int) -> None:
+        """Forget what lies below the planning position."""
+        k = self._settle()
+        self.known = k[np.searchsorted(k, below) :]
+        self.holes = [h for h in self.holes if h[1] >= below]
 
 
 @dataclass(slots=True)
@@ -213,14 +507,30 @@ class Plan:
     losses: list[Loss]
     unknown_epoch_loss: list[Loss]
     frames: int  # frames admitted (to read) in this plan
+    possible: list[Loss] = field(default_factory=list)  # sparse, uncounted (upper bounds)
+    runs: dict[int, np.ndarray] = field(default_factory=dict)  # admitted seqs per stream
+    drained: dict[int, int] = field(default_factory=dict)  # descriptors taken per stream
+    dropped: dict[int, int] = field(default_factory=dict)  # descriptors the intake dropped
+
+
+@dataclass(slots=True)
+class _Ready:
+    sid: int
+    state: RingState
+    first: int
+    head: int
+    present: np.ndarray
 
 
 class StreamPlanner:
     """Per-query driver state: turns ``(start, ring states, limits)`` into the next end offset.
 
     Remembers, per stream, the highest head seen in each epoch (to size the loss when an epoch
-    ends before it was fully read) and the ``Trigger.AvailableNow`` target.
+    ends before it was fully read), the ``Trigger.AvailableNow`` target, the published-seq
+    ledgers of sparse streams and the runs of the last few plans (for ``partitions``).
     """
+
+    REMEMBER: Final = 16
 
     def __init__(self, streams: Sequence[int], start_at: Mapping[int, str] | None = None) -> None:
         self.streams = tuple(sorted(streams))
@@ -228,6 +538,10 @@ class StreamPlanner:
         self.target: dict[int, tuple[int, int]] | None = None
         # where a stream that was not there when the query started begins ("earliest"/"latest")
         self.start_at = dict(start_at or {})
+        self._ledgers: dict[int, dict[int, _Ledger]] = {}
+        self._sparse: set[tuple[int, int]] = set()
+        self._planned: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
+        self.intake_dropped = 0
 
     def observe(self, stream_id: int, state: RingState) -> None:
         """Remember the highest head of the newest epoch (older epochs are never re-entered)."""
@@ -238,15 +552,120 @@ class StreamPlanner:
             or (state.epoch == prev[0] and state.head > prev[1])
         ):
             self._seen[stream_id] = (state.epoch, state.head)
+        if state.gapped:
+            self._sparse.add((stream_id, state.epoch))
 
     def seen_head(self, stream_id: int, epoch: int) -> int | None:
         prev = self._seen.get(stream_id)
         return prev[1] if prev is not None and prev[0] == epoch else None
 
+    def is_sparse(self, stream_id: int, epoch: int) -> bool:
+        return (stream_id, epoch) in self._sparse
+
     def set_target(self, states: Mapping[int, RingState | None]) -> None:
         """``prepareForTriggerAvailableNow``: never plan past what exists right now."""
         self.target = {sid: (st.epoch, st.head) for sid, st in states.items() if st is not None}
 
+    # --- ledgers ---------------------------------------------------------------------------------
+    def _ledger(self, sid: int, epoch: int) -> _Ledger:
+        per = self._ledgers.setdefault(sid, {})
+        led = per.get(epoch)
+        if led is None:
+            led = per[epoch] = _Ledger()
+        return led
+
+    def begin(self, stream_id: int, state: RingState, first: int) -> None:
+        """The query starts reading ``state.epoch`` at ``first`` (initial offset, a stream that
+        appeared, a new epoch): what the ring holds from there is the baseline."""
+        self.observe(stream_id, state)
+        led = self._ledger(stream_id, state.epoch)
+        led.anchor(first, max(first, state.head) - 1)
+        if state.gapped:
+            led.add_known(state.present(first, state.head))
+
+    def absorb(
+        self,
+        stream_id: int,
+        items: Sequence[tuple[int, int]],
+        drops: Sequence[tuple[int, int, int, int]],
+    ) -> None:
+        """Fold taken descriptors (and overflow holes, which precede them) into the ledgers."""
+        per = self._ledgers.setdefault(stream_id, {})
+        floor = min(per) if per else 0
+        for epoch, lo, hi, _n in drops:
+            if epoch >= floor:
+                self._ledger(stream_id, epoch).dropped(lo, hi)
+        for epoch, seq in items:
+            if epoch >= floor:
+                self._ledger(stream_id, epoch).describe(seq)
+
+    def _fill(
+        self, feed: DescriptorFeed | None, sid: int, epoch: int, upto: int, chunk: int, plan: Plan
+    ) -> None:
+        """Take descriptors until those of every seq below ``upto`` are in (or none are left).
+
+        Starts with the admitted count and doubles: when nothing was lost in the range that
+        is exactly the admitted frames' descriptors; later ones stay queued.
+        """
+        if feed is None:
+            return
+        k = max(1, chunk)
+        while feed.pending(sid) > 0:
+            per = self._ledgers.get(sid, {})
+            led = per.get(epoch)
+            if (led is not None and led.desc_hi >= upto - 1) or any(e > epoch for e in per):
+                return
+            items, drops = feed.take(sid, k)
+            if drops:
+                n = sum(d[3] for d in drops)
+                plan.dropped[sid] = plan.dropped.get(sid, 0) + n
+                self.intake_dropped += n
+            self.absorb(sid, items, drops)
+            plan.drained[sid] = plan.drained.get(sid, 0) + len(items)
+            if not items:
+                return
+            k *= 2
+
+    def planned_runs(self, stream_id: int, epoch: int, first: int, end: int) -> np.ndarray | None:
+        """The seqs a recent plan of this process admitted for ``[first, end)``, if any."""
+        return self._planned.get((stream_id, epoch, first, end))
+
+    def _remember(self, key: tuple[int, int, int, int], runs: np.ndarray) -> None:
+        self._planned[key] = runs
+        self._planned.move_to_end(key)
+        while len(self._planned) > self.REMEMBER:
+            self._planned.popitem(last=False)
+
+    def _classify(
+        self, sid: int, st: RingState, a: int, b: int, admitted: np.ndarray, plan: Plan
+    ) -> int:
+        """Count frames of ``[a, b)`` that were published and are gone; returns the exact count."""
+        if not self.is_sparse(sid, st.epoch):
+            cnt, lo, hi = st.maybe_overwritten(a, b)
+            if cnt:
+                plan.losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
+            return cnt
+        led = self._ledger(sid, st.epoch)
+        gone = np.setdiff1d(led.known_in(a, b), admitted, assume_unique=True)
+        if len(gone):
+            plan.losses.append(
+                Loss(sid, st.epoch, int(gone[0]), len(gone), OVERWRITTEN, st.nslots, int(gone[-1]))
+            )
+        total, plo, phi = 0, None, None
+        for u0, u1 in led.uncovered(a, b):
+            cnt, lo, hi = st.maybe_overwritten(u0, u1)
+            cnt -= int(np.count_nonzero((gone >= u0) & (gone < u1)))
+            if cnt > 0:
+                total += cnt
+                plo = lo if plo is None else min(plo, lo)
+                phi = hi if phi is None else max(phi, hi)
+        if total:
+            plan.possible.append(
+                Loss(sid, st.epoch, plo or a, None, OVERWRITTEN, st.nslots, phi, at_most=total)
+            )
+        return len(gone)
+
+    # --- planning --------------------------------------------------------------------------------
     def plan(
         self,
         start: Mapping[int, StreamPos],
@@ -254,24 +673,25 @@ class StreamPlanner:
         limits: Limits,
         sizes: SizeFn | None = None,
         late: Mapping[int, int] | None = None,
+        feed: DescriptorFeed | None = None,
     ) -> Plan:
-        end: Offsets = {}
-        losses: list[Loss] = []
-        unknown: list[Loss] = []
-        # (stream, epoch, first readable seq, available count, planned loss)
-        ready: list[tuple[int, int, int, int, int]] = []
+        plan = Plan({}, [], [], 0)
+        end = plan.end
+        ready: list[_Ready] = []
         for sid in self.streams:
             pos = start[sid]
             add_late = (late or {}).get(sid, 0)
+            base = pos.frames or 0
             st = states.get(sid)
             # the old epoch's head must be read before a new epoch's scan replaces it
             old_head = self.seen_head(sid, pos.epoch)
             if st is not None:
                 self.observe(sid, st)
+            stay = StreamPos(pos.epoch, pos.seq, pos.lost, pos.lost_late + add_late, base)
             if st is None or st.epoch < pos.epoch:
                 # Not mapped (producer gone / not yet announced) or an older incarnation still
                 # announcing: nothing new for this stream.
-                end[sid] = StreamPos(pos.epoch, pos.seq, pos.lost, pos.lost_late + add_late)
+                end[sid] = stay
                 continue
             head = st.head
             tgt = None if self.target is None else self.target.get(sid)
@@ -279,7 +699,7 @@ class StreamPlanner:
                 if st.epoch > tgt[0]:
                     # Data after the AvailableNow target lives in a newer epoch: stop here.
                     if pos.epoch >= tgt[0]:
-                        end[sid] = StreamPos(pos.epoch, pos.seq, pos.lost, pos.lost_late + add_late)
+                        end[sid] = stay
                         continue
                 elif st.epoch == tgt[0]:
                     head = min(head, tgt[1])
@@ -287,70 +707,120 @@ class StreamPlanner:
                 # The stream was not announced when the query started: it begins now, where
                 # startingOffsets says, and nothing before that point counts as lost.
                 first = st.oldest if self.start_at.get(sid, "earliest") == "earliest" else st.head
-                end[sid] = StreamPos(st.epoch, min(first, head), pos.lost, pos.lost_late + add_late)
+                first = min(first, head)
+                self.begin(sid, st, first)
+                end[sid] = StreamPos(st.epoch, first, pos.lost, pos.lost_late + add_late, base)
                 continue
             if st.epoch > pos.epoch:
-                # Transition batch: account for the old epoch, start at the new one's oldest.
-                lost = 0
-                if old_head is None:
-                    unknown.append(Loss(sid, pos.epoch, pos.seq, None, EPOCH_CHANGE))
-                elif old_head > pos.seq:
-                    lost = old_head - pos.seq
-                    losses.append(Loss(sid, pos.epoch, pos.seq, lost, EPOCH_CHANGE))
+                lost = self._transition(sid, pos, st, old_head, feed, plan)
                 first = min(st.head if st.empty else st.oldest, head)
-                if first > 0:
-                    losses.append(Loss(sid, st.epoch, 0, first, OVERWRITTEN, st.nslots))
+                # frames of the new epoch already gone when we first saw it
+                cnt, lo, hi = st.maybe_overwritten(0, first)
+                if cnt and st.gapped:
+                    plan.possible.append(
+                        Loss(sid, st.epoch, lo, None, OVERWRITTEN, st.nslots, hi, at_most=cnt)
+                    )
+                elif cnt:
+                    plan.losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
+                    lost += cnt
+                self.begin(sid, st, first)
+                self._ledgers[sid] = {
+                    e: v for e, v in self._ledgers.get(sid, {}).items() if e >= st.epoch
+                }
                 end[sid] = StreamPos(
-                    st.epoch, first, pos.lost + lost + first, pos.lost_late + add_late
+                    st.epoch, first, pos.lost + lost, pos.lost_late + add_late, base
                 )
                 continue
-            first = pos.seq
-            planned_loss = 0
-            if not st.empty and first < st.oldest:
-                planned_loss = st.oldest - first
-                losses.append(Loss(sid, st.epoch, first, planned_loss, OVERWRITTEN, st.nslots))
-                first = st.oldest
-            avail = max(0, head - first)
-            ready.append((sid, st.epoch, first, avail, planned_loss))
-            end[sid] = StreamPos(
-                pos.epoch, first, pos.lost + planned_loss, pos.lost_late + add_late
-            )
+            led = self._ledger(sid, st.epoch)
+            if not led.started:
+                # First plan of this process for a checkpointed position (a restart): the
+                # descriptor record is complete only for frames published from now on.
+                led.anchor(st.head, st.head - 1)
+                if st.gapped:
+                    led.add_known(st.present(pos.seq, st.head))
+            ready.append(_Ready(sid, st, pos.seq, head, st.present(pos.seq, head)))
+            end[sid] = stay
 
-        wants = [r[3] for r in ready]
+        wants = [len(r.present) for r in ready]
         if limits.max_frames is not None:
             wants = split_budget(limits.max_frames, wants)
-        if limits.max_bytes is not None and sizes is not None and any(wants):
+        if limits.max_bytes is not None and any(wants):
             wants = self._cut_bytes(ready, wants, limits.max_bytes, sizes)
-        frames = 0
-        for (sid, epoch, first, _avail, _pl), n in zip(ready, wants, strict=True):
+        for r, n in zip(ready, wants, strict=True):
+            sid, st, present = r.sid, r.state, r.present
+            if n >= len(present):
+                end_seq = max(r.head, r.first)
+            else:
+                end_seq = int(present[n - 1]) + 1 if n else r.first
+            admitted = present[:n]
+            lost = 0
+            if end_seq > r.first:
+                self._fill(feed, sid, st.epoch, end_seq, n, plan)
+                lost = self._classify(sid, st, r.first, end_seq, admitted, plan)
+            led = self._ledger(sid, st.epoch)
+            led.retire(end_seq)
+            if self.is_sparse(sid, st.epoch):
+                led.add_known(present[n:])
+            runs = to_runs(admitted)
+            plan.runs[sid] = runs
+            self._remember((sid, st.epoch, r.first, end_seq), runs)
             e = end[sid]
-            end[sid] = StreamPos(epoch, first + n, e.lost, e.lost_late)
-            frames += n
-        return Plan(end, losses, unknown, frames)
+            end[sid] = StreamPos(st.epoch, end_seq, e.lost + lost, e.lost_late, (e.frames or 0) + n)
+            plan.frames += n
+        return plan
+
+    def _transition(
+        self,
+        sid: int,
+        pos: StreamPos,
+        st: RingState,
+        old_head: int | None,
+        feed: DescriptorFeed | None,
+        plan: Plan,
+    ) -> int:
+        """Account for the unread rest of ``pos.epoch`` when ``st.epoch`` replaced it."""
+        if old_head is None:
+            plan.unknown_epoch_loss.append(Loss(sid, pos.epoch, pos.seq, None, EPOCH_CHANGE))
+            return 0
+        if old_head <= pos.seq:
+            return 0
+        if not self.is_sparse(sid, pos.epoch):
+            lost = old_head - pos.seq
+            plan.losses.append(Loss(sid, pos.epoch, pos.seq, lost, EPOCH_CHANGE))
+            return lost
+        self._fill(feed, sid, pos.epoch, old_head, 1, plan)
+        led = self._ledger(sid, pos.epoch)
+        known = led.known_in(pos.seq, old_head)
+        if len(known):
+            plan.losses.append(Loss(sid, pos.epoch, int(known[0]), len(known), EPOCH_CHANGE))
+        holes = led.uncovered(pos.seq, old_head)
+        if holes:
+            span = sum(b - a for a, b in holes)
+            plan.possible.append(
+                Loss(sid, pos.epoch, holes[0][0], None, EPOCH_CHANGE, 0, holes[-1][1] - 1, span)
+            )
+        return len(known)
 
     @staticmethod
     def _cut_bytes(
-        ready: list[tuple[int, int, int, int, int]],
-        wants: list[int],
-        max_bytes: int,
-        sizes: SizeFn,
+        ready: list[_Ready], wants: list[int], max_bytes: int, sizes: SizeFn | None
     ) -> list[int]:
-        per_stream = [
-            list(sizes(sid, epoch, first, n)) if n else []
-            for (sid, epoch, first, _a, _p), n in zip(ready, wants, strict=True)
-        ]
-        totals = [sum(s) for s in per_stream]
+        per_stream: list[np.ndarray] = []
+        for r, n in zip(ready, wants, strict=True):
+            seqs = r.present[:n]
+            lens = r.state.lens_of(seqs)
+            if lens is None:
+                lens = (
+                    np.asarray(sizes(r.sid, r.state.epoch, seqs), np.int64)
+                    if sizes is not None
+                    else np.zeros(len(seqs), np.int64)
+                )
+            per_stream.append(lens)
+        totals = [int(s.sum()) for s in per_stream]
         shares = split_budget(max_bytes, totals)
         out: list[int] = []
         for sz, share in zip(per_stream, shares, strict=True):
-            acc = 0
-            k = 0
-            for b in sz:
-                if acc + b > share:
-                    break
-                acc += b
-                k += 1
-            out.append(k)
+            out.append(int(np.searchsorted(np.cumsum(sz), share, side="right")))
         if not any(out):
             # Progress guarantee (as Spark's file sources do with maxBytes): a frame larger
             # than the whole budget is admitted alone rather than stalling the query.
@@ -364,52 +834,64 @@ class StreamPlanner:
 # --- partition planning --------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Range:
+    """Frames of one stream epoch: all committed seqs in ``[first, end)``, or exactly ``runs``.
+
+    ``expect`` is how many frames the plan admitted (None: unknown, an old offset).
+    """
+
     stream_id: int
     epoch: int
     first: int
     end: int  # exclusive
+    expect: int | None = None
+    runs: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def count(self) -> int:
-        return self.end - self.first
+        return self.end - self.first if self.runs is None else runs_count(self.runs)
 
 
 def batch_ranges(start: Mapping[int, StreamPos], end: Mapping[int, StreamPos]) -> list[Range]:
-    """Frames a batch ``[start, end)`` reads, per stream (deterministic: replays match)."""
+    """Seq ranges a batch ``[start, end)`` covers, per stream (deterministic: replays match)."""
     out = []
     for sid in sorted(end):
         e = end[sid]
         s = start.get(sid)
         if s is None or s.epoch != e.epoch:
             continue  # epoch transition batch: nothing to read for this stream
-        first = s.seq + (e.lost - s.lost)
-        if e.seq > first:
-            out.append(Range(sid, e.epoch, first, e.seq))
+        expect = None if e.frames is None else e.frames - (s.frames or 0)
+        if e.seq > s.seq and expect != 0:
+            out.append(Range(sid, e.epoch, s.seq, e.seq, expect))
     return out
 
 
 def split_ranges(ranges: Sequence[Range], min_partitions: int | None) -> list[Range]:
     """One piece per range, or more so that there are at least ``min_partitions`` pieces.
 
-    Pieces are handed out to ranges in proportion to their size (each range at least one),
-    then each range is cut into nearly equal consecutive chunks.
+    Pieces are handed out to ranges in proportion to their frame count (each range at least
+    one), then each range is cut into nearly equal consecutive chunks of frames.
     """
     ranges = [r for r in ranges if r.count > 0]
     if not ranges:
         return []
     want = len(ranges) if min_partitions is None else max(min_partitions, len(ranges))
-    total = sum(r.count for r in ranges)
     extra = split_budget(want - len(ranges), [r.count - 1 for r in ranges])
     pieces: list[Range] = []
     for r, more in zip(ranges, extra, strict=True):
         k = min(r.count, 1 + more)
         base, rem = divmod(r.count, k)
-        at = r.first
+        if r.runs is None:
+            at = r.first
+            for i in range(k):
+                n = base + (1 if i < rem else 0)
+                pieces.append(Range(r.stream_id, r.epoch, at, at + n))
+                at += n
+            continue
+        rest = r.runs
         for i in range(k):
             n = base + (1 if i < rem else 0)
-            pieces.append(Range(r.stream_id, r.epoch, at, at + n))
-            at += n
-    assert sum(p.count for p in pieces) == total
+            part, rest = _cut_runs(rest, n)
+            pieces.append(Range(r.stream_id, r.epoch, int(part[0, 0]), int(part[-1, 1]), n, part))
     return pieces
 
 
@@ -418,6 +900,7 @@ __all__ = [
     "NOT_STARTED",
     "OVERWRITTEN",
     "REGIONS_GONE",
+    "DescriptorFeed",
     "Limits",
     "Loss",
     "OffsetError",
@@ -430,7 +913,12 @@ __all__ = [
     "batch_ranges",
     "decode_offsets",
     "encode_offsets",
+    "iter_seq_chunks",
     "loss_message",
+    "possible_loss_message",
+    "runs_count",
+    "runs_seqs",
     "split_budget",
     "split_ranges",
+    "to_runs",
 ]

@@ -41,6 +41,12 @@ LATEST: Final = "latest"
 EMBEDDED: Final = "embedded"
 MAX_STREAM_ID: Final = 2**31 - 1
 MAX_SEQ: Final = 2**63 - 1
+#: ``batching`` values: ``none`` = micro-batches of whatever arrived (admission control);
+#: ``pulse`` = one closed pulse-aligned window per micro-batch (tensorpool.spark_source.pulse).
+BATCHING_NONE: Final = "none"
+BATCHING_PULSE: Final = "pulse"
+#: Longest ``batchLengthS`` accepted: a window must fit in a ring several times over anyway.
+MAX_BATCH_LENGTH_S: Final = 3600.0
 
 
 class TensorPoolOptionError(ValueError):
@@ -70,6 +76,9 @@ SOURCE_OPTIONS: Final = (
     "minPartitions",
     "failOnDataLoss",
     "includeTensorMetadata",
+    "batching",
+    "batchLengthS",
+    "gatedStreams",
 )
 SINK_OPTIONS: Final = (
     "stream",
@@ -328,6 +337,56 @@ class SourceOptions:
     min_partitions: int | None
     fail_on_data_loss: bool
     include_tensor_metadata: bool
+    batching: str = BATCHING_NONE
+    batch_length_ns: int = 1_000_000_000
+    gated_streams: tuple[int, ...] = ()  # with batching=pulse: never empty (default: all)
+
+
+def _batching(
+    opts: dict[str, str], streams: tuple[int, ...], streaming: bool | None
+) -> tuple[str, int, tuple[int, ...]]:
+    """``batching`` / ``batchLengthS`` / ``gatedStreams``: pulse-aligned micro-batches."""
+    mode = opts.get("batching", BATCHING_NONE).strip().lower()
+    if mode not in (BATCHING_NONE, BATCHING_PULSE):
+        raise _fail(
+            "batching",
+            f"must be {BATCHING_NONE!r} or {BATCHING_PULSE!r}, got {opts['batching']!r}",
+        )
+    if mode == BATCHING_NONE:
+        for name in ("batchLengthS", "gatedStreams"):
+            if name in opts:
+                raise _fail(name, "only applies with batching=pulse")
+        return mode, 1_000_000_000, ()
+    if streaming is False:
+        raise _fail(
+            "batching",
+            "'pulse' is for streaming queries (spark.readStream) only: a batch read has no "
+            "micro-batches to align",
+        )
+    for name in ("maxFramesPerTrigger", "maxBytesPerTrigger", "minPartitions"):
+        if name in opts:
+            raise _fail(
+                name,
+                "cannot be combined with batching=pulse: a micro-batch is exactly one window "
+                "(one partition per stream)",
+            )
+    raw = opts.get("batchLengthS", "1.0")
+    try:
+        seconds = float(raw.strip())
+    except ValueError:
+        raise _fail("batchLengthS", f"must be a number of seconds, got {raw!r}") from None
+    if not 0 < seconds <= MAX_BATCH_LENGTH_S:  # also rejects nan
+        raise _fail("batchLengthS", f"must be in (0, {MAX_BATCH_LENGTH_S:g}] seconds, got {raw!r}")
+    length_ns = round(seconds * 1e9)
+    if length_ns < 1_000_000:
+        raise _fail("batchLengthS", f"must be at least 0.001 s, got {raw!r}")
+    gated = streams
+    if "gatedStreams" in opts:
+        gated = parse_stream_ids("gatedStreams", opts["gatedStreams"])
+        extra = sorted(set(gated) - set(streams))
+        if extra:
+            raise _fail("gatedStreams", f"stream(s) {extra} are not in streams {list(streams)}")
+    return mode, length_ns, gated
 
 
 def parse_source_options(
@@ -347,6 +406,7 @@ def parse_source_options(
         raise _fail("endingOffsets", "is for batch queries (spark.read) only")
     if ending.default == EARLIEST or any(s == EARLIEST for _, s in ending.per_stream):
         raise _fail("endingOffsets", "'earliest' makes no sense as an end; use 'latest' or JSON")
+    batching, batch_length_ns, gated = _batching(opts, streams, streaming)
     return SourceOptions(
         streams=streams,
         connection=_connection(opts),
@@ -358,6 +418,9 @@ def parse_source_options(
         min_partitions=_int(opts, "minPartitions", None, 1, 100_000),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         include_tensor_metadata=_bool(opts, "includeTensorMetadata", True),
+        batching=batching,
+        batch_length_ns=batch_length_ns,
+        gated_streams=gated,
     )
 
 
@@ -406,6 +469,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 
 __all__ = [
+    "BATCHING_NONE",
+    "BATCHING_PULSE",
     "EARLIEST",
     "EMBEDDED",
     "LATEST",

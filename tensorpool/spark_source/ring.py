@@ -7,12 +7,13 @@ re-mapping regions per task would dominate short micro-batches. An epoch is neve
 cached mapping can never describe another producer's regions; the cache only needs bounding.
 
 Driver side: :meth:`MappedStream.scan` reads every slot's ``seq_commit`` word (one aligned
-8-byte load each, racy but each value whole) and reports the committed window
-``[oldest, head)`` -- single writer, in-order commits, so committed slots always hold a
-contiguous run of sequence numbers. :meth:`MappedStream.sizes` reads ``values_len_bytes`` for
-``ReadMaxBytes`` admission.
+8-byte load each, racy but each value whole) and ``values_len_bytes``, and reports the seq each
+slot holds: the committed window ``[oldest, head)``, and the committed seqs themselves when they
+have gaps (a relay stream keeps its source's seq numbers). A normal producer's committed slots
+always hold one contiguous run.
 
-Executor side: :func:`read_range` reads ``[first, end)`` with the seqlock of §8.3 through
+Executor side: :func:`read_range` reads ``[first, end)`` -- or exactly the planned seq ``runs``
+-- with the seqlock of §8.3 through
 :class:`~tensorpool.shm.seqlock.SlotReader` (commit word and descriptor-seq check, header
 validation), copies each payload *once* into a preallocated Arrow data buffer, then re-checks
 ``seq_commit`` (§8.3 final check) and discards the frame if the producer touched the slot
@@ -25,7 +26,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -46,7 +47,7 @@ from tensorpool.shm.region import ShmRegion, map_region
 from tensorpool.shm.seqlock import SlotReader
 from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.spark_source.offsets import REGIONS_GONE, RingState
+from tensorpool.spark_source.offsets import REGIONS_GONE, RingState, iter_seq_chunks
 from tensorpool.specs.generated.wire import SlotHeaderDecoder as _SH
 
 if TYPE_CHECKING:
@@ -207,14 +208,12 @@ class MappedStream:
 
     # --- driver side ------------------------------------------------------------------------
     def scan(self) -> RingState:
-        """The committed window now (lower bound on what is still readable later)."""
+        """What every slot holds now (an upper bound on what is still readable later)."""
         words = self._seq_words.copy()
-        committed = words[(words & 1) == 1] >> 1
-        if committed.size == 0:
-            return RingState(self.spec.epoch, 0, 0, self.spec.nslots)
-        return RingState(
-            self.spec.epoch, int(committed.min()), int(committed.max()) + 1, self.spec.nslots
-        )
+        lens = self._lens.copy()
+        slot_seq = (words >> np.uint64(1)).astype(np.int64)
+        slot_seq[words == 0] = -1  # never written
+        return RingState.from_slots(self.spec.epoch, slot_seq, (words & 1) == 1, lens)
 
     def sizes(self, first: int, count: int) -> list[int]:
         """``values_len_bytes`` per frame; frames already overwritten count as a full stride."""
@@ -341,8 +340,18 @@ def read_range(
     include_meta: bool,
     on_loss: LossFn,
     schema: pa.Schema,
+    runs: np.ndarray | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield Arrow batches of frames ``[first, end)``; report every frame not delivered."""
+    """Yield Arrow batches of frames ``[first, end)``; report every frame not delivered.
+
+    With ``runs`` (``(k, 2)`` seq runs ``[a, b)`` inside ``[first, end)``, what the plan found
+    committed) exactly those seqs are read and each one missing is loss. Without, every seq of
+    the range is tried and one whose slot holds an older seq (or none) is taken as never
+    published (relay streams have gaps), not as loss.
+    """
+    lost_seqs: Iterable[int] = (
+        range(first, end) if runs is None else (s for a, b in runs.tolist() for s in range(a, b))
+    )
     try:
         m = mapped(spec, base_dirs)
     except (ShmError, OSError) as exc:
@@ -354,26 +363,30 @@ def read_range(
             first,
             end - 1,
         )
-        for seq in range(first, end):
+        for seq in lost_seqs:
             on_loss(seq, REGION_UNAVAILABLE)
         return
     step = rows_per_batch(m.max_stride)
     shift = wall_clock_offset_ns(spec.clock_domain)
-    at = first
-    while at < end:
-        stop = min(end, at + step)
-        batch = _read_chunk_fast(m, at, stop, include_meta, shift, schema)
+    chunks: Iterator[np.ndarray]
+    if runs is not None:
+        chunks = iter_seq_chunks(runs, step)
+    else:
+        chunks = (
+            np.arange(at, min(end, at + step), dtype=np.int64) for at in range(first, end, step)
+        )
+    explicit = runs is not None
+    for seqs in chunks:
+        batch = _read_chunk_fast(m, seqs, include_meta, shift, schema)
         if batch is None:  # anything unusual: the per-frame path sorts it out and counts it
-            batch = _read_chunk(m, at, stop, include_meta, on_loss, shift, schema)
+            batch = _read_chunk(m, seqs, include_meta, on_loss, shift, schema, explicit)
         if batch is not None:
             yield batch
-        at = stop
 
 
 def _read_chunk_fast(
     m: MappedStream,
-    first: int,
-    end: int,
+    seqs: np.ndarray,
     include_meta: bool,
     shift: int,
     schema: pa.Schema,
@@ -385,12 +398,12 @@ def _read_chunk_fast(
     them; only frames whose two loads agree are kept. Done with numpy gathers over the chunk
     (each ``seq_commit`` element is one aligned 8-byte load), which turns ~6 µs per frame into
     a few numpy calls per chunk. Returns None -- and the per-frame path takes over -- unless
-    every frame is present and intact and all share one pool and one TensorHeader.
+    every frame is present and intact and all share one pool and one TensorHeader. ``seqs``
+    ascending; consecutive seqs (a normal stream) are copied as slot runs, others slot by slot.
     """
     import pyarrow as pa
 
-    n = end - first
-    seqs = np.arange(first, end, dtype=np.int64)
+    n = len(seqs)
     idx = seqs & m.mask
     expect = (seqs.astype(np.uint64) << np.uint64(1)) | np.uint64(1)
     w1 = m.seq_words(idx)
@@ -422,7 +435,7 @@ def _read_chunk_fast(
     data = _POOL.get(max(total, 1))
     src = m.pool_u8[pool_id]
     vl = int(lens[0])
-    if (lens == vl).all():
+    if (lens == vl).all() and int(seqs[-1]) - int(seqs[0]) == n - 1:
         # consecutive seqs sit in consecutive slots: one 2-D copy per run (two if it wraps)
         out = data[: n * vl].reshape(n, vl)
         at = 0
@@ -477,16 +490,21 @@ def _read_chunk_fast(
 
 def _read_chunk(
     m: MappedStream,
-    first: int,
-    end: int,
+    chunk: np.ndarray,
     include_meta: bool,
     on_loss: LossFn,
     shift: int,
     schema: pa.Schema,
+    explicit: bool = False,
 ) -> pa.RecordBatch | None:
+    """Frame by frame through :class:`SlotReader`; every planned frame not delivered is loss.
+
+    ``explicit``: the seqs were found committed at planning, so any that fails is loss. A range
+    read (not explicit) skips a seq whose slot holds an older frame or none (never published).
+    """
     import pyarrow as pa
 
-    n_max = end - first
+    n_max = len(chunk)
     data = _POOL.get(n_max * m.max_stride)
     dst = memoryview(data)
     offsets = np.zeros(n_max + 1, np.int32)
@@ -506,18 +524,16 @@ def _read_chunk(
     pos = 0
     n = 0
     slot_seq = reader.slot_seq
-    for seq in range(first, end):
+    for seq in chunk.tolist():
         index = seq & mask
         r = read(index, seq)
         if r is None:
             # A slot only ever moves forward in seq. If it holds an older frame (or none),
             # `seq` was never published: a relay (rate limiter, bridge) keeps its source's
-            # numbering, so its seqs have gaps. Not data loss. A newer seq is ambiguous
-            # (overwritten, or never published and the slot reused later) and is counted as
-            # loss; it only arises when a range spans more seqs than the ring has slots.
-            # Dense streams never take the skip branch.
+            # numbering, so its seqs have gaps. Not data loss. A newer seq is ambiguous in a
+            # range read; planned reads pass the exact seqs (explicit) and never guess.
             reason = reader.last_drop_reason
-            if reason in _SKIPPABLE and slot_seq(index) < seq:
+            if not explicit and reason in _SKIPPABLE and slot_seq(index) < seq:
                 continue
             on_loss(seq, reason or Reason.TORN_READ)
             continue

@@ -12,10 +12,12 @@ Where things run (pyspark 4.3, measured):
 * ``read()`` runs in executor Python workers, which build a *fresh* reader from the options and
   get everything else from the pickled partition. Mappings are cached per worker process.
 
-Data loss (frames overwritten before they were read) is detected twice: at planning, exactly
-(the ring no longer holds the start of the range), and at reading (the producer overwrote a
-planned frame before the executor copied it). ``failOnDataLoss=true`` fails the query at either
-point with a message naming the stream, the count and the fixes. ``false`` skips the frames,
+Data loss (frames overwritten before they were read) is detected twice: at planning (a seq the
+stream published is no longer in the ring; see :mod:`~tensorpool.spark_source.offsets` for
+how relay streams with seq gaps are counted), and at reading (the producer overwrote a planned
+frame before the executor copied it, or a replayed batch finds fewer frames than it had).
+``failOnDataLoss=true`` fails the query at either point with a message naming the stream, the
+count and the fixes. ``false`` skips the frames,
 logs a warning and counts them in the offsets (``lost`` for planned loss, ``lostLate`` for read
 loss, reported by executors through a small spool directory and folded into the next offset),
 so ``query.lastProgress["sources"][i]["endOffset"]`` shows the running totals.
@@ -23,16 +25,12 @@ so ``query.lastProgress["sources"][i]["endOffset"]`` shows the running totals.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import tempfile
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -57,7 +55,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tensorpool.spark_source import ring
+from tensorpool.spark_source import ring, spool
 from tensorpool.spark_source.attach import (
     AnnounceProbe,
     AttachError,
@@ -78,9 +76,13 @@ from tensorpool.spark_source.offsets import (
     decode_offsets,
     encode_offsets,
     loss_message,
+    possible_loss_message,
+    runs_count,
     split_ranges,
+    to_runs,
 )
 from tensorpool.spark_source.options import (
+    BATCHING_PULSE,
     EARLIEST,
     LATEST,
     SourceOptions,
@@ -151,7 +153,11 @@ def _check_user_schema(schema: StructType, include_meta: bool) -> None:
 # --- partitions and the executor read path -------------------------------------------------------
 @dataclass
 class FramePartition(InputPartition):
-    """Frames ``[first, end)`` of one stream epoch: all an executor needs (picklable)."""
+    """Frames of one stream epoch: all an executor needs (picklable).
+
+    ``runs`` are the planned seqs (``(k, 2)`` int64 runs ``[a, b)`` within ``[first, end)``,
+    one run for a normal stream); None reads every committed seq of ``[first, end)``.
+    """
 
     region: ring.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
     stream_id: int
@@ -162,68 +168,74 @@ class FramePartition(InputPartition):
     fail_on_data_loss: bool
     include_meta: bool
     spool_dir: str | None  # where executors report read-time loss (streaming only)
+    runs: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.value = (self.stream_id, self.epoch, self.first, self.end)
 
 
-class _LossRecorder:
-    """Collects frames one partition failed to deliver; fails fast when asked to."""
+class LossRecorder:
+    """Frames one partition failed to deliver: fail at the first, or count, log and spool them.
 
-    def __init__(self, part: FramePartition) -> None:
+    ``part`` is any partition with ``stream_id``, ``epoch``, ``region``, ``fail_on_data_loss``
+    and ``spool_dir`` (the plain and the pulse readers' partitions); ``where`` names the part
+    of the stream in messages; ``message`` renders the loss for the exception.
+    """
+
+    def __init__(
+        self,
+        part: Any,
+        where: str,
+        message: Callable[[Sequence[Loss]], str] = loss_message,
+    ) -> None:
         self.part = part
+        self.where = where
+        self.message = message
         self.count = 0
-        self.first_seq = -1
         self.reasons: dict[str, int] = {}
 
     def __call__(self, seq: int, reason: str) -> None:
-        if self.count == 0:
-            self.first_seq = seq
         self.count += 1
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        if self.part.fail_on_data_loss:
-            p = self.part
+        p = self.part
+        if p.fail_on_data_loss:
             nslots = p.region.nslots if p.region is not None else 0
             kind = REGIONS_GONE if reason == ring.REGION_UNAVAILABLE else OVERWRITTEN
             raise TensorPoolDataLossError(
-                loss_message([Loss(p.stream_id, p.epoch, seq, None, kind, nslots)])
-                + f" (detected while reading: {reason})"
+                self.message([Loss(p.stream_id, p.epoch, seq, None, kind, nslots)])
+                + f" ({self.where}; detected while reading: {reason})"
             )
 
     def report(self) -> None:
-        if not self.count or self.part.fail_on_data_loss:
-            return
         p = self.part
+        if not self.count or p.fail_on_data_loss:
+            return
         log.warning(
-            "tensorpool: stream %d epoch %d: %d frame(s) of seq %d..%d were overwritten "
-            "before this task read them (skipped, failOnDataLoss=false): %s",
+            "tensorpool: stream %d epoch %d: %d frame(s) of %s were overwritten before this "
+            "task read them (skipped, failOnDataLoss=false): %s",
             p.stream_id,
             p.epoch,
             self.count,
-            p.first,
-            p.end - 1,
+            self.where,
             self.reasons,
         )
-        if p.spool_dir is None:
-            return
-        record = {"stream": p.stream_id, "epoch": p.epoch, "count": self.count}
-        name = f"{p.stream_id}-{p.epoch}-{p.first}-{os.getpid()}-{uuid.uuid4().hex}.json"
-        try:
-            fd, tmp = tempfile.mkstemp(dir=p.spool_dir, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, os.path.join(p.spool_dir, name))
-        except OSError as exc:  # the spool vanished (query stopped): the log line remains
-            log.warning("tensorpool: could not report loss to %s: %s", p.spool_dir, exc)
+        if p.spool_dir is not None:
+            spool.report(p.spool_dir, p.stream_id, p.epoch, self.count)
 
 
 def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, FramePartition):
         return  # Spark's placeholder partition of an empty batch read
-    rec = _LossRecorder(partition)
+    rec = LossRecorder(partition, f"seq {partition.first}..{partition.end - 1}")
     try:
+        runs = partition.runs
         if partition.region is None:
-            for seq in range(partition.first, partition.end):
+            seqs = (
+                range(partition.first, partition.end)
+                if runs is None
+                else (s for a, b in runs.tolist() for s in range(a, b))
+            )
+            for seq in seqs:
                 rec(seq, ring.REGION_UNAVAILABLE)
             return
         yield from ring.read_range(
@@ -234,6 +246,7 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
             include_meta=partition.include_meta,
             on_loss=rec,
             schema=schema,
+            runs=runs,
         )
     finally:
         rec.report()
@@ -270,18 +283,30 @@ class TensorPoolBatchReader(DataSourceReader):
         ranges: list[Range] = []
         specs: dict[int, ring.RegionSpec] = {}
         losses: list[Loss] = []
+        possible: list[Loss] = []
         for sid in opts.streams:
             spec = ring.RegionSpec.from_layout(layouts[sid])
             specs[sid] = spec
             st = ring.mapped(spec, conn.base_dirs).scan()
-            first = _resolve_batch(opts.starting.for_stream(sid), st, sid, "startingOffsets")
-            end = _resolve_batch(opts.ending.for_stream(sid), st, sid, "endingOffsets")
-            if not st.empty and first < st.oldest and first < end:
-                losses.append(
-                    Loss(sid, st.epoch, first, st.oldest - first, "overwritten", st.nslots)
-                )
-                first = st.oldest
-            ranges.append(Range(sid, st.epoch, first, max(first, end)))
+            starting = opts.starting.for_stream(sid)
+            first = _resolve_batch(starting, st, sid, "startingOffsets")
+            end = max(first, _resolve_batch(opts.ending.for_stream(sid), st, sid, "endingOffsets"))
+            # The snapshot reads exactly the frames committed in [first, end) now. Seqs of the
+            # range missing from the ring were lost if they were ever published: certain for a
+            # normal (gap-free) stream, unknowable for a relay's sparse seqs (logged only).
+            # "earliest" asks for what the ring holds: nothing before it is this read's loss.
+            if starting != EARLIEST:
+                cnt, lo, hi = st.maybe_overwritten(first, end)
+                if cnt and st.gapped:
+                    possible.append(
+                        Loss(sid, st.epoch, lo, None, OVERWRITTEN, st.nslots, hi, at_most=cnt)
+                    )
+                elif cnt:
+                    losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
+            present = st.present(first, end)
+            ranges.append(Range(sid, st.epoch, first, end, len(present), to_runs(present)))
+        if possible:
+            log.warning("%s", possible_loss_message(possible))
         if losses:
             if opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(loss_message(losses))
@@ -297,12 +322,57 @@ class TensorPoolBatchReader(DataSourceReader):
                 opts.fail_on_data_loss,
                 opts.include_tensor_metadata,
                 None,
+                r.runs,
             )
             for r in split_ranges(ranges, opts.min_partitions)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self._schema)
+
+
+def scan_streams[T](
+    att: Attachment,
+    opts: SourceOptions,
+    specs: dict[tuple[int, int], ring.RegionSpec],
+    scan: Callable[[ring.MappedStream], T],
+) -> dict[int, T | None]:
+    """``scan`` of every stream's mapped ring (None: not announced / not mappable right now).
+
+    Records each stream epoch's RegionSpec in ``specs`` (partitions need it later).
+    """
+    layouts = att.layouts()
+    out: dict[int, T | None] = {}
+    for sid in opts.streams:
+        layout = layouts.get(sid)
+        if layout is None:
+            out[sid] = None
+            continue
+        spec = ring.RegionSpec.from_layout(layout)
+        specs[(sid, spec.epoch)] = spec
+        try:
+            out[sid] = scan(ring.mapped(spec, opts.connection.base_dirs))
+        except Exception as exc:  # regions vanished between announce and map
+            log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
+            out[sid] = None
+    return out
+
+
+def attach_query(opts: SourceOptions, **kw: Any) -> Attachment:
+    """The streaming reader's attachment, waiting up to ``attachTimeoutMs`` for the layouts.
+
+    A stream that does not appear in time is not an error: it may come later (producer not
+    started yet, or restarting) and is picked up when it appears; until then it has no data.
+    """
+    att = open_attachment(opts.streams, _settings(opts), driver=opts.connection.driver, **kw)
+    try:
+        att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
+    except AttachError as exc:
+        log.warning("tensorpool: %s; continuing without them for now", exc)
+    except BaseException:
+        att.close()
+        raise
+    return att
 
 
 def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: str) -> int:
@@ -332,96 +402,45 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
         self._states: dict[int, RingState | None] = {}
         self._spool: str | None = None
+        self._late_extra: dict[int, int] = {}  # loss found by partitions() (replays)
 
     # --- driver-side plumbing -------------------------------------------------------------------
     def _attach(self) -> Attachment:
         att = self._att
         if att is None:
             opts = self.opts
-            att = open_attachment(opts.streams, _settings(opts), driver=opts.connection.driver)
-            try:
-                att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
-            except AttachError as exc:
-                # A stream may come later (producer not started yet, or restarting): it is
-                # picked up when it appears; until then it simply has no new data.
-                log.warning("tensorpool: %s; continuing without them for now", exc)
-            except BaseException:
-                att.close()
-                raise
-            self._att = att
+            att = self._att = attach_query(opts)
             start_at = {
                 sid: spec
                 for sid in opts.streams
                 if isinstance(spec := opts.starting.for_stream(sid), str)
             }
             self._planner = StreamPlanner(opts.streams, start_at)
-            self._spool = _make_spool(opts.connection.shm_base_dir)
+            self._spool = spool.make_spool(opts.connection.shm_base_dir)
         return att
 
     def _scan(self) -> dict[int, RingState | None]:
-        att = self._attach()
-        layouts = att.layouts()
-        states: dict[int, RingState | None] = {}
-        for sid in self.opts.streams:
-            layout = layouts.get(sid)
-            if layout is None:
-                states[sid] = None
-                continue
-            spec = ring.RegionSpec.from_layout(layout)
-            self._specs[(sid, spec.epoch)] = spec
-            try:
-                states[sid] = ring.mapped(spec, self.opts.connection.base_dirs).scan()
-            except Exception as exc:  # regions vanished between announce and map
-                log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
-                states[sid] = None
+        states = scan_streams(self._attach(), self.opts, self._specs, ring.MappedStream.scan)
         self._states = states
         return states
-
-    def _sizes(self, sid: int, epoch: int, first: int, count: int) -> list[int]:
-        spec = self._specs.get((sid, epoch))
-        if spec is None:
-            return [0] * count
-        return ring.mapped(spec, self.opts.connection.base_dirs).sizes(first, count)
-
-    def _collect_late(self) -> dict[int, int]:
-        late: dict[int, int] = {}
-        spool = self._spool
-        if spool is None:
-            return late
-        try:
-            names = os.listdir(spool)
-        except FileNotFoundError:
-            return late
-        for name in names:
-            if name.startswith("."):
-                continue
-            path = os.path.join(spool, name)
-            try:
-                with open(path) as f:
-                    rec = json.load(f)
-                os.unlink(path)
-                sid, n = int(rec["stream"]), int(rec["count"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if sid in self.opts.streams and n > 0:
-                late[sid] = late.get(sid, 0) + n
-        return late
 
     # --- Spark API ------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
         states = self._scan()
+        planner = self._planner
+        assert planner is not None
         start: dict[int, StreamPos] = {}
         for sid in self.opts.streams:
             spec = self.opts.starting.for_stream(sid)
             st = states.get(sid)
             if isinstance(spec, tuple):
+                # An explicit position: whatever is missing after it is the query's loss.
                 start[sid] = StreamPos(spec[0], spec[1])
             elif st is None:
                 start[sid] = StreamPos(NOT_STARTED, 0)  # begins when the stream appears
-            elif spec == EARLIEST:
-                start[sid] = StreamPos(st.epoch, st.oldest)
             else:
-                start[sid] = StreamPos(st.epoch, st.head)
+                start[sid] = StreamPos(st.epoch, st.oldest if spec == EARLIEST else st.head)
+                planner.begin(sid, st, start[sid].seq)
         return encode_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -442,9 +461,6 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         states = self._scan()
         att = self._att
         assert att is not None and self._planner is not None
-        intake = att.drain_intake()
-        if intake.dropped:
-            log.info("tensorpool: descriptor intake overflowed by %d", intake.dropped)
         if isinstance(limit, ReadAllAvailable):
             limits = Limits()
         elif isinstance(limit, ReadMaxRows):
@@ -453,7 +469,23 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             limits = Limits(opts.max_frames_per_trigger, limit.max_bytes)
         else:
             limits = Limits(opts.max_frames_per_trigger, opts.max_bytes_per_trigger)
-        plan = self._planner.plan(begin, states, limits, self._sizes, self._collect_late())
+        feed = att if att.intakes else None
+        late, spooled = spool.collect(self._spool, opts.streams)
+        for sid, n in self._late_extra.items():
+            late[sid] = late.get(sid, 0) + n
+        self._late_extra = {}
+        plan = self._planner.plan(begin, states, limits, late=late, feed=feed)
+        spool.forget(spooled)  # recorded in this plan's lostLate
+        for sid, n in plan.dropped.items():
+            log.warning(
+                "tensorpool: stream %d: the descriptor intake overflowed (%d descriptor(s) "
+                "dropped, oldest first); frames stay readable from the ring, but loss within "
+                "those seqs of a sparse stream can only be bounded, not counted",
+                sid,
+                n,
+            )
+        if plan.possible:
+            log.warning("%s", possible_loss_message(plan.possible))
         if plan.losses or plan.unknown_epoch_loss:
             message = loss_message([*plan.losses, *plan.unknown_epoch_loss])
             if opts.fail_on_data_loss:
@@ -476,33 +508,86 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         finish = decode_offsets(end, opts.streams)
         if self._att is None:
             self._scan()  # a restarted query plans the logged batch before asking for offsets
-        pieces = split_ranges(batch_ranges(begin, finish), opts.min_partitions)
-        out: list[InputPartition] = []
-        for r in pieces:
-            spec = self._specs.get((r.stream_id, r.epoch))
-            if spec is None:
-                log.warning(
-                    "tensorpool: stream %d epoch %d is not announced any more; frames %d..%d "
-                    "of this batch cannot be read",
-                    r.stream_id,
-                    r.epoch,
-                    r.first,
-                    r.end - 1,
+        planner = self._planner
+        assert planner is not None
+        ranges: list[Range] = []
+        losses: list[Loss] = []
+        for r in batch_ranges(begin, finish):
+            sid, epoch = r.stream_id, r.epoch
+            spec = self._specs.get((sid, epoch))
+            runs = planner.planned_runs(sid, epoch, r.first, r.end)
+            if runs is None:
+                # Not planned by this process (a replay after a restart): the batch is every
+                # frame committed in its range; those still in the ring are exactly the ones
+                # it had, and end.frames - start.frames says how many are gone.
+                runs = self._replay_runs(r, spec, losses)
+                if runs is None:
+                    continue
+            ranges.append(Range(sid, epoch, r.first, r.end, runs_count(runs), runs))
+        if losses:
+            message = loss_message(losses) + " (found when planning the batch's partitions)"
+            if opts.fail_on_data_loss:
+                raise TensorPoolDataLossError(message)
+            log.warning("%s [skipped: failOnDataLoss=false]", message)
+            for ls in losses:
+                self._late_extra[ls.stream_id] = self._late_extra.get(ls.stream_id, 0) + (
+                    ls.count or 0
                 )
-            out.append(
-                FramePartition(
-                    spec,
-                    r.stream_id,
-                    r.epoch,
-                    r.first,
-                    r.end,
-                    opts.connection.base_dirs,
-                    opts.fail_on_data_loss,
-                    opts.include_tensor_metadata,
-                    self._spool,
-                )
+        return [
+            FramePartition(
+                self._specs[(p.stream_id, p.epoch)],
+                p.stream_id,
+                p.epoch,
+                p.first,
+                p.end,
+                opts.connection.base_dirs,
+                opts.fail_on_data_loss,
+                opts.include_tensor_metadata,
+                self._spool,
+                p.runs,
             )
-        return out
+            for p in split_ranges(ranges, opts.min_partitions)
+        ]
+
+    def _replay_runs(
+        self, r: Range, spec: ring.RegionSpec | None, losses: list[Loss]
+    ) -> np.ndarray | None:
+        """The frames of a logged batch still in the ring; what is gone goes to ``losses``."""
+        sid, epoch = r.stream_id, r.epoch
+        if spec is None:
+            log.warning(
+                "tensorpool: stream %d epoch %d is not announced any more; frames %d..%d "
+                "of this batch cannot be read",
+                sid,
+                epoch,
+                r.first,
+                r.end - 1,
+            )
+            n = r.expect if r.expect is not None else None
+            losses.append(Loss(sid, epoch, r.first, n, REGIONS_GONE, 0, r.end - 1))
+            return None
+        try:
+            st = ring.mapped(spec, self.opts.connection.base_dirs).scan()
+        except Exception as exc:  # regions vanished since the announce
+            log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, epoch, exc)
+            losses.append(Loss(sid, epoch, r.first, r.expect, REGIONS_GONE, 0, r.end - 1))
+            return None
+        present = st.present(r.first, r.end)
+        if r.expect is not None and len(present) < r.expect:
+            gone = r.expect - len(present)
+            losses.append(Loss(sid, epoch, r.first, gone, OVERWRITTEN, st.nslots, r.end - 1))
+        elif r.expect is not None and len(present) > r.expect:
+            log.warning(
+                "tensorpool: stream %d epoch %d: the ring holds %d frames in seq %d..%d but the "
+                "logged batch had %d; reading what is there",
+                sid,
+                epoch,
+                len(present),
+                r.first,
+                r.end - 1,
+                r.expect,
+            )
+        return to_runs(present)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self._schema)
@@ -514,32 +599,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         att, self._att = self._att, None
         if att is not None:
             att.close()
-        spool, self._spool = self._spool, None
-        if spool is not None:
-            shutil.rmtree(spool, ignore_errors=True)
-
-
-def _make_spool(shm_base_dir: str) -> str:
-    """Per-reader directory where executors drop read-time loss reports (same host)."""
-    root = os.path.join(shm_base_dir, ".spark-loss")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    for name in os.listdir(root):  # spools of readers that died without stop()
-        pid = name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    path = os.path.join(root, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    os.mkdir(path, 0o700)
-    return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        spool.remove_spool(self._spool)
+        self._spool = None
 
 
 # --- the data source -----------------------------------------------------------------------------
@@ -552,6 +613,10 @@ class TensorPoolDataSource(DataSource):
 
     def schema(self) -> str:
         opts = parse_source_options(self.options)
+        if opts.batching == BATCHING_PULSE:
+            from tensorpool.spark_source.pulse import pulse_schema_ddl
+
+            return pulse_schema_ddl(opts.include_tensor_metadata)
         return schema_ddl(opts.include_tensor_metadata)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -566,6 +631,10 @@ class TensorPoolDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = parse_source_options(self.options, streaming=True)
+        if opts.batching == BATCHING_PULSE:
+            from tensorpool.spark_source.pulse import PulseStreamReader
+
+            return PulseStreamReader.for_schema(opts, schema)
         _check_user_schema(schema, opts.include_tensor_metadata)
         return TensorPoolStreamReader(opts)
 

@@ -15,18 +15,24 @@ import numpy as np
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
-from tensorpool.spark_source.ring import RegionSpec, read_range
+from tensorpool.spark_source import ring
+from tensorpool.spark_source.offsets import to_runs
+from tensorpool.spark_source.ring import RegionSpec, mapped, read_range
 from tensorpool.spark_source.source import arrow_schema
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
 
 def _layout(media_driver, shm_base, seqs: list[int], nslots: int):
-    settings = ClientSettings(transport=TransportConfig(aeron_dir=media_driver.dir),
-                              shm_base_dir=shm_base, announce_period_ns=100_000_000)
+    settings = ClientSettings(
+        transport=TransportConfig(aeron_dir=media_driver.dir),
+        shm_base_dir=shm_base,
+        announce_period_ns=100_000_000,
+    )
     ctx = AeronContext(settings.transport).start()
-    producer = Producer(ctx, StreamConfig(6, header_nslots=nslots, pools=(PoolConfig(1, 4096),)),
-                        settings)
+    producer = Producer(
+        ctx, StreamConfig(6, header_nslots=nslots, pools=(PoolConfig(1, 4096),)), settings
+    )
     consumer = Consumer(ctx, 6, settings)
     deadline = time.monotonic() + 10
     while not consumer.is_mapped and time.monotonic() < deadline:
@@ -42,11 +48,20 @@ def _layout(media_driver, shm_base, seqs: list[int], nslots: int):
     return ctx, producer, consumer, consumer.layout
 
 
-def _read(layout, shm_base, first: int, end: int):
+def _read(layout, shm_base, first: int, end: int, runs=None):
     lost: list[tuple[int, str]] = []
-    batches = list(read_range(RegionSpec.from_layout(layout), (shm_base,), first, end,
-                              include_meta=True, on_loss=lambda s, r: lost.append((s, r)),
-                              schema=arrow_schema(True)))
+    batches = list(
+        read_range(
+            RegionSpec.from_layout(layout),
+            (shm_base,),
+            first,
+            end,
+            include_meta=True,
+            on_loss=lambda s, r: lost.append((s, r)),
+            schema=arrow_schema(True),
+            runs=runs,
+        )
+    )
     got = [s for b in batches for s in b.column("seq").to_pylist()]
     return got, lost
 
@@ -75,6 +90,49 @@ def test_overwritten_frames_are_still_data_loss(media_driver, shm_base):
         got, lost = _read(layout, shm_base, 0, 40)
         assert got == list(range(24, 40))
         assert [s for s, _ in lost] == list(range(24))
+    finally:
+        consumer.close()
+        producer.close()
+        ctx.close()
+
+
+def test_planned_runs_of_a_sparse_stream_span_more_seqs_than_slots(media_driver, shm_base):
+    """The plan's explicit seqs: a relay's frames (every 10th seq) over a span of 30x the ring
+    are read exactly, with no false loss; a planned frame overwritten since is loss, even where
+    a range read could not tell (its slot holds a newer seq)."""
+    seqs = list(range(0, 2000, 10))  # 200 frames use only 32 of the 64 slots: the last 32 stay
+    ctx, producer, consumer, layout = _layout(media_driver, shm_base, seqs, nslots=64)
+    try:
+        st = mapped(RegionSpec.from_layout(layout), (shm_base,)).scan()
+        assert st.gapped
+        present = st.present(0, 2000)
+        assert present.tolist() == seqs[-32:]
+        got, lost = _read(layout, shm_base, 0, 2000, runs=to_runs(present))
+        assert got == seqs[-32:] and lost == []
+        # planned earlier (when 1680 was still there): its loss is reported, nothing else
+        runs = to_runs(np.asarray([seqs[-33], *seqs[-32:]]))
+        got, lost = _read(layout, shm_base, 0, 2000, runs=runs)
+        assert got == seqs[-32:] and [s for s, _ in lost] == [seqs[-33]]
+    finally:
+        consumer.close()
+        producer.close()
+        ctx.close()
+
+
+def test_dense_runs_stay_on_the_vectorized_path(media_driver, shm_base, monkeypatch):
+    """A normal stream's plan is one run, read by the vectorized seqlock path only."""
+    ctx, producer, consumer, layout = _layout(media_driver, shm_base, list(range(50)), nslots=64)
+    slow: list[int] = []
+    real = ring._read_chunk
+
+    def spy(m, chunk, *a, **k):
+        slow.append(len(chunk))
+        return real(m, chunk, *a, **k)
+
+    monkeypatch.setattr(ring, "_read_chunk", spy)
+    try:
+        got, lost = _read(layout, shm_base, 10, 50, runs=to_runs(np.arange(10, 50)))
+        assert got == list(range(10, 50)) and lost == [] and slow == []
     finally:
         consumer.close()
         producer.close()

@@ -8,8 +8,9 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -98,3 +99,65 @@ def source_options(md: MediaDriverProcess, shm: str, **extra: object) -> dict[st
     opts = {"aeronDir": md.dir, "shmBaseDir": shm, "attachTimeoutMs": "20000"}
     opts.update({k: str(v) for k, v in extra.items()})
     return opts
+
+
+# --- streaming queries -------------------------------------------------------------------------
+class BatchLog:
+    """An idempotent foreachBatch sink: results keyed by batchId (a replay overwrites)."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.batches: dict[int, list[tuple[int, int]]] = {}
+        self.attempts: list[tuple[int, list[tuple[int, int]]]] = []
+        self.bad: list[tuple[int, int]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.select("epoch", "seq", "payload").collect()
+        got = sorted((r.epoch, r.seq) for r in rows)
+        self.bad += [(r.epoch, r.seq) for r in rows if not check_payload(r.payload, r.seq)]
+        self.attempts.append((batch_id, got))
+        if self.fail_on is not None and batch_id == self.fail_on and got:
+            self.fail_on = None
+            raise RuntimeError(f"simulated crash in batch {batch_id}")
+        self.batches[batch_id] = got
+
+    def frames(self) -> list[tuple[int, int]]:
+        return [f for b in sorted(self.batches) for f in self.batches[b]]
+
+
+def start_query(spark: Any, opts: dict[str, str], sink: BatchLog, ckpt: str, **trigger: Any) -> Any:
+    return (
+        spark.readStream.format("tensorpool")
+        .options(**opts)
+        .load()
+        .writeStream.foreachBatch(sink)
+        .trigger(**(trigger or {"processingTime": "200 milliseconds"}))
+        .option("checkpointLocation", ckpt)
+        .start()
+    )
+
+
+def wait_query(cond: Callable[[], bool], q: Any, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if q.exception() is not None:
+            raise AssertionError(f"query failed: {q.exception()}")
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for the query")
+
+
+def end_offsets(q: Any) -> dict[str, dict[str, int]]:
+    progress = q.lastProgress
+    if not progress or not progress["sources"]:
+        return {}
+    return json.loads(progress["sources"][0]["endOffset"] or "{}")
+
+
+def publish_sparse(p: Any, n: int, step: int) -> list[int]:
+    """Publish ``n`` frames with seqs ``next, next+step, ...``; return their seqs."""
+    first = int(p.events[-1].get("next_seq", 0)) if p.events[-1]["event"] == "produced" else 0
+    p.send(f"sparse {n} {step}")
+    p.wait("produced")
+    return [first + i * step for i in range(n)]

@@ -4,6 +4,10 @@ Commands on stdin, one per line; events on stdout as JSON lines:
 
 * ``produce N`` -- publish N frames now (``{"event": "produced", "next_seq": S}`` when done);
 * ``rate N HZ`` -- publish N frames at HZ per second, then report ``produced``;
+* ``stamp N HZ T0`` -- publish N frames now, frame ``seq`` stamped ``T0 + seq/HZ`` (simulated
+  time: a pulse train at HZ without waiting for it), then report ``produced``;
+* ``sparse N STEP [HZ]`` -- publish N frames whose seqs advance by STEP (a relay's output),
+  at once or at HZ per second, then report ``produced``;
 * ``exit``      -- close (regions removed) and exit.
 
 Frames carry the checksum pattern of ``tests/integration/roles.py``: every byte is
@@ -79,11 +83,13 @@ def main() -> None:
         p.do_work()
         emit(event="ready", epoch=p.epoch, header=p.header_region_path)
 
-        def one() -> None:
+        def one(hz: float = 0.0, t0: int = 0) -> None:
             claim = p.claim(shape, a.dtype)
             assert claim is not None
             fill_checked(claim.array, claim.seq)
             ts = None if a.timestamp_base < 0 else a.timestamp_base + claim.seq
+            if hz:
+                ts = t0 + round(claim.seq * 1e9 / hz)
             p.commit(claim, timestamp_ns=ts)
 
         while not stop:
@@ -102,6 +108,29 @@ def main() -> None:
             if cmd[0] == "produce":
                 for i in range(int(cmd[1])):
                     one()
+                    if i % 256 == 255:
+                        p.do_work()
+            elif cmd[0] == "stamp":
+                for i in range(int(cmd[1])):
+                    one(float(cmd[2]), int(cmd[3]))
+                    if i % 256 == 255:
+                        p.do_work()
+            elif cmd[0] == "sparse":
+                # a relay keeping its source's numbering: seqs advance by STEP
+                # (Producer.claim(seq=...)); the first one is the next seq
+                n, step = int(cmd[1]), int(cmd[2])
+                hz = float(cmd[3]) if len(cmd) > 3 else 0.0
+                t0 = time.monotonic()
+                seq = p.next_seq
+                for i in range(n):
+                    while hz and not stop and time.monotonic() < t0 + i / hz:
+                        p.do_work()
+                        time.sleep(0.0005)
+                    claim = p.claim(shape, a.dtype, seq=seq)
+                    assert claim is not None
+                    fill_checked(claim.array, seq)
+                    p.commit(claim)
+                    seq += step
                     if i % 256 == 255:
                         p.do_work()
             elif cmd[0] == "rate":

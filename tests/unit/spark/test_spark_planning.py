@@ -35,17 +35,21 @@ from tensorpool.spark_source.options import (
 
 
 def test_offsets_json_has_a_stable_key_order():
-    """issue 6 §4 offsets: streams by ascending id, fields epoch, seq, lost, lostLate (Spark
-    compares offset JSON as text and stores it verbatim in the checkpoint)."""
-    doc = encode_offsets({12: StreamPos(3, 7), 2: StreamPos(1, 5, 2, 1)})
+    """issue 6 §4 offsets: streams by ascending id, fields epoch, seq, frames, lost, lostLate
+    (Spark compares offset JSON as text and stores it verbatim in the checkpoint); an offset
+    written before ``frames`` existed still decodes (frames unknown) and re-encodes verbatim."""
+    doc = encode_offsets({12: StreamPos(3, 7), 2: StreamPos(1, 5, 2, 1, 40)})
     assert json.dumps(doc) == (
-        '{"2": {"epoch": 1, "seq": 5, "lost": 2, "lostLate": 1}, '
-        '"12": {"epoch": 3, "seq": 7, "lost": 0, "lostLate": 0}}'
+        '{"2": {"epoch": 1, "seq": 5, "frames": 40, "lost": 2, "lostLate": 1}, '
+        '"12": {"epoch": 3, "seq": 7, "frames": 0, "lost": 0, "lostLate": 0}}'
     )
     assert decode_offsets(json.loads(json.dumps(doc))) == {
-        2: StreamPos(1, 5, 2, 1),
+        2: StreamPos(1, 5, 2, 1, 40),
         12: StreamPos(3, 7),
     }
+    old = {"2": {"epoch": 1, "seq": 5, "lost": 2, "lostLate": 1}}
+    assert decode_offsets(old) == {2: StreamPos(1, 5, 2, 1, None)}
+    assert encode_offsets(decode_offsets(old)) == old
     with pytest.raises(OffsetError, match="differ from the query's streams"):
         decode_offsets(doc, [2])
     with pytest.raises(OffsetError, match="seq must be an integer"):
@@ -81,21 +85,26 @@ def test_planner_admission_and_planned_loss():
     plan = pl.plan(start, states, Limits(max_frames=30))
     # stream 2 lost 10..39 (overwritten); 100 + 20 wanted, 30 admitted proportionally
     assert plan.end[2].lost == 30 and plan.losses[0].count == 30
+    assert (plan.losses[0].first_seq, plan.losses[0].last_seq) == (10, 39)
     assert (plan.end[1].seq - 0) + (plan.end[2].seq - 40) == 30
-    assert batch_ranges(start, plan.end)[1].first == 40  # the lost prefix is not read
+    assert plan.end[1].frames + plan.end[2].frames == 30 == plan.frames
+    ranges = batch_ranges(start, plan.end)
+    assert [r.expect for r in ranges] == [plan.end[1].frames, plan.end[2].frames]
+    # the planned frames: the lost prefix is not among them
+    assert plan.runs[2].tolist() == [[40, plan.end[2].seq]]
     # bytes: 10-byte frames, budget 35 bytes -> 3 frames; a huge frame still makes progress
     plan = pl.plan(
         {1: StreamPos(5, 0)} | {2: StreamPos(7, 60)},
         states,
         Limits(max_bytes=35),
-        lambda sid, e, f, n: [10] * n,
+        lambda sid, e, seqs: [10] * len(seqs),
     )
     assert plan.frames == 3
     plan = pl.plan(
         {1: StreamPos(5, 0), 2: StreamPos(7, 60)},
         states,
         Limits(max_bytes=5),
-        lambda sid, e, f, n: [10] * n,
+        lambda sid, e, seqs: [10] * len(seqs),
     )
     assert plan.frames == 1
 
@@ -106,7 +115,7 @@ def test_planner_epoch_change_is_a_transition_batch():
     pl = StreamPlanner([1])
     pl.plan({1: StreamPos(3, 0)}, {1: RingState(3, 0, 50, 64)}, Limits())
     plan = pl.plan({1: StreamPos(3, 50)}, {1: RingState(4, 0, 20, 64)}, Limits())
-    assert plan.end[1] == StreamPos(4, 0, 0, 0) and not plan.losses
+    assert plan.end[1] == StreamPos(4, 0, 0, 0, 0) and not plan.losses
     assert batch_ranges({1: StreamPos(3, 50)}, plan.end) == []
     # old epoch not finished: 10 frames of epoch 4 were never read
     pl.plan({1: StreamPos(4, 0)}, {1: RingState(4, 0, 30, 64)}, Limits())

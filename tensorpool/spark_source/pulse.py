@@ -1,0 +1,749 @@
+"""Pulse-aligned micro-batches (``batching=pulse``): one closed window per micro-batch.
+
+Model
+-----
+The ordinary stream reader cuts micro-batches at "whatever was committed when the trigger
+fired". With ``batching=pulse`` the cut is made by a
+:class:`~tensorpool.batching.RateAwareMessageBatcher` instead: every committed frame is fed
+to it as ``(stream_id, timestamp_ns, (epoch, seq))`` (the timestamp from the slot header), and
+each window the batcher closes becomes exactly one micro-batch holding that window's frames of
+every selected stream plus ``window_start`` / ``window_end`` columns.
+
+Spark needs offsets it can replay in another process, and compares them as text. So the
+driver keeps *no* state of its own between triggers: an offset carries everything.
+
+* ``"window"`` -- the window this micro-batch delivers (``index`` = the batcher's batch
+  ``sequence``, ``start_ns``/``end_ns`` in the frames' clock domain, the close ``reason``);
+  ``null`` in the initial offset.
+* per stream (key = stream id, as in the ordinary source's offsets, so
+  :func:`tensorpool.spark_source.lost_frames` reads the loss counters unchanged): ``epoch`` and
+  ``seq`` -- the next frame to *feed* to the batcher --, the cumulative ``lost`` / ``lostLate``
+  counters, and ``frames``: the window's frames as runs ``[epoch, first, end)``.
+* ``"batcher"`` -- :meth:`~tensorpool.batching.RateAwareMessageBatcher.snapshot` after the
+  feed, with the windows that closed together with this one but are not delivered yet in its
+  ``closed`` list (``null`` = a fresh batcher).
+
+``partitions(start, end)`` reads only ``end``'s runs, so a replay reads the same frames.
+``latestOffset(start)`` restores the batcher from ``start``, delivers the next queued window if
+there is one, and otherwise re-scans every ring from ``start``'s positions and feeds the frames
+in timestamp order, one at a time, until a window closes (or, input exhausted, ``settle()``
+says the input is drained). No window closed: ``start`` is returned unchanged and Spark runs no
+batch; the frames fed in vain are fed again, from the same state, at the next trigger. Output is
+thus a pure function of ``start`` and the rings: a restarted query continues exactly where the
+checkpointed batcher state left off.
+
+Loss: frames of a stream overwritten before they were fed (``seq`` below the oldest frame still
+committed) are counted at planning; frames of a window overwritten before an executor read them
+are found by the seqlock read. Both follow ``failOnDataLoss`` like the ordinary source.
+
+The planning (:class:`PulsePlanner`, :class:`PulseOffset`, :func:`to_runs`) is sans-IO: it takes
+ring scans (:class:`StreamScan`, arrays of committed ``seq``/``timestamp_ns``) and returns
+offsets and losses, and is tested without Spark or shared memory.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import LongType, StructField, StructType, TimestampType
+
+from tensorpool.batching import DEFAULT_TIMEOUT_FACTOR, RateAwareMessageBatcher
+from tensorpool.client.announce import CLOCK_MONOTONIC
+from tensorpool.spark_source import ring, spool
+from tensorpool.spark_source.attach import Attachment
+from tensorpool.spark_source.offsets import NOT_STARTED, OVERWRITTEN, Loss
+from tensorpool.spark_source.offsets import loss_message as _loss_message
+from tensorpool.spark_source.options import EARLIEST, LATEST, SourceOptions, TensorPoolOptionError
+from tensorpool.spark_source.source import (
+    LossRecorder,
+    TensorPoolDataLossError,
+    arrow_schema,
+    attach_query,
+    scan_streams,
+    schema_ddl,
+    struct_type,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger("tensorpool.spark_source.pulse")
+
+MAX_SEQ: Final = 2**63 - 1
+WINDOW_DDL: Final = (
+    "window_start timestamp, window_end timestamp, window_start_ns long, window_end_ns long"
+)
+PULSE_HINT: Final = (
+    " With batching=pulse a frame must stay in its ring until its window closes and is read: "
+    "give the ring room for several batchLengthS of frames."
+)
+
+#: (epoch, first, end) -- a run of consecutive frames of one stream, ``end`` exclusive
+Run = tuple[int, int, int]
+
+
+class PulseOffsetError(ValueError):
+    """A checkpointed pulse offset is malformed or belongs to another query."""
+
+
+# --- schema --------------------------------------------------------------------------------------
+def pulse_schema_ddl(include_meta: bool) -> str:
+    return f"{schema_ddl(include_meta)}, {WINDOW_DDL}"
+
+
+def pulse_struct_type(include_meta: bool) -> StructType:
+    """The ordinary columns, then the window: wall-clock timestamps and the raw nanoseconds."""
+    return StructType(
+        [
+            *struct_type(include_meta).fields,
+            StructField("window_start", TimestampType()),
+            StructField("window_end", TimestampType()),
+            StructField("window_start_ns", LongType()),
+            StructField("window_end_ns", LongType()),
+        ]
+    )
+
+
+def pulse_arrow_schema(include_meta: bool) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(pulse_struct_type(include_meta), timezone="UTC")
+
+
+# --- offsets (sans-IO) ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WindowRef:
+    """The window one micro-batch delivers (times in the frames' clock domain).
+
+    ``wall_offset_ns`` turns them into wall-clock time (``window_start`` / ``window_end``). It
+    is sampled once, when the window is planned, and recorded: every stream's rows of the
+    window -- and a replay in another process -- carry the very same wall-clock values, so a
+    ``groupBy("window_start")`` never splits a window.
+    """
+
+    index: int
+    start_ns: int
+    end_ns: int
+    reason: str
+    wall_offset_ns: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "reason": self.reason,
+            "wall_offset_ns": self.wall_offset_ns,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCursor:
+    """Per stream: next frame to feed (``epoch``/``seq``), loss counters, the window's runs."""
+
+    epoch: int
+    seq: int
+    lost: int = 0
+    lost_late: int = 0
+    frames: tuple[Run, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "lost": self.lost,
+            "lostLate": self.lost_late,
+            "frames": [list(r) for r in self.frames],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PulseOffset:
+    window: WindowRef | None
+    streams: Mapping[int, StreamCursor]
+    batcher: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Stable key order: ``window``, streams by ascending id, ``batcher``."""
+        doc: dict[str, Any] = {"window": None if self.window is None else self.window.to_json()}
+        for sid in sorted(self.streams):
+            doc[str(sid)] = self.streams[sid].to_json()
+        doc["batcher"] = None if self.batcher is None else dict(self.batcher)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: object, streams: Sequence[int]) -> PulseOffset:
+        if isinstance(doc, str):
+            try:
+                doc = json.loads(doc)
+            except json.JSONDecodeError as exc:
+                raise PulseOffsetError(f"pulse offset is not JSON: {exc}") from None
+        if not isinstance(doc, Mapping):
+            raise PulseOffsetError(f"pulse offset must be a JSON object, got {type(doc).__name__}")
+        if "window" not in doc or "batcher" not in doc:
+            raise PulseOffsetError(
+                "offset has no 'window'/'batcher': it was not written by a batching=pulse query "
+                "(a checkpoint cannot switch between batching modes)"
+            )
+        window = _window(doc["window"])
+        batcher = doc["batcher"]
+        if batcher is not None and not isinstance(batcher, Mapping):
+            raise PulseOffsetError("offset 'batcher' must be an object or null")
+        cursors: dict[int, StreamCursor] = {}
+        for key, value in doc.items():
+            if key in ("window", "batcher"):
+                continue
+            try:
+                sid = int(key)
+            except (TypeError, ValueError):
+                raise PulseOffsetError(f"offset key {key!r} is not a stream id") from None
+            cursors[sid] = _cursor(key, value)
+        if set(cursors) != set(streams):
+            raise PulseOffsetError(
+                f"offset streams {sorted(cursors)} differ from the query's streams "
+                f"{sorted(streams)}; a checkpoint cannot be reused with another 'streams' option"
+            )
+        return cls(window, cursors, batcher)
+
+
+def _nat(value: object, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_SEQ:
+        raise PulseOffsetError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _window(value: object) -> WindowRef | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise PulseOffsetError(f"offset 'window' must be an object or null, got {value!r}")
+    try:
+        start, end = value["start_ns"], value["end_ns"]
+        reason = value["reason"]
+        index = _nat(value["index"], "window index")
+    except KeyError as exc:
+        raise PulseOffsetError(f"offset 'window' has no {exc}") from None
+    if type(start) is not int or type(end) is not int or end <= start:
+        raise PulseOffsetError(f"offset 'window' needs integer start_ns < end_ns, got {value!r}")
+    if not isinstance(reason, str):
+        raise PulseOffsetError(f"offset 'window' reason must be a string, got {reason!r}")
+    wall = value.get("wall_offset_ns", 0)
+    if type(wall) is not int:
+        raise PulseOffsetError(f"offset 'window' wall_offset_ns must be an integer, got {wall!r}")
+    return WindowRef(index, start, end, reason, wall)
+
+
+def _cursor(key: str, value: object) -> StreamCursor:
+    if not isinstance(value, Mapping):
+        raise PulseOffsetError(f"stream {key}: expected an object, got {value!r}")
+    runs: list[Run] = []
+    raw_runs = value.get("frames", [])
+    if not isinstance(raw_runs, list):
+        raise PulseOffsetError(f"stream {key}: 'frames' must be a list of [epoch, first, end]")
+    for run in raw_runs:
+        if not isinstance(run, list) or len(run) != 3:
+            raise PulseOffsetError(f"stream {key}: frame run {run!r} is not [epoch, first, end]")
+        e, a, b = (_nat(v, f"stream {key}: frame run") for v in run)
+        if b <= a:
+            raise PulseOffsetError(f"stream {key}: empty frame run {run!r}")
+        runs.append((e, a, b))
+    return StreamCursor(
+        _nat(value.get("epoch"), f"stream {key}: epoch"),
+        _nat(value.get("seq"), f"stream {key}: seq"),
+        _nat(value.get("lost", 0), f"stream {key}: lost"),
+        _nat(value.get("lostLate", 0), f"stream {key}: lostLate"),
+        tuple(runs),
+    )
+
+
+def to_runs(frames: Iterable[Sequence[int]]) -> tuple[Run, ...]:
+    """``(epoch, seq)`` pairs -> sorted runs of consecutive seqs ``(epoch, first, end)``.
+
+    One run is one :func:`~tensorpool.spark_source.ring.read_range` call on the executor; a
+    dense stream's window is a single run, a relay with sequence gaps gives one per gap.
+    """
+    out: list[list[int]] = []
+    for epoch, seq in sorted({(int(f[0]), int(f[1])) for f in frames}):
+        last = out[-1] if out else None
+        if last is not None and last[0] == epoch and last[2] == seq:
+            last[2] = seq + 1
+        else:
+            out.append([epoch, seq, seq + 1])
+    return tuple((e, a, b) for e, a, b in out)
+
+
+# --- planning (sans-IO) --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StreamScan:
+    """One scan of a stream's ring: the committed frames, intact across the scan.
+
+    ``seqs`` ascending (int64) with their slot-header ``timestamps`` (int64, ns); ``head`` is one
+    past the highest committed seq (0 for an empty ring).
+    """
+
+    epoch: int
+    nslots: int
+    seqs: np.ndarray
+    timestamps: np.ndarray
+    head: int
+
+    @classmethod
+    def of(cls, epoch: int, nslots: int, frames: Iterable[tuple[int, int]]) -> StreamScan:
+        """From ``(seq, timestamp_ns)`` pairs (tests and tools)."""
+        pairs = sorted(frames)
+        seqs = np.asarray([s for s, _ in pairs], np.int64)
+        ts = np.asarray([t for _, t in pairs], np.int64)
+        return cls(epoch, nslots, seqs, ts, int(seqs[-1]) + 1 if seqs.size else 0)
+
+    @property
+    def empty(self) -> bool:
+        return self.seqs.size == 0
+
+    @property
+    def oldest(self) -> int:
+        return int(self.seqs[0]) if self.seqs.size else self.head
+
+
+@dataclass(slots=True)
+class Advance:
+    """What one ``latestOffset`` found: the next offset (None: no window closed) and losses."""
+
+    offset: PulseOffset | None
+    losses: list[Loss] = field(default_factory=list)
+    fed: int = 0  # frames offered to the batcher in this call
+
+
+class PulsePlanner:
+    """Turns ``(start offset, ring scans)`` into the offset of the next window (sans-IO).
+
+    Holds only configuration; every call starts from the offset it is given, so the driver
+    process can be replaced at any time (a restarted query, a replayed batch).
+    """
+
+    def __init__(
+        self,
+        streams: Sequence[int],
+        gated: Iterable[int],
+        batch_length_ns: int,
+        *,
+        timeout_factor: float = DEFAULT_TIMEOUT_FACTOR,
+    ) -> None:
+        self.streams = tuple(sorted(streams))
+        self.gated = frozenset(gated)
+        self.batch_length_ns = batch_length_ns
+        self.timeout_factor = timeout_factor
+
+    def new_batcher(self) -> RateAwareMessageBatcher[int, tuple[int, int]]:
+        return RateAwareMessageBatcher(
+            self.batch_length_ns, gated=self.gated, timeout_factor=self.timeout_factor
+        )
+
+    def batcher_from(
+        self, state: Mapping[str, Any] | None
+    ) -> RateAwareMessageBatcher[int, tuple[int, int]]:
+        if state is None:
+            return self.new_batcher()
+        try:
+            b: RateAwareMessageBatcher[int, tuple[int, int]] = RateAwareMessageBatcher.restore(
+                state, gated=self.gated
+            )
+        except (ValueError, TypeError) as exc:
+            raise PulseOffsetError(f"offset 'batcher': {exc}") from exc
+        pending = b.pending_batch_length_ns
+        if (b.batch_length_ns if pending is None else pending) != self.batch_length_ns:
+            b.set_batch_length(self.batch_length_ns)  # batchLengthS changed across a restart
+        return b
+
+    def initial(
+        self,
+        scans: Mapping[int, StreamScan | None],
+        starting: Callable[[int], str | tuple[int, int]],
+    ) -> PulseOffset:
+        """Where the query starts: per stream ``earliest`` / ``latest`` / ``(epoch, seq)``."""
+        cursors: dict[int, StreamCursor] = {}
+        for sid in self.streams:
+            spec = starting(sid)
+            sc = scans.get(sid)
+            if isinstance(spec, tuple):
+                cursors[sid] = StreamCursor(spec[0], spec[1])
+            elif sc is None:
+                cursors[sid] = StreamCursor(NOT_STARTED, 0)
+            elif spec == EARLIEST:
+                cursors[sid] = StreamCursor(sc.epoch, sc.oldest)
+            else:
+                assert spec == LATEST
+                cursors[sid] = StreamCursor(sc.epoch, sc.head)
+        return PulseOffset(None, cursors, None)
+
+    def advance(
+        self,
+        start: PulseOffset,
+        scans: Mapping[int, StreamScan | None],
+        *,
+        target: Mapping[int, tuple[int, int]] | None = None,
+        late: Mapping[int, int] | None = None,
+        wall_offset_ns: int = 0,
+    ) -> Advance:
+        """The offset of the next window, or ``Advance(None)`` when none has closed.
+
+        ``target`` (``Trigger.AvailableNow``): per stream ``(epoch, head)``; frames at or past
+        it are not fed. ``late``: read-time losses reported by executors since ``start``.
+        ``wall_offset_ns``: frames' clock -> wall clock, recorded in the window.
+        """
+        batcher = self.batcher_from(start.batcher)
+        queued = batcher.take()
+        losses: list[Loss] = []
+        cursors = dict(start.streams)
+        fed = 0
+        if not queued:
+            feeds: list[Iterator[tuple[int, int, int, int]]] = []
+            for sid in self.streams:
+                cur, feed, loss = self._stream_feed(sid, cursors[sid], scans.get(sid), target)
+                cursors[sid] = cur
+                if loss is not None:
+                    losses.append(loss)
+                if feed is not None:
+                    feeds.append(feed)
+            offer = batcher.offer
+            reached: dict[int, tuple[int, int]] = {}
+            for ts, sid, epoch, seq in heapq.merge(*feeds):
+                fed += 1
+                reached[sid] = (epoch, seq + 1)
+                if offer(sid, ts, (epoch, seq)):
+                    break
+            else:
+                batcher.settle()  # everything committed so far was fed: input drained
+            for sid, (epoch, nxt) in reached.items():
+                c = cursors[sid]
+                cursors[sid] = StreamCursor(epoch, nxt, c.lost, c.lost_late)
+            queued = batcher.take()
+        if not queued:
+            return Advance(None, losses, fed)
+        win, rest = queued[0], queued[1:]
+        state = batcher.snapshot()
+        state["closed"] = [b.to_state() for b in rest]
+        late = late or {}
+        out: dict[int, StreamCursor] = {}
+        for sid in self.streams:
+            c = cursors[sid]
+            out[sid] = StreamCursor(
+                c.epoch,
+                c.seq,
+                c.lost,
+                c.lost_late + late.get(sid, 0),
+                to_runs(win.items(sid)),
+            )
+        ref = WindowRef(
+            win.sequence, win.window_start_ns, win.window_end_ns, str(win.reason), wall_offset_ns
+        )
+        return Advance(PulseOffset(ref, out, state), losses, fed)
+
+    @staticmethod
+    def _stream_feed(
+        sid: int,
+        cur: StreamCursor,
+        sc: StreamScan | None,
+        target: Mapping[int, tuple[int, int]] | None,
+    ) -> tuple[StreamCursor, Iterator[tuple[int, int, int, int]] | None, Loss | None]:
+        """Where feeding resumes for one stream, the frames to feed, and planned loss."""
+        cur = StreamCursor(cur.epoch, cur.seq, cur.lost, cur.lost_late)  # drop the old runs
+        if sc is None or sc.epoch < cur.epoch:
+            return cur, None, None  # not announced, or an older incarnation still announcing
+        loss = None
+        if cur.epoch == NOT_STARTED:
+            # Not announced when the query started: all it holds is newer than the start.
+            cur = StreamCursor(sc.epoch, sc.oldest, cur.lost, cur.lost_late)
+        elif sc.epoch > cur.epoch:
+            # A new producer incarnation restarts at seq 0; what the ring no longer holds of it
+            # is lost. Old-epoch frames already fed stay in the batcher and are read (or found
+            # gone) with their own epoch's regions.
+            gone = sc.oldest if not sc.empty else 0
+            if gone:
+                loss = Loss(sid, sc.epoch, 0, gone, OVERWRITTEN, sc.nslots)
+            cur = StreamCursor(sc.epoch, gone, cur.lost + gone, cur.lost_late)
+        elif not sc.empty and cur.seq < sc.oldest:
+            # Overwritten before they were even fed (exact for dense streams).
+            gone = sc.oldest - cur.seq
+            loss = Loss(sid, sc.epoch, cur.seq, gone, OVERWRITTEN, sc.nslots)
+            cur = StreamCursor(cur.epoch, sc.oldest, cur.lost + gone, cur.lost_late)
+        stop = MAX_SEQ
+        if target is not None and sid in target:
+            t_epoch, t_head = target[sid]
+            if sc.epoch > t_epoch:
+                return cur, None, loss  # AvailableNow: newer epoch, after the target
+            if sc.epoch == t_epoch:
+                stop = t_head
+        seqs, stamps = sc.seqs, sc.timestamps
+        lo = int(np.searchsorted(seqs, cur.seq, "left"))
+        hi = int(np.searchsorted(seqs, stop, "left"))
+        if hi <= lo:
+            return cur, None, loss
+        epoch = sc.epoch
+        feed = (
+            (ts, sid, epoch, seq)
+            for ts, seq in zip(stamps[lo:hi].tolist(), seqs[lo:hi].tolist(), strict=True)
+        )
+        return cur, feed, loss
+
+
+def pulse_loss_message(losses: Sequence[Loss]) -> str:
+    return _loss_message(losses) + PULSE_HINT
+
+
+# --- driver-side ring scan -----------------------------------------------------------------------
+def scan_stream(m: ring.MappedStream) -> StreamScan:
+    """Committed frames of a mapped ring with their timestamps, seqlock-checked as a whole.
+
+    ``seq_commit`` of every slot is loaded, then the timestamps, then ``seq_commit`` again; a
+    slot whose two loads differ (the producer rewrote it meanwhile) is left out, exactly as if
+    it had been overwritten before the scan.
+    """
+    idx = np.arange(m.spec.nslots, dtype=np.intp)
+    w1 = m.seq_words(idx)
+    stamps = m.slots["timestamp_ns"][idx]
+    w2 = m.seq_words(idx)
+    ok = ((w1 & np.uint64(1)) == np.uint64(1)) & (w1 == w2)
+    seqs = (w1[ok] >> np.uint64(1)).astype(np.int64)
+    ts = stamps[ok].astype(np.int64)
+    order = np.argsort(seqs, kind="stable")
+    seqs, ts = seqs[order], ts[order]
+    head = int(seqs[-1]) + 1 if seqs.size else 0
+    return StreamScan(m.spec.epoch, m.spec.nslots, seqs, ts, head)
+
+
+# --- partitions and the executor read path -------------------------------------------------------
+@dataclass
+class PulsePartition(InputPartition):
+    """One stream's frames (one epoch) of one window: all an executor needs (picklable)."""
+
+    region: ring.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
+    stream_id: int
+    epoch: int
+    runs: tuple[tuple[int, int], ...]  # (first, end) in ``epoch``
+    window_index: int
+    window_start_ns: int
+    window_end_ns: int
+    wall_offset_ns: int
+    base_dirs: tuple[str, ...]
+    fail_on_data_loss: bool
+    include_meta: bool
+    spool_dir: str | None
+
+    def __post_init__(self) -> None:
+        self.value = (self.window_index, self.stream_id, self.epoch)
+
+
+def read_pulse_partition(
+    part: InputPartition, base_schema: pa.Schema, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """The partition's frames as Arrow batches with the window columns appended."""
+    import pyarrow as pa
+
+    if not isinstance(part, PulsePartition):
+        return
+    rec = LossRecorder(part, f"window {part.window_index}", pulse_loss_message)
+    try:
+        if part.region is None:
+            for first, end in part.runs:
+                for seq in range(first, end):
+                    rec(seq, ring.REGION_UNAVAILABLE)
+            return
+        ws_us = (part.window_start_ns + part.wall_offset_ns) // 1000
+        we_us = (part.window_end_ns + part.wall_offset_ns) // 1000
+        ts_type = pa.timestamp("us", tz="UTC")
+        for first, end in part.runs:
+            for batch in ring.read_range(
+                part.region,
+                part.base_dirs,
+                first,
+                end,
+                include_meta=part.include_meta,
+                on_loss=rec,
+                schema=base_schema,
+            ):
+                n = batch.num_rows
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        *batch.columns,
+                        pa.array(np.full(n, ws_us, np.int64), ts_type),
+                        pa.array(np.full(n, we_us, np.int64), ts_type),
+                        pa.array(np.full(n, part.window_start_ns, np.int64)),
+                        pa.array(np.full(n, part.window_end_ns, np.int64)),
+                    ],
+                    schema=schema,
+                )
+    finally:
+        rec.report()
+
+
+# --- the stream reader ---------------------------------------------------------------------------
+class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader whose every micro-batch is one closed window of the batcher.
+
+    ``Trigger.AvailableNow``: ``prepareForTriggerAvailableNow`` records each ring's head; the
+    query then delivers, one per micro-batch, the windows that close with the frames committed
+    up to those heads, and stops. The trailing incomplete window is *not* flushed: its frames
+    stay unfed and are delivered by a later run, in the window they belong to.
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        # Runs on executors too (one per task): keep it free of I/O.
+        self.opts = opts
+        self._base_schema = arrow_schema(opts.include_tensor_metadata)
+        self._schema = pulse_arrow_schema(opts.include_tensor_metadata)
+        self._planner = PulsePlanner(opts.streams, opts.gated_streams, opts.batch_length_ns)
+        self._att: Attachment | None = None
+        self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
+        self._target: dict[int, tuple[int, int]] | None = None
+        self._spool: str | None = None
+        self._clock_domain = CLOCK_MONOTONIC  # of the streams' timestamps (from the announces)
+
+    @classmethod
+    def for_schema(cls, opts: SourceOptions, schema: StructType) -> PulseStreamReader:
+        want = pulse_struct_type(opts.include_tensor_metadata)
+        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
+            raise TensorPoolOptionError(
+                "schema: the tensorpool source has a fixed schema "
+                f"({pulse_schema_ddl(opts.include_tensor_metadata)}); do not pass "
+                ".schema(...), select columns after load() instead"
+            )
+        return cls(opts)
+
+    # --- driver-side plumbing -------------------------------------------------------------------
+    def _attach(self) -> Attachment:
+        att = self._att
+        if att is None:
+            opts = self.opts
+            # descriptors are not needed: windows are cut from the slots' timestamps
+            att = self._att = attach_query(opts, intake_capacity=None)
+            self._spool = spool.make_spool(opts.connection.shm_base_dir, "pulse")
+        return att
+
+    def _scan(self) -> dict[int, StreamScan | None]:
+        out = scan_streams(self._attach(), self.opts, self._specs, scan_stream)
+        # Windows are cut on the gated streams' clock: convert with theirs.
+        domains = {sid: spec.clock_domain for (sid, _epoch), spec in self._specs.items()}
+        for sid in (*self.opts.gated_streams, *self.opts.streams):
+            if sid in domains:
+                self._clock_domain = domains[sid]
+                break
+        return out
+
+    def _decode(self, doc: dict) -> PulseOffset:
+        try:
+            return PulseOffset.from_json(doc, self.opts.streams)
+        except PulseOffsetError as exc:
+            raise TensorPoolOptionError(f"batching: checkpointed offset unusable: {exc}") from exc
+
+    # --- Spark API ------------------------------------------------------------------------------
+    def initialOffset(self) -> dict:
+        return self._planner.initial(self._scan(), self.opts.starting.for_stream).to_json()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {
+            sid: (sc.epoch, sc.head) for sid, sc in self._scan().items() if sc is not None
+        }
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = self._decode(start)
+        scans = self._scan()
+        late, spooled = spool.collect(self._spool, self.opts.streams)
+        adv = self._planner.advance(
+            begin,
+            scans,
+            target=self._target,
+            late=late,
+            wall_offset_ns=ring.wall_clock_offset_ns(self._clock_domain),
+        )
+        if adv.losses and self.opts.fail_on_data_loss:
+            raise TensorPoolDataLossError(pulse_loss_message(adv.losses))
+        if adv.offset is None:
+            return start  # no window closed: Spark runs no batch
+        if adv.losses:
+            log.warning("%s [skipped: failOnDataLoss=false]", pulse_loss_message(adv.losses))
+        spool.forget(spooled)  # now recorded in the offset's lostLate
+        return adv.offset.to_json()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        fin = self._decode(end)
+        window = fin.window
+        if window is None:
+            return []
+        if self._att is None:
+            self._scan()  # a restarted query plans the logged batch before asking for offsets
+        opts = self.opts
+        out: list[InputPartition] = []
+        for sid in sorted(fin.streams):
+            by_epoch: dict[int, list[tuple[int, int]]] = {}
+            for epoch, first, stop in fin.streams[sid].frames:
+                by_epoch.setdefault(epoch, []).append((first, stop))
+            for epoch, runs in sorted(by_epoch.items()):
+                spec = self._specs.get((sid, epoch))
+                if spec is None:
+                    log.warning(
+                        "tensorpool: stream %d epoch %d is not announced any more; its frames "
+                        "of window %d cannot be read",
+                        sid,
+                        epoch,
+                        window.index,
+                    )
+                out.append(
+                    PulsePartition(
+                        spec,
+                        sid,
+                        epoch,
+                        tuple(runs),
+                        window.index,
+                        window.start_ns,
+                        window.end_ns,
+                        window.wall_offset_ns,
+                        opts.connection.base_dirs,
+                        opts.fail_on_data_loss,
+                        opts.include_tensor_metadata,
+                        self._spool,
+                    )
+                )
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_pulse_partition(partition, self._base_schema, self._schema)
+
+    def commit(self, end: dict) -> None:
+        log.debug("tensorpool: committed window %s", end.get("window"))
+
+    def stop(self) -> None:
+        att, self._att = self._att, None
+        if att is not None:
+            att.close()
+        spool.remove_spool(self._spool)
+        self._spool = None
+
+
+__all__ = [
+    "PULSE_HINT",
+    "WINDOW_DDL",
+    "Advance",
+    "PulseOffset",
+    "PulseOffsetError",
+    "PulsePartition",
+    "PulsePlanner",
+    "PulseStreamReader",
+    "StreamCursor",
+    "StreamScan",
+    "WindowRef",
+    "pulse_arrow_schema",
+    "pulse_loss_message",
+    "pulse_schema_ddl",
+    "pulse_struct_type",
+    "read_pulse_partition",
+    "scan_stream",
+    "to_runs",
+]
