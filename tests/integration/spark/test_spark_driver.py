@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from driver_fixtures import CONSUMER, ControlClient, DriverProcess, driver_toml, read_status
-from spark_helpers import SHM_ROOT, ProducerProc, check_payload, source_options
+from spark_helpers import SHM_ROOT, ProducerProc, check_payload, source_options, start_query
 
 from tensorpool.specs.generated import driver as drv
 from tensorpool.transport.mediadriver import MediaDriverProcess
@@ -174,3 +174,63 @@ def test_sigterm_closes_the_attachment(spark_media_driver, shm_driver):
         assert revoked["reason"] == REVOKED_DETACHED
     finally:
         producer.close()
+
+
+def test_pulse_batching_in_driver_mode(spark, spark_media_driver, shm_driver, tmp_path):
+    """issue 8 p10 with driver=true: a 3 Hz and a 2 Hz stream whose producers attach through the
+    SHM driver; the pulse reader gets its layouts from consumer leases, and with
+    Trigger.AvailableNow every micro-batch is exactly one 1 s window holding frames of both
+    streams, each frame delivered once."""
+    from test_spark_pulse import WindowLog, _check_batch, _stamp
+
+    _, base = shm_driver
+    md = spark_media_driver
+    hz = {10001: 3.0, 10002: 2.0}  # 4 s of pulses fit the profile's 16-slot rings
+    procs = {
+        sid: ProducerProc(
+            md.dir,
+            base,
+            "--driver",
+            "--stream-id",
+            str(sid),
+            "--control-stream-id",
+            str(CONTROL),
+            "--shape",
+            "16",
+        )
+        for sid in hz
+    }
+    try:
+        t0 = time.monotonic_ns()
+        for sid, p in procs.items():
+            _stamp(p, int(4 * hz[sid]), hz[sid], t0)  # 4 s of pulses: 3 windows close
+        opts = source_options(
+            md,
+            base,
+            streams="10001,10002",
+            driver="true",
+            controlStreamId=CONTROL,
+            batching="pulse",
+            batchLengthS="1",
+            startingOffsets="earliest",
+            includeTensorMetadata="false",
+        )
+        sink = WindowLog()
+        q = start_query(spark, opts, sink, str(tmp_path / "ck"), availableNow=True)
+        q.awaitTermination(180)
+        assert q.exception() is None
+        windows = [
+            _check_batch(sink.batches[b], hz, t0) for b in sorted(sink.batches) if sink.batches[b]
+        ]
+        assert len(windows) >= 3 and windows[0][0] == t0
+        assert [w[0] for w in windows] == sorted({w[0] for w in windows})
+        for b in sink.batches.values():
+            if b:
+                assert {r[0] for r in b} == set(hz), "each window holds both streams"
+        frames = sink.frames()
+        assert len(frames) == len(set(frames)), "each frame delivered once"
+        assert all(r[1] == procs[r[0]].epoch for b in sink.batches.values() for r in b)
+        assert not sink.bad
+    finally:
+        for p in procs.values():
+            p.close()
