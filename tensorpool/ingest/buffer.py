@@ -5,15 +5,17 @@ Storage model (chosen so every operation the hot paths need is O(1) in C):
 * Every lane owns its storage. ``queue`` lanes are a ``deque`` of ``(seq, item)``. Keyed lanes
   are an ``OrderedDict`` key -> entry kept in *last-seen* order (``move_to_end`` on every ingest
   attempt), so the LRU eviction victim is always at the front. ``ordering="fifo"`` adds a
-  ``deque`` of records per lane in *first-enqueue* order, used only to pick the next item to
-  drain (the seed's "spend memory to keep related work closer together").
-* An entry is a small list ``[last_seen_seq, item, lane, fifo_token]`` mutated in place on
+  ``deque`` of the entries per lane in *first-enqueue* order, used only to pick the next item
+  to drain (the seed's "spend memory to keep related work closer together").
+* An entry is a small list ``[last_seen_seq, item, lane, key]`` mutated in place on
   re-ingest.
 * With a ``lane`` classifier a global ``dict`` key -> entry finds a pending key in any lane
   (needed for dedupe across lanes and for lane migration); without one the single lane's
   ``OrderedDict`` is the index.
-* ``_pending`` is kept exact at every moment a user callback can run, so a handler or hook that
-  ingests into the same buffer sees the true depth.
+* The pending depth is exact at every moment a user callback can run, so a handler or hook
+  that ingests into the same buffer sees the true depth. Keyed modes derive it from the key
+  containers (``len`` of the index, or of the single lane's store), so taking a key out is all
+  the accounting a drained item needs; ``queue`` mode keeps a counter, ``_queued``.
 
 ``ingest`` is bound per instance to a specialised implementation (queue / keyed, one lane /
 several lanes) so the common configurations pay for nothing they do not use.
@@ -27,6 +29,7 @@ import numbers
 import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from functools import partial
 from itertools import count, islice
 from typing import Any, Final
 
@@ -68,6 +71,8 @@ _POLICY_REASON: Final = {
     Overflow.DROP_BUFFER: DropReason.DROP_BUFFER,
     Overflow.FAIL: DropReason.OVERFLOW,
 }
+
+_QUEUED: Final = operator.attrgetter("_queued")
 
 Handler = Callable[[Any], object]
 Clock = Callable[[], float]
@@ -154,7 +159,7 @@ class _Lane:
         self.priority = priority
         self.slot = slot
         self.index = index
-        self.fifo: deque[tuple[Hashable, list, int]] | None = None
+        self.fifo: deque[list] | None = None
         self.stale = 0
         self.peak = 0
         self.drained = 0
@@ -188,14 +193,18 @@ class _QueueLane(_Lane):
 
     def take(self, k: int, handle: Handler, buf: IngressBuffer) -> int:
         # The emptiness check stays inside the loop: a handler may ingest into this buffer and
-        # evict from this very lane while we drain it.
+        # evict from this very lane while we drain it. The range loop variable is the count
+        # handed out so far (exact if the handler raises); CPython 3.12 updates a loop int in
+        # place where ``n += 1`` would allocate a new one per item.
         q = self.store
         popleft = q.popleft
         n = 0
         try:
-            while n < k and q:
-                n += 1
-                buf._pending -= 1
+            for n in range(1, k + 1):
+                if not q:
+                    n -= 1
+                    break
+                buf._queued -= 1
                 handle(popleft()[1])
         finally:
             self.drained += n
@@ -230,17 +239,21 @@ class _KeyedLane(_Lane):
         index = self.index
         n = 0
         try:
+            # Pending is derived from the key containers (see IngressBuffer._depth), so
+            # removing the key is all the accounting an item needs before its handler runs.
             if index is None:
-                while n < k and store:
-                    n += 1
-                    buf._pending -= 1
+                for n in range(1, k + 1):
+                    if not store:
+                        n -= 1
+                        break
                     handle(popitem(False)[1][1])
             else:
-                while n < k and store:
+                for n in range(1, k + 1):
+                    if not store:
+                        n -= 1
+                        break
                     key, e = popitem(False)
                     del index[key]
-                    n += 1
-                    buf._pending -= 1
                     handle(e[1])
         finally:
             self.drained += n
@@ -258,11 +271,13 @@ class _KeyedLane(_Lane):
 class _FifoKeyedLane(_KeyedLane):
     """Keyed lane drained in first-enqueue order (``ordering="fifo"``).
 
-    The first-enqueue order is a ``deque`` of ``(key, entry, token)`` records. A key that
-    leaves the lane other than by draining (evicted, migrated) bumps its entry's token, which
-    turns its record stale; stale records are skipped when met at the front and swept out when
-    they outnumber the live ones (amortised O(1), memory bounded by about twice the pending
-    keys). Cheaper than a second ``OrderedDict``: append/popleft instead of insert/popitem.
+    The first-enqueue order is a ``deque`` of the entries themselves (an entry carries its
+    key). An entry that leaves the lane other than by draining (evicted, migrated) is marked
+    dead (lane slot set to ``None``; a migrated key continues in a fresh entry) and stays
+    queued; dead entries are skipped when met at the front and swept out when they outnumber
+    the live ones (amortised O(1), memory bounded by about twice the pending keys). Cheaper
+    than a second ``OrderedDict`` (append/popleft instead of insert/popitem) and than
+    ``(key, entry, token)`` records (no tuple to allocate, unpack and free per key).
     """
 
     __slots__ = ()
@@ -273,10 +288,11 @@ class _FifoKeyedLane(_KeyedLane):
 
     def pop(self) -> Any:
         popleft = self.fifo.popleft  # type: ignore[union-attr]
-        key, e, tok = popleft()
-        while e[3] != tok:
+        e = popleft()
+        while e[2] is None:
             self.stale -= 1
-            key, e, tok = popleft()
+            e = popleft()
+        key = e[3]
         del self.store[key]
         if self.index is not None:
             del self.index[key]
@@ -288,30 +304,45 @@ class _FifoKeyedLane(_KeyedLane):
         index = self.index
         n = 0
         try:
-            while n < k and store:
-                key, e, tok = popleft()
-                if e[3] != tok:
-                    self.stale -= 1
-                    continue
-                del store[key]
-                if index is not None:
+            # A non-empty store guarantees a live entry in the FIFO, so the dead-entry skip
+            # cannot run off the end.
+            if index is None:
+                for n in range(1, k + 1):
+                    if not store:
+                        n -= 1
+                        break
+                    e = popleft()
+                    while e[2] is None:
+                        self.stale -= 1
+                        e = popleft()
+                    del store[e[3]]
+                    handle(e[1])
+            else:
+                for n in range(1, k + 1):
+                    if not store:
+                        n -= 1
+                        break
+                    e = popleft()
+                    while e[2] is None:
+                        self.stale -= 1
+                        e = popleft()
+                    key = e[3]
+                    del store[key]
                     del index[key]
-                n += 1
-                buf._pending -= 1
-                handle(e[1])
+                    handle(e[1])
         finally:
             self.drained += n
             buf._drained += n
         return n
 
     def retire(self, e: list) -> None:
-        """``e`` left this lane's store (evicted or migrated): make its record stale."""
-        e[3] += 1
+        """``e`` left this lane's store (evicted or migrated): mark it dead in the FIFO."""
+        e[2] = None
         self.stale = stale = self.stale + 1
         if stale > len(self.store) + 16:
             fifo = self.fifo
             assert fifo is not None
-            live = [r for r in fifo if r[1][3] == r[2]]
+            live = [r for r in fifo if r[2] is not None]
             fifo.clear()  # same deque object: a drain in progress keeps a bound popleft
             fifo.extend(live)
             self.stale = 0
@@ -426,7 +457,15 @@ class IngressBuffer:
         self._default: _Lane | None = None if self._multi else self._new_lane(DEFAULT_LANE)
 
         # --- state and lifetime counters (metrics subtract a baseline; drains a delta mark) --
-        self._pending = 0
+        # Pending depth: a counter in queue mode; in keyed modes the key containers' length.
+        self._queued = 0
+        self._depth: Callable[[], int]
+        if not self._keyed:
+            self._depth = partial(_QUEUED, self)  # C-level read of the counter
+        elif self._index is not None:
+            self._depth = self._index.__len__
+        else:
+            self._depth = self._default.store.__len__  # type: ignore[union-attr]
         self._seq = 0
         self._deduped = 0
         self._replaced = 0
@@ -482,10 +521,10 @@ class IngressBuffer:
     @property
     def pending(self) -> int:
         """Items (keyed modes: keys) waiting to be drained."""
-        return self._pending
+        return self._depth()
 
     def __len__(self) -> int:
-        return self._pending
+        return self._depth()
 
     @property
     def lanes(self) -> tuple[Hashable, ...]:
@@ -500,7 +539,7 @@ class IngressBuffer:
     def __repr__(self) -> str:
         return (
             f"IngressBuffer(name={self._name!r}, mode={self._mode.value!r}, "
-            f"pending={self._pending}, capacity={self._capacity}, lanes={len(self._lane_list)})"
+            f"pending={self._depth()}, capacity={self._capacity}, lanes={len(self._lane_list)})"
         )
 
     # ------------------------------------------------------------------ lanes
@@ -600,11 +639,11 @@ class IngressBuffer:
         if kf is not None and kf(item) is None:
             return self._bad_key(item, DEFAULT_LANE, "key(item) returned None")
         lane: _Lane = self._default  # type: ignore[assignment]
-        if self._pending >= self._capacity:
+        if self._queued >= self._capacity:
             return self._queue_full(item, lane)
         self._seq = seq = self._seq + 1
         lane.store.append((seq, item))
-        self._pending = p = self._pending + 1
+        self._queued = p = self._queued + 1
         if p > self._peak:
             self._peak = p
             if p > lane.peak:
@@ -622,12 +661,12 @@ class IngressBuffer:
             lane = self._lanes[ln]
         except (KeyError, TypeError):
             lane = self._new_lane(ln)
-        if self._pending >= self._capacity:
+        if self._queued >= self._capacity:
             return self._queue_full(item, lane)
         self._seq = seq = self._seq + 1
         q = lane.store
         q.append((seq, item))
-        self._pending = p = self._pending + 1
+        self._queued = p = self._queued + 1
         if p > self._peak:
             self._peak = p
         if len(q) > lane.peak:
@@ -656,13 +695,13 @@ class IngressBuffer:
         q = lane.store
         q.append((seq, item))
         # The arrival sits in its lane while the loser is chosen; one in, one out leaves
-        # _pending unchanged, so it is only touched when a whole lane goes.
+        # _queued unchanged, so it is only touched when a whole lane goes.
         victim = self._losing_lane() if self._multi else lane
         vq: deque[tuple[int, Any]] = victim.store
         if policy is Overflow.DROP_BUFFER:
             dropped = list(vq)
             vq.clear()
-            self._pending -= len(dropped) - 1
+            self._queued -= len(dropped) - 1
         else:
             dropped = [vq.popleft() if policy is Overflow.DROP_OLDEST else vq.pop()]
         nd = len(dropped)
@@ -705,15 +744,15 @@ class IngressBuffer:
                 return _REPLACED
             self._deduped += 1
             return _DEDUPED
-        if self._pending >= self._capacity:
+        p = len(store)  # the pending depth before this key
+        if p >= self._capacity:
             return self._keyed_full(item, k, lane, seq)
-        e = [seq, item, lane, 0]
+        e = [seq, item, lane, k]
         store[k] = e
         if self._fifo:
-            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
-        self._pending = p = self._pending + 1
-        if p > self._peak:
-            self._peak = p
+            lane.fifo.append(e)  # type: ignore[union-attr]
+        if p >= self._peak:
+            self._peak = p = p + 1
             if p > lane.peak:
                 lane.peak = p
         return _ENQUEUED
@@ -744,11 +783,16 @@ class IngressBuffer:
                 # Lane migration (seed §11): the key now lives where its latest classification
                 # says, at the tail of the new lane (its first-enqueue slot cannot be kept).
                 del old_lane.store[k]
-                lane.store[k] = e
                 if self._fifo:
+                    # The old lane's FIFO still holds ``e``: retire it there and continue
+                    # with a fresh entry, queued at the new lane's tail.
                     old_lane.retire(e)  # type: ignore[attr-defined]
-                    lane.fifo.append((k, e, e[3]))  # type: ignore[union-attr]
-                e[2] = lane
+                    e = [seq, e[1], lane, k]
+                    index[k] = e
+                    lane.fifo.append(e)  # type: ignore[union-attr]
+                else:
+                    e[2] = lane
+                lane.store[k] = e
                 self._migrated += 1
                 if len(lane.store) > lane.peak:
                     lane.peak = len(lane.store)
@@ -761,31 +805,31 @@ class IngressBuffer:
                 return _REPLACED
             self._deduped += 1
             return _DEDUPED
-        if self._pending >= self._capacity:
+        p = len(index)  # the pending depth before this key
+        if p >= self._capacity:
             return self._keyed_full(item, k, lane, seq)
-        e = [seq, item, lane, 0]
+        e = [seq, item, lane, k]
         index[k] = e
         store = lane.store
         store[k] = e
         if self._fifo:
-            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
-        self._pending = p = self._pending + 1
-        if p > self._peak:
-            self._peak = p
+            lane.fifo.append(e)  # type: ignore[union-attr]
+        if p >= self._peak:
+            self._peak = p + 1
         if len(store) > lane.peak:
             lane.peak = len(store)
         return _ENQUEUED
 
     def _keyed_full(self, item: Any, k: Hashable, lane: _Lane, seq: int) -> IngestResult:
         """New key at capacity: admit it, then evict the LRU key of the losing lane."""
-        e = [seq, item, lane, 0]
+        e = [seq, item, lane, k]
         lane.store[k] = e
         if self._fifo:
-            lane.fifo.append((k, e, 0))  # type: ignore[union-attr]
+            lane.fifo.append(e)  # type: ignore[union-attr]
         index = self._index
         if index is not None:
             index[k] = e
-        # One key in, one key out: _pending is unchanged.
+        # One key in, one key out: the pending depth is unchanged.
         victim = self._losing_lane() if self._multi else lane
         vk, ve = victim.store.popitem(False)
         if self._fifo:
@@ -818,13 +862,13 @@ class IngressBuffer:
         q = lane.store
         it = iter(items)
         while True:
-            room = self._capacity - self._pending
+            room = self._capacity - self._queued
             if room > 0:
                 before = len(q)
                 q.extend(zip(count(self._seq + 1), islice(it, room)))
                 added = len(q) - before
                 self._seq += added
-                self._pending = p = self._pending + added
+                self._queued = p = self._queued + added
                 if p > self._peak:
                     self._peak = p
                 if p > lane.peak:
@@ -917,7 +961,7 @@ class IngressBuffer:
         t_last = t0
         self._draining = True
         try:
-            if budget > 0 and self._pending > 0:
+            if budget > 0 and (self._depth() if self._keyed else self._queued) > 0:
                 if limit is None:
                     self._run(budget, handle)
                 else:
@@ -940,7 +984,7 @@ class IngressBuffer:
         self._mark_dropped = drops
         replaced = self._replaced - self._mark_replaced
         self._mark_replaced = self._replaced
-        pending = self._pending
+        pending = self._depth() if self._keyed else self._queued
         stats = DrainStats(self._drained - drained0, pending, dropped, replaced, spent)
         self._last_drain = stats
         self._drain_calls += 1
@@ -991,15 +1035,18 @@ class IngressBuffer:
         """Round-robin over the non-empty lanes of one class, one item per lane per turn.
 
         The first round uses each lane's ``pop`` (cheap for the small drains of a rate slot or
-        a tick); later rounds inline the pop per storage kind with pre-bound methods, the
-        multi-lane drain hot path. Emptiness is re-checked per item because a handler may
-        ingest into this buffer and evict from a lane we are about to visit.
+        a tick). After it, as many full rounds as every lane and the budget allow run as one
+        batch in ``_rounds`` (the multi-lane drain hot path); a budget smaller than a round is
+        spent one item per lane in turn; one lane left drains in a single ``take``. Emptiness
+        is re-checked per item because a handler may ingest into this buffer and evict from a
+        lane we are about to visit.
         """
         lanes = cls.lanes
         m = len(lanes)
         start = cls.drain_next
+        queued = not self._keyed
         n = 0
-        taken = 0  # items handed out by lane.take(), which does its own _drained accounting
+        taken = 0  # items handed out by take()/_rounds(), which do their own _drained accounting
         last: _Lane | None = None
         try:
             for i in range(m):
@@ -1007,82 +1054,149 @@ class IngressBuffer:
                 if not lane.store:
                     continue
                 n += 1
-                self._pending -= 1
+                if queued:
+                    self._queued -= 1
                 lane.drained += 1
                 last = lane
                 handle(lane.pop())
                 if n >= k:
                     return n
             order = [lanes[(start + i) % m] for i in range(m)]
-            index: dict = self._index  # type: ignore[assignment]
-            # (lane, container that says "non-empty", bound pop, key store) in turn order.
-            if not self._keyed:
-                kind = 0
-                turns = [(ln, ln.store, ln.store.popleft, None) for ln in order if ln.store]
-            elif self._fifo:
-                kind = 2
-                turns = [
-                    (ln, ln.store, ln.fifo.popleft, ln.store)  # type: ignore[union-attr]
-                    for ln in order
-                    if ln.store
-                ]
-            else:
-                kind = 1
-                turns = [(ln, ln.store, ln.store.popitem, None) for ln in order if ln.store]
-            while n < k and turns:
-                if len(turns) == 1:
-                    last = turns[0][0]
+            active = [ln for ln in order if ln.store]
+            while n < k and active:
+                a = len(active)
+                if a == 1:
+                    last = active[0]
                     t = last.take(k - n, handle, self)
                     n += t
                     taken += t
                     break
-                if kind == 0:
-                    for lane, box, pop, _ in turns:
-                        if not box:
-                            continue
-                        n += 1
-                        self._pending -= 1
-                        lane.drained += 1
-                        last = lane
-                        handle(pop()[1])
-                        if n >= k:
-                            break
-                elif kind == 1:
-                    for lane, box, pop, _ in turns:
-                        if not box:
-                            continue
-                        key, e = pop(False)
-                        del index[key]
-                        n += 1
-                        self._pending -= 1
-                        lane.drained += 1
-                        last = lane
-                        handle(e[1])
-                        if n >= k:
-                            break
+                rounds = min(min(len(ln.store) for ln in active), (k - n) // a)
+                if rounds:
+                    if last is not None:  # _rounds records its own last lane, even on error
+                        cls.drain_next = (last.slot + 1) % m
+                        last = None
+                    t = self._rounds(cls, m, active, rounds, handle)
+                    n += t
+                    taken += t
                 else:
-                    for lane, box, pop, store in turns:
-                        if not box:
+                    # Less budget left than one full round.
+                    for lane in active:
+                        if not lane.store:
                             continue
-                        key, e, tok = pop()
-                        while e[3] != tok:
-                            lane.stale -= 1
-                            key, e, tok = pop()
-                        del store[key]
-                        del index[key]
                         n += 1
-                        self._pending -= 1
+                        if queued:
+                            self._queued -= 1
                         lane.drained += 1
                         last = lane
-                        handle(e[1])
+                        handle(lane.pop())
                         if n >= k:
                             break
-                turns = [t for t in turns if t[1]]
+                active = [ln for ln in active if ln.store]
         finally:
             self._drained += n - taken
             if last is not None:
                 cls.drain_next = (last.slot + 1) % m
         return n
+
+    def _rounds(
+        self, cls: _PriorityClass, m: int, active: list[_Lane], rounds: int, handle: Handler
+    ) -> int:
+        """Up to ``rounds`` full round-robin rounds over ``active`` (each lane holds that many).
+
+        ``m`` is the class size when its drain began (the rotation modulus, as in the caller).
+
+        Per item the loop only takes the item out of its lane and calls the handler (plus the
+        ``queue`` counter, the only pending depth that is not derived). The counts -- handed
+        out, per lane drained, the lane that opens the next drain -- are settled once, from the
+        round number and the lane position, which are exact also when the handler raises (the
+        item it received counts as drained, as everywhere). A lane changes under us only if a
+        handler ingests, and every admitted ingest takes a sequence number: then the batch
+        ends after the current round and the caller re-checks which lanes are non-empty, at
+        the point where a round-by-round loop would.
+        """
+        seq0 = self._seq
+        index: dict = self._index  # type: ignore[assignment]
+        skips: list[tuple[int, _Lane]] = []  # (round, lane) visits that found the lane empty
+        rnd = 0
+        lane: _Lane | None = None
+        ok = False
+        try:
+            if not self._keyed:
+                turns = [(ln, ln.store, ln.store.popleft) for ln in active]
+                for rnd in range(rounds):
+                    for lane, q, pop in turns:
+                        if not q:
+                            skips.append((rnd, lane))
+                            continue
+                        self._queued -= 1
+                        handle(pop()[1])
+                    if self._seq != seq0:
+                        break
+            elif self._fifo:
+                turns = [(ln, ln.store, ln.fifo.popleft) for ln in active]  # type: ignore[union-attr]
+                for rnd in range(rounds):
+                    for lane, store, pop in turns:
+                        if not store:
+                            skips.append((rnd, lane))
+                            continue
+                        e = pop()
+                        while e[2] is None:
+                            lane.stale -= 1
+                            e = pop()
+                        key = e[3]
+                        del store[key]
+                        del index[key]
+                        handle(e[1])
+                    if self._seq != seq0:
+                        break
+            else:
+                turns = [(ln, ln.store, ln.store.popitem) for ln in active]
+                for rnd in range(rounds):
+                    for lane, store, pop in turns:
+                        if not store:
+                            skips.append((rnd, lane))
+                            continue
+                        key, e = pop(False)
+                        del index[key]
+                        handle(e[1])
+                    if self._seq != seq0:
+                        break
+            ok = True
+        finally:
+            # Visits: `full` complete rounds, then positions 0..pos of the round under way.
+            if ok:
+                full, pos = rnd + 1, -1
+            else:
+                full, pos = rnd, (-1 if lane is None else active.index(lane))
+            handed = 0
+            for i, ln in enumerate(active):
+                d = full + (i <= pos)
+                if skips:
+                    d -= sum(1 for s in skips if s[1] is ln)
+                ln.drained += d
+                handed += d
+            self._drained += handed
+            last = self._last_served(active, full, pos, skips)
+            if last is not None:
+                cls.drain_next = (last.slot + 1) % m
+        return handed
+
+    @staticmethod
+    def _last_served(
+        active: list[_Lane], full: int, pos: int, skips: list[tuple[int, _Lane]]
+    ) -> _Lane | None:
+        """The lane of the latest visit that handed out an item (skips are rare: walk back)."""
+        a = len(active)
+        rnd, i = (full, pos) if pos >= 0 else (full - 1, a - 1)
+        skipped = set(skips)
+        while rnd >= 0:
+            if (rnd, active[i]) not in skipped:
+                return active[i]
+            i -= 1
+            if i < 0:
+                rnd, i = rnd - 1, a - 1
+        return None
 
     def _run_timed(
         self, budget: int, handle: Handler, clock: Clock, t0: float, limit: float
@@ -1090,6 +1204,7 @@ class IngressBuffer:
         """Item and time budget: same order as ``_run``, clock checked after every item."""
         n = 0
         last = t0
+        queued = not self._keyed
         for cls in self._classes_desc:
             lanes = cls.lanes
             m = len(lanes)
@@ -1102,7 +1217,8 @@ class IngressBuffer:
                         continue
                     item = lane.pop()
                     n += 1
-                    self._pending -= 1
+                    if queued:
+                        self._queued -= 1
                     self._drained += 1
                     lane.drained += 1
                     cls.drain_next = (lane.slot + 1) % m
@@ -1193,7 +1309,7 @@ class IngressBuffer:
             oldest_seq=lo,
             newest_seq=hi,
             seq_span=0 if lo is None else hi - lo,  # type: ignore[operator]
-            pending=self._pending,
+            pending=self._depth(),
             peak_pending=self._peak,
             ingested_total=ingested,
             enqueued_total=ingested - deduped - replaced,
@@ -1228,7 +1344,7 @@ class IngressBuffer:
         """
         self._base = self._totals()
         self._base_drops = list(self._drops)
-        self._peak = self._pending
+        self._peak = self._depth()
         for lane in self._lane_list:
             lane.base_drained = lane.drained
             lane.base_dropped = lane.dropped

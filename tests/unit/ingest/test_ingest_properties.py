@@ -452,3 +452,211 @@ def test_fifo_bookkeeping_memory_stays_bounded_under_constant_eviction() -> None
         buf.drain(10, out.append)
         assert [it.uid for it in out] == sorted(it.uid for it in out)
         assert len(out) == 4
+
+
+# ------------------------------------------------------------------ handlers that re-enter
+class HandlerBoom(Exception):
+    """Raised by a scripted handler to check that a failing handler leaves exact counts."""
+
+
+class ReentrantModel(Model):
+    """The model's drain with a handler that may ingest into the buffer (or raise) mid-drain.
+
+    Rotation rules of a drain (what a handler that ingests can observe): each priority class
+    present when the drain starts is served once, in turn, with the lanes it has when reached
+    (rotation size fixed then); after a first round over all of them, a lane found empty at the
+    end of a round leaves the rotation for the rest of this drain; when a single lane is left,
+    it is drained as long as it has items and budget. An item whose handler raised counts as
+    drained.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.drained: dict[str, int] = {}
+
+    def drain_with(self, k: int, handle: Any) -> int:
+        out = 0
+
+        def serve(prio: int, cls: list[str], m: int, ln: str) -> None:
+            nonlocal out
+            e = self.next_of(ln)
+            self.entries.remove(e)
+            out += 1
+            self.drained[ln] = self.drained.get(ln, 0) + 1
+            self.drain_next[prio] = (cls.index(ln) + 1) % m
+            handle(e["item"])
+
+        for prio in sorted({self.prio(ln) for ln in self.lanes}, reverse=True):
+            if out >= k:
+                break
+            cls = self.klass(prio)
+            m = len(cls)
+            if m == 1:
+                while out < k and self.in_lane(cls[0]):
+                    serve(prio, cls, m, cls[0])
+                continue
+            start = self.drain_next.get(prio, 0)
+            rotation = [cls[(start + i) % m] for i in range(m)]
+            for ln in rotation:
+                if self.in_lane(ln):
+                    serve(prio, cls, m, ln)
+                    if out >= k:
+                        return out
+            turns = [ln for ln in rotation if self.in_lane(ln)]
+            while out < k and turns:
+                if len(turns) == 1:
+                    while out < k and self.in_lane(turns[0]):
+                        serve(prio, cls, m, turns[0])
+                    break
+                for ln in turns:
+                    if not self.in_lane(ln):
+                        continue
+                    serve(prio, cls, m, ln)
+                    if out >= k:
+                        break
+                turns = [ln for ln in turns if self.in_lane(ln)]
+        return out
+
+
+@st.composite
+def reentrant_configs(draw: st.DrawFn) -> Config:
+    """Mostly several lanes of equal priority and room for many keys: drains then run full
+    round-robin rounds in which a handler's ingest can empty (``drop_buffer``, evictions) or
+    refill a lane that is about to be visited."""
+    mode = draw(st.sampled_from(["queue", "dedup_set", "latest_by_key"]))
+    overflows = [None, "drop_oldest", "drop_newest", "drop_buffer", "fail"]
+    return Config(
+        mode=mode,
+        capacity=draw(st.integers(2, 16)),
+        lanes=draw(st.sampled_from([True, True, True, False])),
+        priorities={
+            **{name: draw(st.sampled_from([1, 1, 1, 2])) for name in ("a", "b", "c", "default")},
+            "late": 2,
+        },
+        ordering=None if mode == "queue" else draw(st.sampled_from(["none", "fifo"])),
+        overflow=None if mode != "queue" else draw(st.sampled_from(overflows)),
+    )
+
+
+# A drain op here carries a script for its handler: ingests to run after the n-th handed item
+# (key, lane) and the item count at which the handler raises (or None).
+REENTRANT_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("i"), st.one_of(st.none(), st.integers(0, 30)), st.sampled_from(LANE_NAMES)
+        ),
+        st.tuples(
+            st.just("d"),
+            st.integers(0, 40),
+            st.lists(
+                st.tuples(
+                    st.integers(1, 16),
+                    st.one_of(st.none(), st.integers(0, 30)),
+                    st.sampled_from((*LANE_NAMES, "late")),
+                ),
+                max_size=6,
+            ),
+            st.one_of(st.none(), st.integers(1, 16)),
+        ),
+    ),
+    min_size=10,
+    max_size=100,
+)
+
+
+def _scripted_handler(
+    ingest: Any,
+    out: list[int],
+    results: list[object],
+    nested: list[tuple[int, Item]],
+    boom_at: int | None,
+    pending: Any,
+    seen: list[int],
+) -> Any:
+    """A handler that records what it gets, ingests ``nested`` items after the n-th item
+    (recording the results and the pending depth it then sees) and raises at ``boom_at``."""
+
+    def handle(it: Item) -> None:
+        out.append(it.uid)
+        for at, nested_item in nested:
+            if at == len(out):
+                try:
+                    results.append(ingest(nested_item))
+                except IngressOverflowError as exc:
+                    results.append(("overflow", exc.item.uid))
+                seen.append(pending())
+        if boom_at == len(out):
+            raise HandlerBoom
+
+    return handle
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=reentrant_configs(), ops=REENTRANT_OPS)
+def test_prop_reentrant_handler_matches_reference_model(cfg: Config, ops: list[tuple]) -> None:
+    """Seed §8.3/§12 under re-entry: a handler that ingests into the buffer it is drained from
+    (evicting, migrating, opening a new lane) or raises mid-drain sees the exact pending depth
+    and leaves exact totals: handed-out order, ingest results, drops and replacements, per-lane
+    drained counts and the round-robin position all equal the reference model's.
+    """
+    rec = Recorder()
+    buf = build(cfg, rec)
+    model = ReentrantModel(cfg)
+    uid = 0
+    processed = 0
+    for op in ops:
+        if op[0] == "i":
+            uid += 1
+            it = Item(uid, op[1], op[2])
+            try:
+                got: object = buf.ingest(it)
+            except IngressOverflowError as exc:
+                got = ("overflow", exc.item.uid)
+            assert got == model.ingest(it)
+            continue
+        _, k, script, boom_at = op
+        nested = []
+        for at, key, lane in script:
+            uid += 1
+            nested.append((at, Item(uid, key, lane)))
+        ours: list[int] = []
+        ours_res: list[object] = []
+        ours_seen: list[int] = []
+        try:
+            stats = buf.drain(
+                k,
+                _scripted_handler(
+                    buf.ingest, ours, ours_res, nested, boom_at, lambda: buf.pending, ours_seen
+                ),
+            )
+            assert (stats.processed, stats.pending) == (len(ours), buf.pending)
+        except HandlerBoom:
+            assert boom_at == len(ours)
+        processed += len(ours)
+        theirs: list[int] = []
+        theirs_res: list[object] = []
+        theirs_seen: list[int] = []
+        with contextlib.suppress(HandlerBoom):
+            model.drain_with(
+                k,
+                _scripted_handler(
+                    model.ingest,
+                    theirs,
+                    theirs_res,
+                    nested,
+                    boom_at,
+                    lambda: len(model.entries),
+                    theirs_seen,
+                ),
+            )
+        assert ours == theirs
+        assert ours_res == theirs_res
+        assert ours_seen == theirs_seen  # the depth a handler sees mid-drain is exact
+        assert buf.pending == len(model.entries)
+        m = buf.metrics()
+        assert m.drained_total == processed
+        got_lanes = {n: lm.drained_total for n, lm in m.lanes.items() if lm.drained_total}
+        assert got_lanes == {n: c for n, c in model.drained.items() if c}
+    events = [("drop", d.reason.value, d.item.uid) for d in rec.drops]
+    events += [("replace", r.old.uid, r.new.uid) for r in rec.replaces]
+    assert sorted(events) == sorted(model.events)
