@@ -14,8 +14,17 @@ def _tracker(**kw: object) -> AnnounceTracker:
     return AnnounceTracker(stream_id=7, freshness_ns=3 * SEC, **kw)  # type: ignore[arg-type]
 
 
-def _announce(t: AnnounceTracker, *, epoch=1, ts=10 * SEC, clock=CLOCK_MONOTONIC, slot=256,
-              join=None, now=10 * SEC, stream=7):
+def _announce(
+    t: AnnounceTracker,
+    *,
+    epoch=1,
+    ts=10 * SEC,
+    clock=CLOCK_MONOTONIC,
+    slot=256,
+    join=None,
+    now=10 * SEC,
+    stream=7,
+):
     return t.on_announce(stream, epoch, ts, clock, slot, join, now)
 
 

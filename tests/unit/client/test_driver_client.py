@@ -22,14 +22,25 @@ from tensorpool.specs import CodecError
 from tensorpool.specs.generated import driver as dp
 
 MS = 1_000_000
-T = LeaseTimings(keepalive_interval_ns=100 * MS, attach_timeout_ns=500 * MS,
-                 backoff_initial_ns=50 * MS, backoff_max_ns=400 * MS)
+T = LeaseTimings(
+    keepalive_interval_ns=100 * MS,
+    attach_timeout_ns=500 * MS,
+    backoff_initial_ns=50 * MS,
+    backoff_max_ns=400 * MS,
+)
 
 
 def _response(corr: int, **over: object) -> dp.ShmAttachResponseDecoder:
     fields: dict[str, object] = dict(
-        correlation_id=corr, code=dp.ResponseCode.OK, lease_id=77, lease_expiry_timestamp_ns=None,
-        stream_id=5, epoch=3, layout_version=1, header_nslots=8, header_slot_bytes=256,
+        correlation_id=corr,
+        code=dp.ResponseCode.OK,
+        lease_id=77,
+        lease_expiry_timestamp_ns=None,
+        stream_id=5,
+        epoch=3,
+        layout_version=1,
+        header_nslots=8,
+        header_slot_bytes=256,
         max_dims=8,
         payload_pools=[(1, 8, 4096, "shm:file?path=/dev/shm/x/payload-1.pool")],
         header_region_uri="shm:file?path=/dev/shm/x/header.ring",
@@ -42,8 +53,17 @@ def _response(corr: int, **over: object) -> dp.ShmAttachResponseDecoder:
 
 def _revoked(lease_id: int, role: int, stream: int = 5, reason: int = 2) -> object:
     buf = bytearray(256)
-    dp.ShmLeaseRevokedEncoder.encode(buf, 0, timestamp_ns=1, lease_id=lease_id, stream_id=stream,
-                                     client_id=9, role=role, reason=reason, error_message="")
+    dp.ShmLeaseRevokedEncoder.encode(
+        buf,
+        0,
+        timestamp_ns=1,
+        lease_id=lease_id,
+        stream_id=stream,
+        client_id=9,
+        role=role,
+        reason=reason,
+        error_message="",
+    )
     return dp.ShmLeaseRevokedDecoder().wrap(buf)
 
 
@@ -98,8 +118,13 @@ def test_s4_7a_malformed_ok_response_is_a_protocol_error_and_reattaches(over, wh
 def test_s4_12_rejected_attach_backs_off_exponentially() -> None:
     m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
     (req,) = m.attach(0)
-    r = _response(req.correlation_id, code=dp.ResponseCode.REJECTED, lease_id=None, epoch=None,
-                  error_message="stream 5 already has a producer")
+    r = _response(
+        req.correlation_id,
+        code=dp.ResponseCode.REJECTED,
+        lease_id=None,
+        epoch=None,
+        error_message="stream 5 already has a producer",
+    )
     (failed,) = m.on_attach_response(r, 0)
     assert isinstance(failed, AttachFailed) and failed.code == int(dp.ResponseCode.REJECTED)
     assert "already has a producer" in failed.message
@@ -167,8 +192,9 @@ def test_s4_9_detach_round_trip() -> None:
     (d,) = m.detach(0)
     assert isinstance(d, SendDetach) and d.lease_id == 77 and m.state is LeaseState.DETACHING
     buf = bytearray(64)
-    dp.ShmDetachResponseEncoder.encode(buf, 0, correlation_id=d.correlation_id, code=0,
-                                       error_message="")
+    dp.ShmDetachResponseEncoder.encode(
+        buf, 0, correlation_id=d.correlation_id, code=0, error_message=""
+    )
     m.on_detach_response(dp.ShmDetachResponseDecoder().wrap(buf), 0)
     assert m.state is LeaseState.CLOSED
 
