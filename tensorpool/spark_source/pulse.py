@@ -59,7 +59,7 @@ from tensorpool.batching import DEFAULT_TIMEOUT_FACTOR, RateAwareMessageBatcher
 from tensorpool.client.announce import CLOCK_MONOTONIC
 from tensorpool.spark_source import ring, spool
 from tensorpool.spark_source.attach import Attachment
-from tensorpool.spark_source.offsets import NOT_STARTED, OVERWRITTEN, Loss
+from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
 from tensorpool.spark_source.offsets import loss_message as _loss_message
 from tensorpool.spark_source.options import EARLIEST, LATEST, SourceOptions, TensorPoolOptionError
 from tensorpool.spark_source.source import (
@@ -391,12 +391,15 @@ class PulsePlanner:
         target: Mapping[int, tuple[int, int]] | None = None,
         late: Mapping[int, int] | None = None,
         wall_offset_ns: int = 0,
+        heads: Mapping[tuple[int, int], int] | None = None,
     ) -> Advance:
         """The offset of the next window, or ``Advance(None)`` when none has closed.
 
         ``target`` (``Trigger.AvailableNow``): per stream ``(epoch, head)``; frames at or past
         it are not fed. ``late``: read-time losses reported by executors since ``start``.
         ``wall_offset_ns``: frames' clock -> wall clock, recorded in the window.
+        ``heads``: ``(stream, epoch) -> head`` seen by earlier scans of this process, to size
+        the unread rest of an epoch that ended (unknown after a restart: a loss of unknown size).
         """
         batcher = self.batcher_from(start.batcher)
         queued = batcher.take()
@@ -406,10 +409,11 @@ class PulsePlanner:
         if not queued:
             feeds: list[Iterator[tuple[int, int, int, int]]] = []
             for sid in self.streams:
-                cur, feed, loss = self._stream_feed(sid, cursors[sid], scans.get(sid), target)
+                cur, feed, lost = self._stream_feed(
+                    sid, cursors[sid], scans.get(sid), target, heads or {}
+                )
                 cursors[sid] = cur
-                if loss is not None:
-                    losses.append(loss)
+                losses += lost
                 if feed is not None:
                     feeds.append(feed)
             offer = batcher.offer
@@ -452,46 +456,55 @@ class PulsePlanner:
         cur: StreamCursor,
         sc: StreamScan | None,
         target: Mapping[int, tuple[int, int]] | None,
-    ) -> tuple[StreamCursor, Iterator[tuple[int, int, int, int]] | None, Loss | None]:
+        heads: Mapping[tuple[int, int], int],
+    ) -> tuple[StreamCursor, Iterator[tuple[int, int, int, int]] | None, list[Loss]]:
         """Where feeding resumes for one stream, the frames to feed, and planned loss."""
         cur = StreamCursor(cur.epoch, cur.seq, cur.lost, cur.lost_late)  # drop the old runs
+        losses: list[Loss] = []
         if sc is None or sc.epoch < cur.epoch:
-            return cur, None, None  # not announced, or an older incarnation still announcing
-        loss = None
+            return cur, None, losses  # not announced, or an older incarnation still announcing
         if cur.epoch == NOT_STARTED:
             # Not announced when the query started: all it holds is newer than the start.
             cur = StreamCursor(sc.epoch, sc.oldest, cur.lost, cur.lost_late)
         elif sc.epoch > cur.epoch:
-            # A new producer incarnation restarts at seq 0; what the ring no longer holds of it
-            # is lost. Old-epoch frames already fed stay in the batcher and are read (or found
-            # gone) with their own epoch's regions.
+            # A new producer incarnation restarts at seq 0. Old-epoch frames already fed stay
+            # in the batcher and are read (or found gone) with their own epoch's regions; those
+            # never fed are lost with the old epoch (how many: the highest head seen of it), and
+            # so is what the new ring no longer holds.
+            unread = 0
+            old_head = heads.get((sid, cur.epoch))
+            if old_head is None:
+                losses.append(Loss(sid, cur.epoch, cur.seq, None, EPOCH_CHANGE))
+            elif old_head > cur.seq:
+                unread = old_head - cur.seq
+                losses.append(Loss(sid, cur.epoch, cur.seq, unread, EPOCH_CHANGE))
             gone = sc.oldest if not sc.empty else 0
             if gone:
-                loss = Loss(sid, sc.epoch, 0, gone, OVERWRITTEN, sc.nslots)
-            cur = StreamCursor(sc.epoch, gone, cur.lost + gone, cur.lost_late)
+                losses.append(Loss(sid, sc.epoch, 0, gone, OVERWRITTEN, sc.nslots))
+            cur = StreamCursor(sc.epoch, gone, cur.lost + unread + gone, cur.lost_late)
         elif not sc.empty and cur.seq < sc.oldest:
             # Overwritten before they were even fed (exact for dense streams).
             gone = sc.oldest - cur.seq
-            loss = Loss(sid, sc.epoch, cur.seq, gone, OVERWRITTEN, sc.nslots)
+            losses.append(Loss(sid, sc.epoch, cur.seq, gone, OVERWRITTEN, sc.nslots))
             cur = StreamCursor(cur.epoch, sc.oldest, cur.lost + gone, cur.lost_late)
         stop = MAX_SEQ
         if target is not None and sid in target:
             t_epoch, t_head = target[sid]
             if sc.epoch > t_epoch:
-                return cur, None, loss  # AvailableNow: newer epoch, after the target
+                return cur, None, losses  # AvailableNow: newer epoch, after the target
             if sc.epoch == t_epoch:
                 stop = t_head
         seqs, stamps = sc.seqs, sc.timestamps
         lo = int(np.searchsorted(seqs, cur.seq, "left"))
         hi = int(np.searchsorted(seqs, stop, "left"))
         if hi <= lo:
-            return cur, None, loss
+            return cur, None, losses
         epoch = sc.epoch
         feed = (
             (ts, sid, epoch, seq)
             for ts, seq in zip(stamps[lo:hi].tolist(), seqs[lo:hi].tolist(), strict=True)
         )
-        return cur, feed, loss
+        return cur, feed, losses
 
 
 def pulse_loss_message(losses: Sequence[Loss]) -> str:
@@ -604,6 +617,7 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
         self._target: dict[int, tuple[int, int]] | None = None
         self._spool: str | None = None
+        self._heads: dict[tuple[int, int], int] = {}  # (stream, epoch) -> highest head seen
         self._clock_domain = CLOCK_MONOTONIC  # of the streams' timestamps (from the announces)
 
     @classmethod
@@ -629,6 +643,10 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _scan(self) -> dict[int, StreamScan | None]:
         out = scan_streams(self._attach(), self.opts, self._specs, scan_stream)
+        for sid, sc in out.items():
+            if sc is not None:
+                key = (sid, sc.epoch)
+                self._heads[key] = max(self._heads.get(key, 0), sc.head)
         # Windows are cut on the gated streams' clock: convert with theirs.
         domains = {sid: spec.clock_domain for (sid, _epoch), spec in self._specs.items()}
         for sid in (*self.opts.gated_streams, *self.opts.streams):
@@ -662,6 +680,7 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             target=self._target,
             late=late,
             wall_offset_ns=ring.wall_clock_offset_ns(self._clock_domain),
+            heads=self._heads,
         )
         if adv.losses and self.opts.fail_on_data_loss:
             raise TensorPoolDataLossError(pulse_loss_message(adv.losses))

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from spark_helpers import check_payload, source_options, start_query, wait_query
+from spark_helpers import check_payload, end_offsets, source_options, start_query, wait_query
 
 import tensorpool.spark_source as tps
 from tensorpool.spark_source import ring, spool
@@ -286,3 +286,66 @@ def test_bad_pulse_options_fail_naming_the_option(spark, spark_media_driver, tmp
         assert name in str(info.value).lower()
     with pytest.raises(PySparkException, match="'pulse' is for streaming queries"):
         spark.read.format("tensorpool").options(**base, batching="pulse").load().collect()
+
+
+def test_epoch_change_mid_stream_continues_windows(
+    spark, spark_media_driver, tmp_shm, producers, tmp_path
+):
+    """issue 8 p10 with an epoch change (a producer restart, Kafka's topic recreation): the
+    reader moves to the new epoch from its first frame, the windows keep increasing across the
+    change and each micro-batch is still one window. The old producer's clean exit removes its
+    regions while its last window is still open (only newer pulses close it), so the tail of
+    epoch a is lost; every frame of epoch a is either delivered exactly once or counted in the
+    offsets (``lost`` for frames never fed, ``lostLate`` for fed frames whose regions were gone
+    at reading), and epoch b's closed windows are delivered in full."""
+    hz = 14.0
+    a = producers("--stream-id", "57", "--instance-id", "pcam", "--nslots", "128", "--shape", "16")
+    t0 = time.monotonic_ns()
+    _stamp(a, 28, hz, t0)  # 2 s of pulses in epoch a
+    opts = source_options(
+        spark_media_driver,
+        tmp_shm,
+        streams="57",
+        batching="pulse",
+        startingOffsets="earliest",
+        includeTensorMetadata="false",
+        failOnDataLoss="false",
+    )
+    sink = WindowLog()
+    q = start_query(spark, opts, sink, str(tmp_path / "ck"))
+    try:
+        wait_query(lambda: any(sink.batches.values()), q)
+        a.close()
+        b = producers(
+            "--stream-id", "57", "--instance-id", "pcam", "--nslots", "128", "--shape", "16"
+        )
+        assert b.epoch == a.epoch + 1
+        t1 = t0 + round(28 * S / hz)  # epoch b goes on where a stopped, from its seq 0
+        _stamp(b, 42, hz, t1)  # 3 more seconds: windows 2, 3, 4 (its last slot is seq 41)
+        wait_query(lambda: sum(r[1] == b.epoch for g in sink.batches.values() for r in g) >= 42, q)
+        q.processAllAvailable()
+        offsets = end_offsets(q)
+    finally:
+        q.stop()
+    assert q.exception() is None
+    origin = {a.epoch: t0, b.epoch: t1}
+    windows = []
+    for bid in sorted(sink.batches):
+        rows = sink.batches[bid]
+        if not rows:
+            continue
+        ((ws, we),) = {r[7:9] for r in rows}
+        assert we - ws == S
+        for _sid, epoch, seq, _ts, ts_ns, *_ in rows:
+            assert ts_ns == origin[epoch] + round(seq * S / hz)
+            assert ws <= ts_ns < we
+        windows.append(ws)
+    assert windows == sorted(set(windows)) and windows[0] == t0
+    got = [(r[1], r[2]) for bid in sorted(sink.batches) for r in sink.batches[bid]]
+    assert len(got) == len(set(got)), "a frame was delivered twice"
+    from_a = [s for e, s in got if e == a.epoch]
+    assert from_a == list(range(len(from_a))) and len(from_a) >= 14  # window 0 at least
+    counted = offsets["57"]["lost"] + offsets["57"]["lostLate"]
+    assert len(from_a) + counted == 28, (from_a, offsets)
+    assert [s for e, s in got if e == b.epoch] == list(range(42))  # windows 2, 3 and 4
+    assert not sink.bad

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import pytest
 
 from tensorpool.batching import RateAwareMessageBatcher
-from tensorpool.spark_source.offsets import NOT_STARTED, OVERWRITTEN
+from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
 from tensorpool.spark_source.pulse import (
     PulseOffset,
@@ -230,8 +230,8 @@ def test_frames_overwritten_before_they_were_fed_are_planned_loss():
     """issue 8 p10 §4: a dense stream whose next seq to feed is below the ring's oldest frame
     lost the difference; the loss is reported (stream, epoch, first seq, count) and, when a
     window closes, counted in the offset's cumulative ``lost``. A new epoch restarts at seq 0
-    (what its ring no longer holds is lost); a stream absent at the start begins at its
-    oldest frame without loss."""
+    (what its ring no longer holds is lost, and so is the never-fed rest of the old epoch); a
+    stream absent at the start begins at its oldest frame without loss."""
     frames = _train(14, 14 * 6)
     planner = PulsePlanner([DET], [DET], S)
     start = PulseOffset(None, {DET: StreamCursor(1, 0, 5, 0)}, None)
@@ -241,8 +241,22 @@ def test_frames_overwritten_before_they_were_fed_are_planned_loss():
     ]
     assert adv.offset is not None and adv.offset.streams[DET].lost == 25
     assert min(_frames_of(adv.offset)[DET]) >= 20
-    new_epoch = planner.advance(start, {DET: _scan(frames[3:], T0 + 6 * S, epoch=2)})
-    assert [(ls.epoch, ls.first_seq, ls.count) for ls in new_epoch.losses] == [(2, 0, 3)]
+    new_ring = {DET: _scan(frames[3:], T0 + 6 * S, epoch=2)}
+    # the unread rest of epoch 1 is lost with it: its size is the highest head seen of epoch 1,
+    # unknown when this process never scanned epoch 1 (a restart)
+    new_epoch = planner.advance(start, new_ring)
+    assert [(ls.epoch, ls.first_seq, ls.count) for ls in new_epoch.losses] == [
+        (1, 0, None),
+        (2, 0, 3),
+    ]
+    new_epoch = planner.advance(start, new_ring, heads={(DET, 1): 84})
+    assert [(ls.epoch, ls.first_seq, ls.count, ls.reason) for ls in new_epoch.losses] == [
+        (1, 0, 84, EPOCH_CHANGE),
+        (2, 0, 3, OVERWRITTEN),
+    ]
+    done = PulseOffset(None, {DET: StreamCursor(1, 84, 5, 0)}, None)  # epoch 1 fully fed
+    new_epoch = planner.advance(done, new_ring, heads={(DET, 1): 84})
+    assert [(ls.epoch, ls.count) for ls in new_epoch.losses] == [(2, 3)]
     late = PulseOffset(None, {DET: StreamCursor(NOT_STARTED, 0)}, None)
     joined = planner.advance(late, {DET: _scan(frames, T0 + 6 * S, nslots=64)})
     assert joined.losses == [] and joined.offset is not None
