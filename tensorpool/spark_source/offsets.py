@@ -442,7 +442,10 @@ class _Ledger:
     def anchor(self, lo: int, hi: int) -> None:
         """Coverage starts here: at ``lo`` when the query begins reading the epoch at ``lo``
         (nothing missing before that is its concern), at the ring head after a restart."""
-        self.lo = min(self.lo, lo) if self.described else lo
+        # Never move the start of coverage up: Spark calls initialOffset more than once
+        # (pyspark 4.3 calls it twice on a fresh query, and logs the first result), and the
+        # record has been complete since the first anchor.
+        self.lo = min(self.lo, lo) if (self.described or self.started) else lo
         self.hi = max(self.hi, hi)
         self.started = True
 

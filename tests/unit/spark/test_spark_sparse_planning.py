@@ -246,3 +246,26 @@ def test_replay_definition_and_partition_split_by_frames():
     assert [p.runs.tolist() for p in dense] == [[[10, 14]], [[14, 17]], [[17, 20]]]
     chunks = list(iter_seq_chunks(np.array([[0, 5], [7, 8], [9, 14]]), 4))
     assert [c.tolist() for c in chunks] == [[0, 1, 2, 3], [4, 7, 9, 10], [11, 12, 13]]
+
+
+def test_a_second_initial_offset_does_not_shrink_the_descriptor_record():
+    """pyspark 4.3 calls initialOffset twice on a fresh query and logs the first result. The
+    second call re-anchors the stream at a later head; the record must still cover everything
+    since the first call (the attachment has been queueing descriptors since then), or frames
+    lost between the two positions would be reported as a 'possible' loss of unknown size
+    instead of an exact one -- the demo showed exactly that on its rate-limited stream."""
+    feed = Feed([1])
+    pl = StreamPlanner([1])
+    early = list(range(0, 100, 10))
+    pl.begin(1, ring(64, early), 100)  # first initialOffset: latest = 100
+    later = list(range(100, 200, 10))  # 110..190 etc. published between the two calls
+    feed.publish(1, later)
+    pl.begin(1, ring(64, early + later), 200)  # second initialOffset, same epoch
+    more = list(range(200, 1000, 10))  # wraps the 64-slot ring many times
+    feed.publish(1, more)
+    st = ring(64, early + later + more)
+    plan = pl.plan({1: StreamPos(E, 100)}, {1: st}, Limits(), feed=feed)
+    assert not plan.possible, plan.possible
+    present = runs_seqs(plan.runs[1]).tolist()
+    (loss,) = plan.losses
+    assert loss.count == len(later) + len(more) - len(present)
