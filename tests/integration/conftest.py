@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
+from jsonlines_proc import JsonLinesProcess
 
 from tensorpool.transport.mediadriver import MediaDriverProcess
 from tensorpool.transport.process import stop_process
@@ -35,56 +32,12 @@ def shm_base() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class Role:
+class Role(JsonLinesProcess):
     """A roles.py subprocess with line-based JSON output."""
 
     def __init__(self, role: str, aeron_dir: str, shm_base: str, *args: str) -> None:
-        cmd = [
-            sys.executable,
-            ROLES,
-            role,
-            "--aeron-dir",
-            aeron_dir,
-            "--shm-base-dir",
-            shm_base,
-            *args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.events: list[dict] = []
-
-    @property
-    def stdout(self) -> IO[str]:
-        assert self.proc.stdout is not None
-        return self.proc.stdout
-
-    def wait_event(self, name: str, timeout: float = 30.0) -> dict:
-        for ev in self.events:
-            if ev.get("event") == name:
-                return ev
-        deadline = time.monotonic() + timeout
-        import select
-
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.stdout], [], [], 0.1)
-            if not r:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            line = self.stdout.readline()
-            if not line:
-                break
-            ev = json.loads(line)
-            self.events.append(ev)
-            if ev.get("event") == name:
-                return ev
-        raise AssertionError(f"no {name!r} event (exit {self.proc.poll()}); got {self.events}")
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
+        dirs = ["--aeron-dir", aeron_dir, "--shm-base-dir", shm_base]
+        super().__init__([sys.executable, ROLES, role, *dirs, *args])
 
     def terminate(self) -> None:
         if self.proc.poll() is None:

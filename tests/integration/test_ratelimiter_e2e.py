@@ -8,9 +8,7 @@ seq, timestamp, payload, metadata and epoch), never about speed.
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from driver_fixtures import DriverProcess, driver_toml
+from jsonlines_proc import JsonLinesProcess
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.settings import Channels, ClientSettings
@@ -114,45 +113,19 @@ base_dir = "{dep["base"]}"
     return path
 
 
-class RateLimiterProcess:
+class RateLimiterProcess(JsonLinesProcess):
     """`tensorpool ratelimiter --json` in a subprocess, its JSON lines parsed as they come."""
 
     def __init__(self, config: str) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tensorpool",
-                "ratelimiter",
-                "--config",
-                config,
-                "--json",
-                "--stats-interval",
-                "0.5",
-            ],
+        super().__init__(
+            [sys.executable, "-m", "tensorpool", "ratelimiter", "--config", config, "--json",
+             "--stats-interval", "0.5"],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.events: list[dict[str, Any]] = []
+        )  # fmt: skip
 
-    def wait_event(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for ev in self.events:
-                if ev["event"] == name:
-                    return ev
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if ready:
-                line = self.proc.stdout.readline()
-                if line:
-                    self.events.append(json.loads(line))
-                    continue
-            if self.proc.poll() is not None:
-                break
-        raise AssertionError(f"no {name!r} (exit {self.proc.poll()}): {self.stderr()}")
+    def diagnostics(self) -> str:
+        return ": " + self.stderr()
 
     def stderr(self) -> str:
         if self.proc.poll() is None or self.proc.stderr is None:

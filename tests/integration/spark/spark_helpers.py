@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
+from jsonlines_proc import JsonLinesProcess
 
 from tensorpool.transport.mediadriver import MediaDriverProcess
 
@@ -31,56 +31,17 @@ def check_payload(payload: bytes, seq: int) -> bool:
     return bool(mid.size == 0 or (mid.min() == mid.max() == seq % 251))
 
 
-class ProducerProc:
+class ProducerProc(JsonLinesProcess):
     """A spark_roles.py producer: ``produce(n)`` publishes n frames and waits for them."""
 
     def __init__(self, aeron_dir: str, shm_base: str, *args: str) -> None:
-        cmd = [
-            sys.executable,
-            SPARK_ROLES,
-            "--aeron-dir",
-            aeron_dir,
-            "--shm-base-dir",
-            shm_base,
-            *args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.events: list[dict] = []
-        ready = self.wait("ready")
-        self.epoch: int = ready["epoch"]
-
-    @property
-    def _out(self) -> IO[str]:
-        assert self.proc.stdout is not None
-        return self.proc.stdout
-
-    def wait(self, name: str, timeout: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self._out], [], [], 0.1)
-            if not r:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            line = self._out.readline()
-            if not line:
-                break
-            ev = json.loads(line)
-            self.events.append(ev)
-            if ev.get("event") == name:
-                return ev
-        raise AssertionError(f"no {name!r} event (exit {self.proc.poll()}); got {self.events}")
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
+        dirs = ["--aeron-dir", aeron_dir, "--shm-base-dir", shm_base]
+        super().__init__([sys.executable, SPARK_ROLES, *dirs, *args])
+        self.epoch: int = self.next_event("ready")["epoch"]
 
     def produce(self, n: int) -> int:
         self.send(f"produce {n}")
-        return int(self.wait("produced")["next_seq"])
+        return int(self.next_event("produced")["next_seq"])
 
     def produce_at(self, n: int, hz: float) -> None:
         self.send(f"rate {n} {hz}")
@@ -159,5 +120,5 @@ def publish_sparse(p: Any, n: int, step: int) -> list[int]:
     """Publish ``n`` frames with seqs ``next, next+step, ...``; return their seqs."""
     first = int(p.events[-1].get("next_seq", 0)) if p.events[-1]["event"] == "produced" else 0
     p.send(f"sparse {n} {step}")
-    p.wait("produced")
+    p.next_event("produced")
     return [first + i * step for i in range(n)]

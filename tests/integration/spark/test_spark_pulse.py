@@ -70,7 +70,7 @@ class WindowLog:
 
 def _stamp(p: Any, n: int, hz: float, t0: int) -> None:
     p.send(f"stamp {n} {hz} {t0}")
-    p.wait("produced")
+    p.next_event("produced")
 
 
 def _raw(rows: list[tuple]) -> list[tuple]:

@@ -65,7 +65,7 @@ def test_fail_on_data_loss_false_skips_and_counts(
         assert end_offsets(q)["32"]["lost"] == 24
         # now overrun it while it runs: 300 frames at 300 Hz into 16 slots, 6 per trigger
         p.produce_at(300, 300)
-        p.wait("produced")
+        p.next_event("produced")
 
         def settled() -> bool:
             off = end_offsets(q).get("32", {})
