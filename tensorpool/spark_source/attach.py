@@ -37,8 +37,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Final
 
 from tensorpool.client.announce import StreamLayout, Verdict
@@ -59,23 +58,6 @@ class AttachError(RuntimeError):
     """The streams could not be attached (no announce / lease within the timeout)."""
 
 
-@dataclass(slots=True)
-class IntakeSummary:
-    """What the descriptors drained at one trigger said about one stream."""
-
-    descriptors: int = 0
-    epoch: int = -1
-    max_seq: int = -1
-    newest_timestamp_ns: int = 0
-
-
-@dataclass(slots=True)
-class IntakeStats:
-    per_stream: dict[int, IntakeSummary] = field(default_factory=dict)
-    dropped: int = 0  # intake overflow since the previous drain
-    pending: dict[int, int] = field(default_factory=dict)  # left queued, per stream
-
-
 class _DropLog:
     """Seq intervals of descriptors one stream's queue dropped, per epoch (overflow holes).
 
@@ -83,15 +65,13 @@ class _DropLog:
     contiguous stretch of the stream's publication order: ``[lo, hi]`` per epoch says it all.
     """
 
-    __slots__ = ("count", "spans")
+    __slots__ = ("spans",)
 
     def __init__(self) -> None:
-        self.count = 0
         self.spans: dict[int, list[int]] = {}
 
     def __call__(self, info: DropInfo) -> None:
         _sid, epoch, seq, _ts = info.item
-        self.count += 1
         span = self.spans.get(epoch)
         if span is None:
             self.spans[epoch] = [seq, seq, 1]
@@ -280,42 +260,6 @@ class Attachment:
         with self._lock:
             intake.drain(max_items, handle)
             return out, self._drops[stream_id].pop()
-
-    def dropped_total(self) -> int:
-        """Descriptors dropped by the queues' overflow since this attachment opened."""
-        return sum(d.count for d in self._drops.values())
-
-    def drain_intake(self, budgets: Mapping[int, int] | None = None) -> IntakeStats:
-        """Fold queued descriptors per stream: at most ``budgets[stream]`` of each stream (a
-        stream not named is not drained), or everything with ``budgets=None``. What is left
-        stays queued for the next call."""
-        out = IntakeStats()
-        per = out.per_stream
-
-        def fold(d: tuple[int, int, int, int]) -> None:
-            sid, epoch, seq, ts = d
-            s = per.get(sid)
-            if s is None:
-                s = per[sid] = IntakeSummary()
-            s.descriptors += 1
-            if epoch > s.epoch:
-                s.epoch, s.max_seq = epoch, seq
-            elif epoch == s.epoch and seq > s.max_seq:
-                s.max_seq = seq
-            if ts > s.newest_timestamp_ns:
-                s.newest_timestamp_ns = ts
-
-        with self._lock:
-            for sid, intake in self.intakes.items():
-                budget = intake.pending if budgets is None else budgets.get(sid, 0)
-                out.dropped += intake.drain(max(0, budget), fold).dropped
-                self._drops[sid].pop()
-                out.pending[sid] = intake.pending
-        return out
-
-    def lease_states(self) -> dict[int, object]:
-        with self._lock:
-            return {sid: c.lease_state for sid, c in self._consumers.items()}
 
     # --- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -565,8 +509,6 @@ __all__ = [
     "AnnounceProbe",
     "AttachError",
     "Attachment",
-    "IntakeStats",
-    "IntakeSummary",
     "close_all",
     "install_sigterm_handler",
     "open_attachment",
