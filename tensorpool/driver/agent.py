@@ -110,6 +110,17 @@ _DRIVER_OUTPUTS = frozenset(
     }
 )
 _OTHER_SCHEMAS = frozenset({WIRE_SCHEMA_ID, BRIDGE_SCHEMA_ID})
+#: The requests that always get an answer, by template id (counter and log names).
+_REQUEST_NAMES = {TEMPLATE_ATTACH_REQUEST: "attach", TEMPLATE_DETACH_REQUEST: "detach"}
+
+
+def _error_response(
+    template_id: int, correlation_id: int, code: drv.ResponseCode, message: str
+) -> SendAttachResponse | SendDetachResponse:
+    """The failure answer to an attach or detach request."""
+    if template_id == TEMPLATE_ATTACH_REQUEST:
+        return SendAttachResponse(correlation_id, code, error_message=message)
+    return SendDetachResponse(correlation_id, code, message)
 
 
 def log_event(level: int, event: str, **fields: object) -> None:
@@ -277,46 +288,45 @@ class DriverAgent:
         handler(buffer, version, self._clock())
 
     def _on_attach(self, buffer: Any, version: int, now: int) -> None:
-        self.counters["rx_attach_request"] += 1
-        try:
-            dec = self._attach_dec.wrap(buffer)
-        except UnsupportedVersion:
-            self._answer_undecodable(buffer, TEMPLATE_ATTACH_REQUEST, version, None, now)
-            return
-        except CodecError as exc:
-            self._answer_undecodable(buffer, TEMPLATE_ATTACH_REQUEST, version, exc, now)
-            return
-        try:
-            actions = self.core.on_attach_request(dec, now, schema_version=dec.acting_version)
-        except Exception as exc:  # a core bug must not kill the driver or leave the client hanging
-            log.exception("attach request failed inside the core")
-            self.counters["internal_error"] += 1
-            actions = [
-                SendAttachResponse(
-                    dec.correlation_id,
-                    drv.ResponseCode.INTERNAL_ERROR,
-                    error_message=cap_error_message(f"internal error: {exc!r}"),
-                )
-            ]
-        self._execute(actions, now)
+        self._on_request(
+            buffer, version, now, TEMPLATE_ATTACH_REQUEST, self._attach_dec,
+            self.core.on_attach_request,
+        )  # fmt: skip
 
     def _on_detach(self, buffer: Any, version: int, now: int) -> None:
-        self.counters["rx_detach_request"] += 1
+        self._on_request(
+            buffer, version, now, TEMPLATE_DETACH_REQUEST, self._detach_dec,
+            self.core.on_detach_request,
+        )  # fmt: skip
+
+    def _on_request(
+        self,
+        buffer: Any,
+        version: int,
+        now: int,
+        template_id: int,
+        decoder: Any,
+        handle: Callable[..., list[Action]],
+    ) -> None:
+        """Attach and detach requests: both must be answered, whatever goes wrong."""
+        name = _REQUEST_NAMES[template_id]
+        self.counters[f"rx_{name}_request"] += 1
         try:
-            dec = self._detach_dec.wrap(buffer)
+            dec = decoder.wrap(buffer)
         except UnsupportedVersion:
-            self._answer_undecodable(buffer, TEMPLATE_DETACH_REQUEST, version, None, now)
+            self._answer_undecodable(buffer, template_id, version, None, now)
             return
         except CodecError as exc:
-            self._answer_undecodable(buffer, TEMPLATE_DETACH_REQUEST, version, exc, now)
+            self._answer_undecodable(buffer, template_id, version, exc, now)
             return
         try:
-            actions = self.core.on_detach_request(dec, now, schema_version=dec.acting_version)
-        except Exception as exc:
-            log.exception("detach request failed inside the core")
+            actions = handle(dec, now, schema_version=dec.acting_version)
+        except Exception as exc:  # a core bug must not kill the driver or leave the client hanging
+            log.exception("%s request failed inside the core", name)
             self.counters["internal_error"] += 1
             actions = [
-                SendDetachResponse(
+                _error_response(
+                    template_id,
                     dec.correlation_id,
                     drv.ResponseCode.INTERNAL_ERROR,
                     cap_error_message(f"internal error: {exc!r}"),
@@ -372,7 +382,7 @@ class DriverAgent:
         ``exc`` None means the schema version is not one this driver speaks (§4.4a).
         """
         reason = "unsupported_version" if exc is None else exc.reason
-        self._drop(f"{'attach' if template_id == TEMPLATE_ATTACH_REQUEST else 'detach'}_{reason}")
+        self._drop(f"{_REQUEST_NAMES[template_id]}_{reason}")
         try:
             (correlation_id,) = _CORRELATION.unpack_from(buffer, _CORRELATION_OFFSET)
         except struct.error:
@@ -381,11 +391,10 @@ class DriverAgent:
             actions = self.core.on_incompatible_version(template_id, correlation_id, version)
         else:
             message = cap_error_message(f"malformed request ({exc.reason}): {exc}")
-            code = drv.ResponseCode.INVALID_PARAMS
             actions = [
-                SendAttachResponse(correlation_id, code, error_message=message)
-                if template_id == TEMPLATE_ATTACH_REQUEST
-                else SendDetachResponse(correlation_id, code, message)
+                _error_response(
+                    template_id, correlation_id, drv.ResponseCode.INVALID_PARAMS, message
+                )
             ]
         self._execute(actions, now)
 
