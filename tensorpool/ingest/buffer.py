@@ -306,30 +306,19 @@ class _FifoKeyedLane(_KeyedLane):
         try:
             # A non-empty store guarantees a live entry in the FIFO, so the dead-entry skip
             # cannot run off the end.
-            if index is None:
-                for n in range(1, k + 1):
-                    if not store:
-                        n -= 1
-                        break
+            for n in range(1, k + 1):
+                if not store:
+                    n -= 1
+                    break
+                e = popleft()
+                while e[2] is None:
+                    self.stale -= 1
                     e = popleft()
-                    while e[2] is None:
-                        self.stale -= 1
-                        e = popleft()
-                    del store[e[3]]
-                    handle(e[1])
-            else:
-                for n in range(1, k + 1):
-                    if not store:
-                        n -= 1
-                        break
-                    e = popleft()
-                    while e[2] is None:
-                        self.stale -= 1
-                        e = popleft()
-                    key = e[3]
-                    del store[key]
+                key = e[3]
+                del store[key]
+                if index is not None:
                     del index[key]
-                    handle(e[1])
+                handle(e[1])
         finally:
             self.drained += n
             buf._drained += n
