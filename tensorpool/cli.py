@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+
+# 128 + SIGPIPE: what `yes | head -1` reports for `yes`, so `set -o pipefail` sees it.
+EXIT_BROKEN_PIPE = 141
 
 
 class UserError(Exception):
@@ -60,6 +64,27 @@ def _runner(module: str) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status.
+
+    A reader that goes away (`tensorpool driver status | head -1`) ends the command quietly
+    with status 141, the shell's status for a process killed by SIGPIPE (#13.7): stdout is
+    pointed at /dev/null (the recipe in Python's `signal` docs) so the interpreter's final
+    flush cannot print a second error, and no traceback is shown.
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:  # buffered output (help, status) fails here, not at interpreter exit
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(chosen if chosen in _COMMANDS else None)

@@ -88,6 +88,14 @@ class Reason:
     SUPERBLOCK_STRIDE_BYTES_MISMATCH: Final = "superblock_stride_bytes_mismatch"
     SUPERBLOCK_ACTIVITY_STALE: Final = "superblock_activity_stale"
 
+    # --- resources (issue #13.4) -----------------------------------------------------------
+    #: a mapped region file shrank below the mapped length (touching it would be SIGBUS)
+    REGION_TRUNCATED: Final = "region_truncated"
+    #: region files do not fit the free space of their filesystem
+    REGION_NO_SPACE: Final = "region_no_space"
+    #: a ring or frame size the wire cannot express (u32 strides and slot counts)
+    WIRE_LIMIT_EXCEEDED: Final = "wire_limit_exceeded"
+
 
 #: Slot-read reasons that a consumer reports as ``drops_late`` (§15.3, §15.4): the frame was
 #: announced but the slot was in flight, unstable, or already reused when we looked.

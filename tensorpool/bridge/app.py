@@ -55,7 +55,9 @@ class BridgeApp:
         pass
 
     def do_work(self) -> int:
-        work = 0
+        # a receiver with no destination yet holds no lease client that would do this:
+        # notice a restarted media driver and re-create the bridge's publications (#13.2)
+        work = int(self.ctx.maintain())
         if self.receiver is not None:
             work += self.receiver.do_work()
         if self.sender is not None:

@@ -80,6 +80,7 @@ from tensorpool.config_util import (
     is_power_of_two,
     load_toml,
 )
+from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.channels import ChannelError, channel_mtu
 from tensorpool.transport.config import TransportConfig
 
@@ -457,9 +458,12 @@ def _parse_local(sec: Section) -> LocalSettings:
     aeron_dir: str | None = sec.opt_str("aeron_dir", "", env=True)
     if embedded:
         aeron_dir = None
+    elif aeron_dir:  # #13.1: never a system or shared root
+        sec.checked("aeron_dir", aeron_dir, unsafe_root_reason(aeron_dir))
     base = sec.opt_str("shm_base_dir", default_shm_base_dir(), env=True)
     if not os.path.isabs(base):
         sec.fail("shm_base_dir", f"must be an absolute path, got {base!r}")
+    sec.checked("shm_base_dir", base, unsafe_root_reason(base))
     namespace = sec.opt_str("namespace", DEFAULT_NAMESPACE, env=True)
     sec.checked("namespace", namespace, check_path_component(namespace))
     allowed = sec.opt_str_list("allowed_base_dirs", (), env=True)

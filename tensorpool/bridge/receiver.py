@@ -285,6 +285,10 @@ class BridgeReceiver:
                 instance_id=f"{self.config.bridge.instance_id}-{dest.dest_stream_id}",
                 clock=self._clock,
                 attach_timeout_s=local.attach_timeout_ms / 1000,
+                # a taken destination is not waited for here (that would stall the receiver's
+                # loop): the receiver retries it on its own schedule, or moves to the next
+                # id of an allocated range
+                wait_for_held_lease=False,
             )
         except (AttachError, ShmError, OSError, ValueError) as exc:
             dest.open_failures += 1

@@ -207,7 +207,6 @@ class ChunkSender:
         "_layouts",
         "_pending",
         "_pub",
-        "_raw",
         "_scratch",
         "_stg",
         "chunk_bytes",
@@ -232,7 +231,6 @@ class ChunkSender:
         if strategy not in ("staging", "claim"):
             raise ValueError(f"strategy must be 'staging' or 'claim', got {strategy!r}")
         self._pub = pub
-        self._raw = pub.publication
         self._claim = pub.try_claim
         self.chunk_bytes = chunk_bytes
         self.max_claim = max_claim
@@ -326,7 +324,9 @@ class ChunkSender:
         lay, i, since = pending
         views = lay.views
         n = len(views)
-        offer = self._raw.offer
+        # looked up per frame: the context re-creates the publication after a media driver
+        # restart (#13.2), so a reference kept from construction would go stale
+        offer = self._pub.publication.offer
         cnt = self._pub.counters
         reason: str | None = None
         admin = 0

@@ -516,9 +516,21 @@ class Consumer:
             self._count_control(exc.reason)
             return
         if decision.verdict is Verdict.REFRESH:
-            self._check_activity(now)
+            if not self._check_truncated():
+                self._check_activity(now)
             return
         self._map(layout, now)
+
+    def _check_truncated(self) -> bool:
+        """#13.4: on every announce of the mapped epoch, ``fstat`` each mapped file; if one
+        shrank below the mapped length (someone truncated it), unmap before anything touches
+        it — reading past a file's end is a SIGBUS. A later valid announce maps again."""
+        for region in self._regions:
+            if region.truncated():
+                self._count_control(Reason.REGION_TRUNCATED)
+                self._unmap(Reason.REGION_TRUNCATED)
+                return True
+        return False
 
     def _map(self, layout: StreamLayout, now: int) -> None:
         if self._reader is not None:

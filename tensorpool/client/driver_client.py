@@ -125,6 +125,20 @@ class LeaseTimings:
     attach_timeout_ns: int = 2 * SEC
     backoff_initial_ns: int = 100_000_000
     backoff_max_ns: int = 5 * SEC
+    busy_retry_ns: int = 250_000_000
+    """Retry period while the driver refuses because an old lease is still held (#13.3):
+    short, so the attach lands soon after that lease expires."""
+
+
+# REJECTED messages that describe a state which ends by itself: the lease of a previous
+# (crashed) holder has not expired yet, or the driver is draining for shutdown. Matched on the
+# driver's message text: the protocol has one REJECTED code for every denial (driver/core.py).
+_TRANSIENT_REFUSALS = ("already has a producer", "already holds lease", "shutting down")
+
+
+def is_transient_refusal(code: int | None, message: str) -> bool:
+    """True for an attach refusal that goes away once an old lease expires (#13.3)."""
+    return code == int(dp.ResponseCode.REJECTED) and any(t in message for t in _TRANSIENT_REFUSALS)
 
 
 class LeaseMachine:
@@ -165,6 +179,11 @@ class LeaseMachine:
 
     def _count(self, key: str) -> None:
         self.counters[key] = self.counters.get(key, 0) + 1
+
+    @property
+    def pending_correlation_id(self) -> int | None:
+        """The correlation id of the attach or detach awaiting its response."""
+        return self._pending
 
     def _next_corr(self) -> int:
         self._corr = (self._corr + 1) & 0x7FFFFFFFFFFFFFFF
@@ -209,7 +228,13 @@ class LeaseMachine:
         code = r.code_raw
         if code != _OK:
             self._count(f"attach_code_{code}")
-            return [*self._to_backoff(now), AttachFailed(code, r.error_message)]
+            message = r.error_message
+            backoff = self._to_backoff(now)
+            if is_transient_refusal(code, message):
+                # an old lease still holds the stream: poll for its expiry, do not back off
+                self._deadline = now + self.timings.busy_retry_ns
+                self._backoff_ns = self.timings.backoff_initial_ns
+            return [*backoff, AttachFailed(code, message)]
         try:
             lease_id, expiry, layout = _validate_ok_response(r, self.stream_id)
         except (ValueError, CodecError, ShmError) as exc:
@@ -278,6 +303,19 @@ class LeaseMachine:
             self._count("driver_silent")
             return [LeaseLost("driver_silent"), *self._to_backoff(now)]
         return []
+
+    def on_transport_reset(self, now: int) -> list[Action]:
+        """#13.2: our Aeron client was re-created on a new media driver. Whatever the old one
+        carried (our lease, a pending attach) may be gone with the driver that hosted it:
+        drop the lease and attach again at once, with the backoff reset."""
+        self._count("transport_reset")
+        lost = [LeaseLost("media_driver_restarted")] if self.state is LeaseState.ATTACHED else []
+        if self.state in (LeaseState.CLOSED, LeaseState.DETACHING, LeaseState.UNATTACHED):
+            return lost
+        self._to_backoff(now)
+        self._deadline = now
+        self._backoff_ns = self.timings.backoff_initial_ns
+        return lost
 
     def on_keepalive_failed(self, now: int) -> list[Action]:
         """§4.4: a keepalive that cannot be sent is fatal for the lease: reattach."""
@@ -413,6 +451,8 @@ class DriverClient:
         self._sub = ctx.add_subscription(ch.control_channel, ch.control_stream_id, self._on_msg)
         self._buf = bytearray(512)
         self._events: list[Action] = []
+        self._unsent_attach: SendAttach | None = None
+        self._generation = ctx.generation
         self.control_drops: dict[str, int] = {}
 
     @property
@@ -451,20 +491,44 @@ class DriverClient:
 
     def do_work(self, now: int | None = None) -> list[Action]:
         now = self._clock() if now is None else now
-        self._sub.poll()
         m = self.machine
+        ctx = self._ctx
+        ctx.maintain(now)  # notices a lost media driver and reconnects (#13.2)
+        if ctx.generation != self._generation:
+            self._generation = ctx.generation
+            self._unsent_attach = None
+            self._events += m.on_transport_reset(now)
+        self._sub.poll()
         if m.state is LeaseState.UNATTACHED:
             self._events += m.attach(now)
         self._events += m.tick(now)
+        unsent = self._unsent_attach
+        if unsent is not None:
+            # an attach that found no subscriber (driver not up yet) is re-offered until it
+            # goes out or the machine gives up on it, instead of waiting out the timeout
+            self._unsent_attach = None
+            pending = m.pending_correlation_id
+            if m.state is LeaseState.ATTACHING and pending == unsent.correlation_id:
+                self._events.append(unsent)
         out: list[Action] = []
         events, self._events = self._events, []
         for ev in events:
             if isinstance(ev, SendAttach | SendKeepalive | SendDetach):
-                if not self._send(ev) and isinstance(ev, SendKeepalive):
-                    out += m.on_keepalive_failed(now)
+                if not self._send(ev):
+                    if isinstance(ev, SendKeepalive):
+                        out += m.on_keepalive_failed(now)
+                    elif isinstance(ev, SendAttach):
+                        self._unsent_attach = ev
             else:
                 if isinstance(ev, AttachFailed):
-                    log.warning("attach to stream %d failed: %s", m.stream_id, ev.message)
+                    # a refusal that ends with an old lease's expiry repeats every 250 ms:
+                    # the owner says once why it waits (#13.3)
+                    level = (
+                        logging.DEBUG
+                        if is_transient_refusal(ev.code, ev.message)
+                        else logging.WARNING
+                    )
+                    log.log(level, "attach to stream %d failed: %s", m.stream_id, ev.message)
                 out.append(ev)
         return out
 

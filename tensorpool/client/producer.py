@@ -22,6 +22,7 @@ hands back a writable view of the slot for in-place filling, then `commit()`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -40,13 +41,28 @@ from tensorpool.client.driver_client import (
     DriverClient,
     LeaseLost,
     LeaseTimings,
+    is_transient_refusal,
 )
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.settings import ClientSettings
+from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.counters import DropCounters, Reason
-from tensorpool.shm.errors import ShmError
+from tensorpool.shm.errors import ShmError, WireLimitError
+from tensorpool.shm.layout import (
+    MAX_NSLOTS,
+    MAX_STRIDE_BYTES,
+    header_region_bytes,
+    payload_region_bytes,
+)
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import EpochLayout, ShmRegion, create_region
+from tensorpool.shm.region import (
+    PRIVATE_FILE_MODE,
+    EpochLayout,
+    ShmRegion,
+    check_space,
+    create_region,
+    dir_mode_for,
+)
 from tensorpool.shm.seqlock import SlotWriter
 from tensorpool.shm.superblock import LAYOUT_VERSION, SuperblockFields
 from tensorpool.shm.tensor import TensorLayout
@@ -62,6 +78,8 @@ log = logging.getLogger(__name__)
 _EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
 NO_LEASE = "no_lease"
+#: The largest frame one slot can hold: one stride (#13.4).
+MAX_FRAME_BYTES = MAX_STRIDE_BYTES
 
 
 def _code_name(code: int) -> str:
@@ -97,12 +115,41 @@ class StreamConfig:
         ids = [p.pool_id for p in self.pools]
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate pool ids {ids}")
+        # #13.4: refuse what the wire cannot express here, before any file exists
+        if n > MAX_NSLOTS:
+            raise WireLimitError(
+                Reason.WIRE_LIMIT_EXCEEDED,
+                f"header_nslots {n} exceeds the wire limit {MAX_NSLOTS} (u32, power of two)",
+            )
+        for p in self.pools:
+            if p.stride_bytes > MAX_STRIDE_BYTES:
+                raise WireLimitError(
+                    Reason.WIRE_LIMIT_EXCEEDED,
+                    f"pool {p.pool_id} stride_bytes {p.stride_bytes} exceeds the wire limit "
+                    f"{MAX_STRIDE_BYTES} (u32, power of two)",
+                )
 
     @classmethod
     def for_frame_bytes(cls, stream_id: int, frame_bytes: int, **kw: object) -> StreamConfig:
-        """One pool with the smallest power-of-two, page-multiple stride that fits."""
+        """One pool with the smallest power-of-two, page-multiple stride that fits.
+
+        Raises :class:`WireLimitError` (a ValueError) for frames over ``MAX_FRAME_BYTES``.
+        """
+        if frame_bytes > MAX_FRAME_BYTES:
+            raise WireLimitError(
+                Reason.WIRE_LIMIT_EXCEEDED,
+                f"a frame of {frame_bytes} bytes exceeds the largest the wire can describe "
+                f"({MAX_FRAME_BYTES} bytes: stride_bytes is a u32 power of two)",
+            )
         stride = max(os.sysconf("SC_PAGE_SIZE"), 1 << max(frame_bytes - 1, 1).bit_length())
         return cls(stream_id, pools=(PoolConfig(1, stride),), **kw)  # type: ignore[arg-type]
+
+    def region_bytes(self) -> int:
+        """Bytes of all region files of one epoch (header ring + every pool)."""
+        n = self.header_nslots
+        return header_region_bytes(n) + sum(
+            payload_region_bytes(n, p.stride_bytes) for p in self.pools
+        )
 
 
 @dataclass(slots=True)
@@ -126,6 +173,19 @@ class FrameClaim:
 
 
 LAST_EPOCH_FILE = "last-epoch"
+
+
+def _missing_dirs(directory: str) -> list[str]:
+    """The directories on the way to ``directory`` that do not exist yet, deepest first."""
+    missing: list[str] = []
+    d = directory
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    return missing
 
 
 def next_epoch(instance_dir: str) -> int:
@@ -183,6 +243,9 @@ class Producer:
         keep_epochs: int = 1,
         attach_timeout_s: float = 10.0,
         lease_timings: LeaseTimings | None = None,
+        wait_for_held_lease: bool = True,
+        file_mode: int = PRIVATE_FILE_MODE,
+        takeover: bool = False,
     ) -> None:
         self.settings = settings or ClientSettings()
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
@@ -198,6 +261,8 @@ class Producer:
         self._regions: list[ShmRegion] = []
         self._writer: SlotWriter | None = None
         self._layout: EpochLayout | None = None
+        self._stream_lock: StreamLock | None = None
+        self._takeover = takeover
         self.epoch = 0
         s = self.settings
 
@@ -237,16 +302,85 @@ class Producer:
             )
             self.producer_id = self._driver.client_id
             self.instance_id = instance_id or ""
-            self._wait_attached(attach_timeout_s)
+            self._wait_attached(attach_timeout_s, wait_for_held_lease)
             return
 
         self.producer_id = producer_id if producer_id is not None else 1
         self.instance_id = instance_id or f"producer-{self.stream_id}"
+        # #13.4: files 0600 unless the caller chooses otherwise: whoever may write a region
+        # file may truncate it, and a truncated mapping is a SIGBUS in every process mapping it
+        self._file_mode = file_mode
+        if file_mode & 0o022:
+            log.warning(
+                "producer stream %d: region files mode %o are group/world-writable: any such "
+                "writer can truncate them and crash every process mapping them (SIGBUS)",
+                self.stream_id,
+                file_mode,
+            )
+        self._prefault = prefault
+        self._keep_epochs = keep_epochs
+        try:
+            self._lock_stream(takeover)
+            self._open_epoch()
+        except BaseException:
+            self._closed = True
+            if self._stream_lock is not None:
+                self._stream_lock.release()
+            for res in (
+                self._sub_control,
+                self._pub_control,
+                self._pub_desc,
+                self._pub_qos,
+                self._pub_meta,
+            ):
+                self._ctx.release(res)
+            raise
+
+    def _lock_stream(self, takeover: bool) -> None:
+        """Standalone: become the stream's only producer, or refuse (#13.7).
+
+        A live producer holding the stream raises :class:`StreamBusy` unless ``takeover``;
+        one that died left no lock (the kernel dropped it). A taking-over producer runs
+        without the lock and picks it up once its predecessor is gone (:meth:`do_work`).
+        """
+        s = self.settings
+        path = stream_lock_path(s.shm_base_dir, s.namespace, self.stream_id)
+        try:
+            self._stream_lock = StreamLock.try_acquire(
+                path,
+                self.stream_id,
+                dir_mode=dir_mode_for(self._file_mode),
+                file_mode=self._file_mode,
+            )
+        except StreamBusy as exc:
+            if not takeover:
+                raise
+            log.warning(
+                "producer stream %d: taking over from a live producer (%s)",
+                self.stream_id,
+                exc.owner or path,
+            )
+
+    def _retry_stream_lock(self) -> None:
+        """After a takeover: hold the stream lock as soon as the old producer let go."""
+        s = self.settings
+        path = stream_lock_path(s.shm_base_dir, s.namespace, self.stream_id)
+        with contextlib.suppress(StreamBusy, OSError):
+            self._stream_lock = StreamLock.try_acquire(
+                path,
+                self.stream_id,
+                dir_mode=dir_mode_for(self._file_mode),
+                file_mode=self._file_mode,
+            )
+
+    def _open_epoch(self) -> None:
+        """Standalone: create a fresh epoch's regions and start writing there (§15.2)."""
+        s = self.settings
         instance_dir = os.path.join(s.shm_base_dir, s.namespace, self.instance_id)
         epoch = next_epoch(instance_dir)
         self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, epoch)
-        self._gc_old_epochs(instance_dir, keep=keep_epochs)
-        regions = self._create_regions(epoch, prefault)
+        self._gc_old_epochs(instance_dir, keep=self._keep_epochs)
+        regions = self._create_regions(epoch, self._prefault)
         _record_epoch(instance_dir, epoch)
         self._install(regions, epoch)
         log.info(
@@ -277,16 +411,45 @@ class Producer:
         self._regions = []
 
     # --- driver mode ----------------------------------------------------------------------------
-    def _wait_attached(self, timeout_s: float) -> None:
+    def _wait_attached(self, timeout_s: float, wait_for_held_lease: bool = True) -> None:
+        """Block until the driver grants the lease and the regions are mapped.
+
+        A refusal because the stream's producer lease is still held (a crashed predecessor's,
+        which the driver expires after its keepalive grace) is retried until ``timeout_s``
+        when ``wait_for_held_lease`` (#13.3); callers with a retry loop of their own (the
+        bridge receiver, which must not stall) pass False and get the refusal at once.
+        """
         deadline = time.monotonic() + timeout_s
+        waiting_since: float | None = None
+        refusal = ""
         while self._writer is None:
             failure = self._poll_driver()
             if failure is not None and failure.code is not None:
-                raise AttachError(
+                refusal = (
                     f"driver refused producer attach for stream {self.stream_id}: "
                     f"{_code_name(failure.code)} {failure.message}".rstrip()
                 )
+                if not (
+                    wait_for_held_lease and is_transient_refusal(failure.code, failure.message)
+                ):
+                    raise AttachError(refusal)
+                # #13.3: a crashed predecessor's lease holds the stream until it expires;
+                # retry until then (bounded by the attach timeout), saying once why we wait
+                if waiting_since is None:
+                    waiting_since = time.monotonic()
+                    log.warning(
+                        "producer stream %d: the driver says %r; a crashed producer's lease "
+                        "expires by itself: retrying until then, for up to %.0f s "
+                        "(attach timeout)",
+                        self.stream_id,
+                        failure.message,
+                        max(0.0, deadline - waiting_since),
+                    )
             if time.monotonic() > deadline:
+                if refusal:
+                    raise AttachError(
+                        f"{refusal}; still refused after {timeout_s:g} s (attach timeout)"
+                    )
                 if self._map_error is not None:
                     raise AttachError(
                         f"attached to stream {self.stream_id} but cannot map the driver's "
@@ -351,43 +514,66 @@ class Producer:
             shutil.rmtree(os.path.join(instance_dir, name), ignore_errors=True)
 
     def _create_regions(self, epoch: int, prefault: bool) -> list[ShmRegion]:
+        """Create (and fully allocate) the epoch's files, or nothing at all (#13.4).
+
+        The free space is checked first (one line with needed and free bytes); each file is
+        then reserved with ``posix_fallocate`` so a full tmpfs is an error here, never a
+        SIGBUS at the first write. On any failure exactly the files and directories this call
+        created are removed.
+        """
         s, st, lay = self.settings, self.stream, self._layout
         assert lay is not None
+        check_space(lay.directory, st.region_bytes(), f"stream {st.stream_id} regions")
         policy = PathPolicy(s.base_dirs)
         now = self._clock()
-        regions = [
-            create_region(
-                lay.header_path,
-                SuperblockFields.header_ring(
-                    epoch=epoch,
-                    stream_id=st.stream_id,
-                    nslots=st.header_nslots,
-                    now_ns=now,
-                    layout_version=st.layout_version,
-                ),
-                policy=policy,
-                replace=True,
-                prefault=prefault,
-            )
-        ]
-        for pc in st.pools:
+        new_dirs = _missing_dirs(os.path.realpath(lay.directory))
+        modes = {"dir_mode": dir_mode_for(self._file_mode), "file_mode": self._file_mode}
+        regions: list[ShmRegion] = []
+        try:
             regions.append(
                 create_region(
-                    lay.pool_path(pc.pool_id),
-                    SuperblockFields.payload_pool(
+                    lay.header_path,
+                    SuperblockFields.header_ring(
                         epoch=epoch,
                         stream_id=st.stream_id,
-                        pool_id=pc.pool_id,
                         nslots=st.header_nslots,
-                        stride_bytes=pc.stride_bytes,
                         now_ns=now,
                         layout_version=st.layout_version,
                     ),
                     policy=policy,
                     replace=True,
                     prefault=prefault,
+                    **modes,  # type: ignore[arg-type]
                 )
             )
+            for pc in st.pools:
+                regions.append(
+                    create_region(
+                        lay.pool_path(pc.pool_id),
+                        SuperblockFields.payload_pool(
+                            epoch=epoch,
+                            stream_id=st.stream_id,
+                            pool_id=pc.pool_id,
+                            nslots=st.header_nslots,
+                            stride_bytes=pc.stride_bytes,
+                            now_ns=now,
+                            layout_version=st.layout_version,
+                        ),
+                        policy=policy,
+                        replace=True,
+                        prefault=prefault,
+                        **modes,  # type: ignore[arg-type]
+                    )
+                )
+        except BaseException:
+            for region in regions:
+                region.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(region.path)
+            for d in new_dirs:  # deepest first; rmdir removes only what is still empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+            raise
         return regions
 
     # --- frames -------------------------------------------------------------------------------
@@ -609,6 +795,8 @@ class Producer:
             self._next_announce_ns = now + self.settings.announce_period_ns
             if self._driver is None:  # in driver mode the driver announces (§8)
                 self._announce(now)
+                if self._stream_lock is None and self._takeover:
+                    self._retry_stream_lock()
             self._send_metadata(now)
             work += 1
         if now >= self._next_qos_ns:
@@ -626,6 +814,9 @@ class Producer:
         return work
 
     def _announce(self, now: int) -> None:
+        stale = self._writer is None or any(r.truncated() for r in self._regions)
+        if stale and not self._replace_epoch():
+            return
         for region in self._regions:
             region.refresh_activity(now)
         n = wire.ShmPoolAnnounceEncoder.encode(
@@ -644,6 +835,26 @@ class Producer:
         )
         if self._pub_control.offer(self._ctl_buf, 0, n):
             self.stats.announces += 1
+
+    def _replace_epoch(self) -> bool:
+        """#13.4: a region file shrank under us (someone truncated it); touching it would be a
+        SIGBUS. Leave that epoch and start a fresh one; consumers follow the new announce.
+        Returns False (retried at the next announce) when the new epoch cannot be created."""
+        if self._regions:
+            self.stats.drops.increment(Reason.REGION_TRUNCATED)
+            log.error(
+                "producer stream %d epoch %d: a region file was truncated by someone else; "
+                "moving to a new epoch",
+                self.stream_id,
+                self.epoch,
+            )
+            self._uninstall()
+        try:
+            self._open_epoch()
+        except (OSError, ShmError) as exc:
+            log.error("producer stream %d: cannot create a new epoch: %s", self.stream_id, exc)
+            return False
+        return True
 
     def _send_consumer_config(self, consumer_id: int, mode: int) -> None:
         """Decline per-consumer streams (§10.1.3): empty channels, zero stream ids."""
@@ -700,6 +911,9 @@ class Producer:
             self._ctx.release(res)
         if self._cleanup and self._layout is not None:
             shutil.rmtree(self._layout.directory, ignore_errors=True)
+        if self._stream_lock is not None:  # last: the stream is free once the files are gone
+            self._stream_lock.release()
+            self._stream_lock = None
 
     def __enter__(self) -> Producer:
         return self
@@ -714,6 +928,7 @@ __all__ = [
     "PoolConfig",
     "Producer",
     "ProducerStats",
+    "StreamBusy",
     "StreamConfig",
     "next_epoch",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.config import TransportConfig
 
 IPC = "aeron:ipc"
@@ -82,6 +83,9 @@ class ClientSettings:
     def __post_init__(self) -> None:
         if not os.path.isabs(self.shm_base_dir):
             raise ValueError(f"shm_base_dir: must be an absolute path, got {self.shm_base_dir!r}")
+        reason = unsafe_root_reason(self.shm_base_dir)  # #13.1: regions are created there
+        if reason is not None:
+            raise ValueError(f"shm_base_dir: refusing {reason}")
         if self.announce_period_ns <= 0 or self.qos_period_ns <= 0:
             raise ValueError("announce_period_ns and qos_period_ns must be > 0")
         if self.freshness_periods < 1:

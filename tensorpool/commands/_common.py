@@ -12,6 +12,7 @@ from tensorpool.client.settings import (
     default_aeron_dir,
     default_shm_base_dir,
 )
+from tensorpool.fsafety import unsafe_root_reason
 
 ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
 ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
@@ -74,6 +75,9 @@ def transport_config(args: argparse.Namespace):  # -> TransportConfig
 
     if args.embedded:
         return TransportConfig()
+    reason = unsafe_root_reason(args.aeron_dir)  # #13.1
+    if reason is not None:
+        raise UserError(f"--aeron-dir: refusing {reason}")
     cnc = os.path.join(args.aeron_dir, "cnc.dat")
     if not (os.path.exists(cnc) and is_active(args.aeron_dir)):
         raise UserError(
@@ -96,6 +100,9 @@ def client_settings(args: argparse.Namespace) -> ClientSettings:
             metadata_stream_id=args.metadata_stream_id,
         )
         base = os.path.abspath(args.shm_base_dir)
+        reason = unsafe_root_reason(base)  # #13.1: standalone producers create regions there
+        if reason is not None:
+            raise UserError(f"--shm-base-dir: refusing {reason}")
         allowed = tuple(os.path.abspath(d) for d in args.allowed_base_dir)
         return ClientSettings(
             transport=transport_config(args),

@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -66,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pyaeron
+
     from tensorpool.bridge.app import BridgeApp, RateMeter
     from tensorpool.bridge.config import ConfigError, load_bridge_config
     from tensorpool.transport.clock import now_ns
@@ -95,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             f"{exc} (is the host's media driver running? see [local] aeron_dir)"
         ) from None
+    except pyaeron.AeronError as exc:  # e.g. a UDP endpoint another process has bound
+        raise UserError(aeron_error_line(exc, config.bridge, args.config)) from None
     if args.idle == "backoff":
         idle = idle_strategy("backoff", max_park_ns=max(args.max_park_us, 1) * 1000)
     else:
@@ -116,9 +121,42 @@ def run(args: argparse.Namespace) -> int:
             if now >= end:
                 break
     finally:
-        _print(meter.update(app.status(), now_ns()), args.json, final=True)
-        app.close()
+        try:  # a closed stdout (`| head`) must not skip closing the producers
+            _print(meter.update(app.status(), now_ns()), args.json, final=True)
+        finally:
+            app.close()
     return 0
+
+
+_CHANNEL_KEYS = (
+    "receive_payload_channel",
+    "receive_control_channel",
+    "receive_metadata_channel",
+    "payload_channel",
+    "control_channel",
+    "metadata_channel",
+)
+
+
+def aeron_error_line(exc: BaseException, bridge: object, path: str) -> str:
+    """One line for an Aeron registration error, naming the endpoint and the config key.
+
+    The media driver's message is a multi-line C stack (#13.7: a UDP port already in use gave
+    a 35-line traceback); keep its errno text and the endpoint it failed to bind.
+    """
+    text = str(exc)
+    reason = re.search(r"\((\d+)\) ([A-Za-z][^\n\[]*)", text)
+    bind = re.search(r"failed to bind\(\d+, ([^)]+)\)", text)
+    why = reason.group(2).strip() if reason else text.strip().splitlines()[0]
+    if bind is None:
+        return f"{path}: Aeron refused a channel: {why}"
+    endpoint = bind.group(1).strip()
+    keys = [k for k in _CHANNEL_KEYS if endpoint in str(getattr(bridge, k, ""))]
+    where = f" ([bridge] {keys[0]})" if keys else ""
+    return (
+        f"{path}: cannot bind UDP endpoint {endpoint}{where}: {why} "
+        "(another bridge or process is using it)"
+    )
 
 
 def _print(rows: list[dict[str, object]], as_json: bool, *, final: bool) -> None:

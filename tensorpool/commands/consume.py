@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-outstanding-seq-gap", type=int, default=256)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
+        "--report-interval", type=float, default=1.0, help="seconds between report lines"
+    )
+    p.add_argument(
         "--idle",
         choices=("backoff", "busy-spin", "yield", "sleep"),
         default="backoff",
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.monotonic()
     end = start + args.duration if args.duration > 0 else float("inf")
-    next_report = start + 1.0
+    interval = args.report_interval if args.report_interval > 0 else 1.0
+    next_report = start + interval
     last = (0, 0, 0, 0)
     try:
         while not stop:
@@ -99,15 +103,19 @@ def run(args: argparse.Namespace) -> int:
             if now >= end or (args.count and consumer.stats.frames >= args.count):
                 break
             if now >= next_report:
-                next_report += 1.0
-                last = _report(consumer, lat, min(n_lat, lat.size), last, args.json)
+                next_report += interval
+                last = _report(
+                    consumer, lat, min(n_lat, lat.size), last, args.json, interval=interval
+                )
                 n_lat = 0
     except KeyboardInterrupt:
         pass
     finally:
-        _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True)
-        consumer.close()
-        ctx.close()
+        try:  # a closed stdout (`| head`) must not skip closing the consumer
+            _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True)
+        finally:
+            consumer.close()
+            ctx.close()
     return 0
 
 
@@ -118,6 +126,7 @@ def _report(
     last: tuple[int, int, int, int],
     as_json: bool,
     final: bool = False,
+    interval: float = 1.0,
 ) -> tuple[int, int, int, int]:
     import numpy as np
 
@@ -129,8 +138,8 @@ def _report(
     line = {
         "stream_id": consumer.stream_id,
         "epoch": consumer.epoch,
-        "fps": frames - last[0],
-        "mb_s": round((nbytes - last[1]) / 1e6, 2),
+        "fps": round((frames - last[0]) / interval, 1),
+        "mb_s": round((nbytes - last[1]) / 1e6 / interval, 2),
         "frames": frames,
         "drops_gap": gap,
         "drops_late": late,

@@ -19,9 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tensorpool.fsafety import UnsafeDirectory, check_media_driver_dir
     from tensorpool.transport.config import TransportConfig
     from tensorpool.transport.mediadriver import MediaDriverError, run_media_driver
 
+    try:
+        # #13.1: refused before anything is printed or touched (the driver would empty it)
+        check_media_driver_dir(args.dir, "--dir")
+    except UnsafeDirectory as exc:
+        raise UserError(str(exc)) from None
     try:
         config = TransportConfig(
             aeron_dir=args.dir,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -18,11 +19,13 @@ from tensorpool.commands._common import (
     client_settings,
     start_context,
 )
+from tensorpool.config_util import parse_octal_mode
 
 if TYPE_CHECKING:
     from tensorpool.client.producer import Producer
 
 PATTERNS = ("moving", "ramp", "noise", "stamp")
+_INT32_MAX = 2**31 - 1
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -32,7 +35,16 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"bad shape {text!r}: use e.g. 480,640") from None
     if not 1 <= len(shape) <= 8 or any(d <= 0 for d in shape):
         raise argparse.ArgumentTypeError(f"bad shape {text!r}: 1..8 positive dimensions")
+    if any(d > _INT32_MAX for d in shape):  # TensorHeader dims are int32 on the wire
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}: dimensions are at most {_INT32_MAX}")
     return shape
+
+
+def parse_file_mode(text: str) -> int:
+    mode = parse_octal_mode(text)
+    if mode is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 600 or 640")
+    return mode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +67,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--producer-id", type=int, default=1)
     p.add_argument("--json", action="store_true", help="progress as JSON lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--report-interval", type=float, default=1.0, help="seconds between progress lines"
+    )
+    p.add_argument(
+        "--file-mode",
+        type=parse_file_mode,
+        default=0o600,
+        help="standalone: mode of the region files (default 600; 640 lets the group map "
+        "them read-only; group/world write lets others truncate them: SIGBUS for readers)",
+    )
+    p.add_argument(
+        "--takeover",
+        action="store_true",
+        help="standalone: replace a live producer of the same stream (same SHM base dir "
+        "and namespace) instead of refusing to start",
+    )
+    p.add_argument(
+        "--attach-timeout",
+        type=float,
+        default=30.0,
+        help="with --driver: seconds to wait for the lease, including waiting out a crashed "
+        "predecessor's lease (default %(default)s)",
+    )
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
@@ -99,15 +134,30 @@ class Pattern:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from tensorpool.client.producer import AttachError, PoolConfig, Producer, StreamConfig
+    from tensorpool.client.producer import (
+        MAX_FRAME_BYTES,
+        AttachError,
+        PoolConfig,
+        Producer,
+        StreamBusy,
+        StreamConfig,
+    )
+    from tensorpool.shm.errors import WireLimitError
 
     settings = client_settings(args)
     try:
         dtype = np.dtype(args.dtype)
     except TypeError:
         raise UserError(f"--dtype {args.dtype!r}: not a numpy dtype") from None
-    pattern = Pattern(args.pattern, args.shape, dtype)
-    nbytes = int(np.prod(args.shape)) * dtype.itemsize
+    # #13.4: sizes the wire cannot express are refused before anything (a file, a pattern
+    # buffer) is allocated; math.prod cannot overflow the way a numpy product would
+    nbytes = math.prod(args.shape) * dtype.itemsize
+    if nbytes > MAX_FRAME_BYTES:
+        shape = ",".join(map(str, args.shape))
+        raise UserError(
+            f"--shape {shape} --dtype {dtype.name}: a frame of {nbytes} bytes exceeds the "
+            f"wire limit of {MAX_FRAME_BYTES} bytes (stride_bytes is a u32 power of two)"
+        )
     try:
         auto = StreamConfig.for_frame_bytes(args.stream_id, nbytes)
         stream = StreamConfig(
@@ -117,8 +167,11 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             summary=f"{dtype.name}{list(args.shape)}",
         )
+    except WireLimitError as exc:
+        raise UserError(f"--nslots {args.nslots}: {exc.detail}") from None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    pattern = Pattern(args.pattern, args.shape, dtype)
     meta: dict[str, str] = {}
     for item in args.meta:
         key, sep, value = item.partition("=")
@@ -136,10 +189,19 @@ def run(args: argparse.Namespace) -> int:
     ctx = start_context(settings)
     try:
         if args.driver:
-            producer = Producer(ctx, args.stream_id, settings, driver=True)
+            producer = Producer(
+                ctx, args.stream_id, settings, driver=True, attach_timeout_s=args.attach_timeout
+            )
         else:
-            producer = Producer(ctx, stream, settings, producer_id=args.producer_id)
-    except AttachError as exc:
+            producer = Producer(
+                ctx,
+                stream,
+                settings,
+                producer_id=args.producer_id,
+                file_mode=args.file_mode,
+                takeover=args.takeover,
+            )
+    except (AttachError, StreamBusy) as exc:
         ctx.close()
         raise UserError(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -163,7 +225,8 @@ def _loop(
     period = 1.0 / args.rate if args.rate > 0 else 0.0
     start = time.monotonic()
     end = start + args.duration if args.duration > 0 else float("inf")
-    next_report = start + 1.0
+    interval = args.report_interval if args.report_interval > 0 else 1.0
+    next_report = start + interval
     last_frames = last_bytes = 0
     sent = 0
     p.do_work()
@@ -191,14 +254,14 @@ def _loop(
         if not period and sent % 64 == 0:
             p.do_work()
         if now >= next_report:
-            next_report += 1.0
+            next_report += interval
             st = p.stats
             line = {
                 "stream_id": p.stream_id,
                 "epoch": p.epoch,
                 "frames": st.frames,
-                "fps": st.frames - last_frames,
-                "mb_s": round((st.bytes - last_bytes) / 1e6, 2),
+                "fps": round((st.frames - last_frames) / interval, 1),
+                "mb_s": round((st.bytes - last_bytes) / 1e6 / interval, 2),
                 "descriptors_not_sent": st.descriptors_not_sent,
                 "drops": st.drops.snapshot(),
                 "consumers": p.has_consumers,

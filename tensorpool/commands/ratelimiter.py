@@ -8,8 +8,9 @@ Run one instance per consumer: it attaches through the SHM driver as a consumer 
 mapping's source stream and as the exclusive producer of its destination stream, and
 republishes at most `max_rate_hz` frames per second (the destination consumer's
 `ConsumerHello.max_rate_hz` wins over the config). Exit status: 0 after a clean stop, 2 for
-a bad config or command line, 1 when the driver refuses an attach (e.g. the destination
-already has a producer) or no driver answers.
+a bad config or command line (also a destination whose pools cannot hold the source's
+frames, found once both layouts are known), 1 when the driver refuses an attach (e.g. the
+destination already has a producer) or no driver answers.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
     p.add_argument(
-        "--attach-timeout", type=float, default=10.0, help="seconds to wait for the driver"
+        "--attach-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for each destination lease, including waiting out a crashed "
+        "predecessor's lease (default %(default)s)",
     )
 
 
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tensorpool.client.producer import AttachError
     from tensorpool.commands._common import default_aeron_dir
-    from tensorpool.ratelimiter.agent import RateLimiterAgent
+    from tensorpool.ratelimiter.agent import PoolFitError, RateLimiterAgent
     from tensorpool.transport.config import TransportConfig
     from tensorpool.transport.context import AeronContext
     from tensorpool.transport.mediadriver import MediaDriverError
@@ -130,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
                 if args.duration and now - t0 >= args.duration:
                     break
             _emit(args, "stopped", **agent.snapshot())
+        except PoolFitError as exc:  # a config mistake seen only once the layouts are known
+            print(f"tensorpool ratelimiter: error: {config.source}: {exc}", file=sys.stderr)
+            return 2
         finally:
             agent.close()
     finally:

@@ -8,7 +8,7 @@ everything it keeps before returning.
 Outputs are *actions*: frozen dataclasses the agent executes in list order. Message
 actions carry the fields of the SBE message they stand for, under the encoder's
 snake_case keyword names, so encoding is a direct mapping. ``CreateRegions`` and
-``RetireEpoch`` are file operations. Execution contract for the agent:
+``RetireEpoch`` and ``ReclaimStream`` are file operations. Execution contract for the agent:
 
 * perform actions in order; a ``CreateRegions`` must be answered, before the agent
   continues, with ``core.on_regions_ready(stream_id, epoch, now_ns)`` or
@@ -43,6 +43,7 @@ __all__ = [
     "PublishAnnounce",
     "PublishLeaseRevoked",
     "PublishShutdown",
+    "ReclaimStream",
     "RetireEpoch",
     "SendAttachResponse",
     "SendDetachResponse",
@@ -222,6 +223,20 @@ class RetireEpoch:
     directory: str
 
 
+@dataclass(frozen=True, slots=True)
+class ReclaimStream:
+    """Forget an idle dynamic stream: unmap its live epoch, delete every epoch directory.
+
+    Unlike ``RetireEpoch`` this includes the current epoch, which the core no longer
+    announces. The stream's ``last-epoch`` marker stays, so a stream created again with
+    the same id (in this driver or after a restart) starts above every epoch used before.
+    """
+
+    stream_id: int
+    epochs: tuple[int, ...]
+    directories: tuple[str, ...]
+
+
 Action = (
     SendAttachResponse
     | SendDetachResponse
@@ -230,4 +245,5 @@ Action = (
     | PublishShutdown
     | CreateRegions
     | RetireEpoch
+    | ReclaimStream
 )

@@ -21,7 +21,10 @@ messages are encoded into one scratch buffer and offered; ``CreateRegions`` is p
 :class:`~tensorpool.driver.regions.RegionFiles` and answered at once with
 ``on_regions_ready``/``on_regions_failed``, whose actions run next; on "out of space" the
 epoch GC is run once (``core.reclaim_space``) and creation retried (EPOCH_GC_POLICY); a failed
-``mlock`` is fatal (§17) and starts a shutdown with reason ``ERROR``. Every ``ShmPoolAnnounce``
+``mlock`` is fatal (§17) and starts a shutdown with reason ``ERROR``. Each attach request is
+handed to the core with the free bytes of ``shm.base_dir`` (``statvfs``), so the core can keep
+room for the configured streams when an attach would create a dynamic stream (issue #13.5);
+``ReclaimStream`` unmaps and deletes an idle dynamic stream's epochs. Every ``ShmPoolAnnounce``
 also refreshes the superblock activity timestamps of that stream's regions, so the files stay
 live at the announce cadence even without a producer (§3).
 
@@ -47,6 +50,7 @@ from tensorpool.driver.actions import (
     PublishAnnounce,
     PublishLeaseRevoked,
     PublishShutdown,
+    ReclaimStream,
     RetireEpoch,
     SendAttachResponse,
     SendDetachResponse,
@@ -290,8 +294,12 @@ class DriverAgent:
     def _on_attach(self, buffer: Any, version: int, now: int) -> None:
         self._on_request(
             buffer, version, now, TEMPLATE_ATTACH_REQUEST, self._attach_dec,
-            self.core.on_attach_request,
+            self._attach_with_free_space,
         )  # fmt: skip
+
+    def _attach_with_free_space(self, dec: Any, now: int, **kw: Any) -> list[Action]:
+        """The core's attach, told how much room ``shm.base_dir`` has right now."""
+        return self.core.on_attach_request(dec, now, shm_free_bytes=self.files.free_bytes(), **kw)
 
     def _on_detach(self, buffer: Any, version: int, now: int) -> None:
         self._on_request(
@@ -426,6 +434,8 @@ class DriverAgent:
                 queue.extendleft(reversed(self._create_regions(action, now)))  # type: ignore[arg-type]
             elif kind is RetireEpoch:
                 self._retire(action)  # type: ignore[arg-type]
+            elif kind is ReclaimStream:
+                self._reclaim_stream(action)  # type: ignore[arg-type]
             elif kind is PublishShutdown:
                 self._publish_shutdown(action, now)  # type: ignore[arg-type]
             else:  # pragma: no cover - the Action union is closed
@@ -483,6 +493,17 @@ class DriverAgent:
             log_event(logging.INFO, "epoch_deleted", stream=action.stream_id, epoch=action.epoch)
         else:
             self.counters["epochs_delete_skipped"] += 1
+
+    def _reclaim_stream(self, action: ReclaimStream) -> None:
+        removed = self.files.reclaim_stream(action)
+        self.counters["epochs_deleted"] += removed
+        log_event(
+            logging.INFO,
+            "dynamic_stream_reclaimed",
+            stream=action.stream_id,
+            epochs=list(action.epochs),
+            deleted=removed,
+        )
 
     def _send_attach_response(self, a: SendAttachResponse) -> None:
         if a.code == drv.ResponseCode.OK and a.stream_id is not None and a.epoch is not None:

@@ -12,9 +12,11 @@ A TOML file with five key families is turned into frozen, validated dataclasses:
     ``stream_id_range``, ``descriptor_stream_id_range``, ``control_stream_id_range``.
 ``[shm]``
     ``base_dir``, ``namespace``, ``require_hugepages``, ``page_size_bytes``,
-    ``permissions_mode``, ``allowed_base_dirs``.
+    ``permissions_mode``, ``allowed_base_dirs`` and ``allow_world_writable`` (tensorpool:
+    a mode with ``o+w`` is refused unless it is true, #13.1).
 ``[policies]``
-    dynamic streams, announce/keepalive timing, prefault/mlock, epoch GC, shutdown.
+    dynamic streams (and their limits), announce/keepalive timing, prefault/mlock,
+    epoch GC, shutdown.
 ``[profiles.<name>]``
     ``header_nslots`` and ``payload_pools = [{pool_id, stride_bytes}, ...]``.
 ``[streams.<name>]``
@@ -22,8 +24,10 @@ A TOML file with five key families is turned into frozen, validated dataclasses:
 
 Keys not in the reference surface are tensorpool extensions, all optional:
 ``driver.embedded_media_driver``, ``driver.descriptor_*``, ``driver.metadata_*``,
-``shm.namespace``, ``profiles.<name>.header_slot_bytes`` (must be 256) and
-``payload_pools[].nslots`` (must equal ``header_nslots``).
+``shm.namespace``, ``profiles.<name>.header_slot_bytes`` (must be 256),
+``payload_pools[].nslots`` (must equal ``header_nslots``) and the dynamic-stream limits
+``policies.max_dynamic_streams``, ``max_dynamic_streams_per_client``,
+``dynamic_stream_idle_reclaim_ms`` and ``reserve_shm_for_configured_streams``.
 
 Every scalar key of ``driver``, ``shm`` and ``policies`` can be overridden from the
 environment (see :mod:`tensorpool.config_util`): ``DRIVER_INSTANCE_ID``,
@@ -31,8 +35,11 @@ environment (see :mod:`tensorpool.config_util`): ``DRIVER_INSTANCE_ID``,
 names prefixed with ``TENSORPOOL_`` (which win). ``SHM_ALLOWED_BASE_DIRS`` is a
 ``os.pathsep``-separated list; ranges use the ``"START-END"`` text form.
 
-Loading has no side effects: nothing is created, resolved or probed on disk (the
-agent canonicalises directories and checks hugepage support when it starts).
+Loading has no side effects: nothing is created or probed on disk (the agent
+canonicalises directories and checks hugepage support when it starts). The one look at
+the filesystem is resolving symlinks in ``driver.aeron_dir`` and ``shm.base_dir`` to refuse
+system and shared roots (``/``, ``/etc``, ``$HOME``, ``/tmp``, ``/dev/shm`` ...; see
+:mod:`tensorpool.fsafety`).
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ from tensorpool.config_util import (
     parse_octal_mode,
     ranges_overlap,
 )
+from tensorpool.fsafety import unsafe_root_reason, world_writable_reason
+from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES
 
 __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
@@ -95,13 +104,20 @@ DEFAULT_INSTANCE_ID = "driver-01"
 DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PAGE_SIZE = 4096
-DEFAULT_PERMISSIONS = "660"
+#: #13.4: group may read (map read-only), nobody else may write: a writer can truncate a
+#: mapped file and SIGBUS every process mapping it. Cross-user producers need "660".
+DEFAULT_PERMISSIONS = "640"
 DEFAULT_HEADER_NSLOTS = 1024
 DEFAULT_ANNOUNCE_PERIOD_MS = 1000
 DEFAULT_KEEPALIVE_INTERVAL_MS = 1000
 DEFAULT_EXPIRY_GRACE_INTERVALS = 3
 DEFAULT_SHUTDOWN_TIMEOUT_MS = 2000
 DEFAULT_EPOCH_GC_KEEP = 2
+#: Dynamic-stream limits (tensorpool extensions, issue #13.5): an attach flood with fresh
+#: stream ids must not use up the space configured streams need.
+DEFAULT_MAX_DYNAMIC_STREAMS = 64
+DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT = 4
+DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS = 60_000
 
 # Stream ids of data sources are uint32 with 0xFFFFFFFF reserved as the SBE null value.
 _MAX_STREAM_ID = UINT32_MAX - 1
@@ -165,8 +181,10 @@ class ShmConfig:
     namespace: str = DEFAULT_NAMESPACE
     require_hugepages: bool = False
     page_size_bytes: int = DEFAULT_PAGE_SIZE
-    permissions_mode: int = 0o660
+    permissions_mode: int = 0o640
     allowed_base_dirs: tuple[str, ...] = (DEFAULT_BASE_DIR,)
+    allow_world_writable: bool = False
+    """``permissions_mode`` may include ``o+w`` only when this is set (#13.1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +206,15 @@ class PoliciesConfig:
     epoch_gc_on_startup: bool = False
     shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS
     shutdown_token: str = ""
+    max_dynamic_streams: int = DEFAULT_MAX_DYNAMIC_STREAMS
+    max_dynamic_streams_per_client: int = DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT
+    dynamic_stream_idle_reclaim_ms: int = DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS
+    reserve_shm_for_configured_streams: bool = True
+
+    @property
+    def dynamic_stream_idle_reclaim_ns(self) -> int:
+        """0: dynamic streams are never reclaimed."""
+        return self.dynamic_stream_idle_reclaim_ms * _MS
 
     @property
     def announce_period_ns(self) -> int:
@@ -350,6 +377,8 @@ def _parse_driver(sec: Section) -> DriverEndpoints:
     )
     if endpoints.aeron_dir and not os.path.isabs(endpoints.aeron_dir):
         sec.checked("aeron_dir", endpoints.aeron_dir, "must be an absolute path (or empty)")
+    if endpoints.aeron_dir:  # #13.1: a media driver empties its directory
+        sec.checked("aeron_dir", endpoints.aeron_dir, unsafe_root_reason(endpoints.aeron_dir))
     sec.finish()
     return endpoints
 
@@ -366,6 +395,7 @@ def _check_abs_dir(sec: Section, key: str, value: str) -> str:
 
 def _parse_shm(sec: Section) -> ShmConfig:
     base_dir = _check_abs_dir(sec, "base_dir", sec.opt_str("base_dir", DEFAULT_BASE_DIR, env=True))
+    sec.checked("base_dir", base_dir, unsafe_root_reason(base_dir))  # #13.1
     namespace = sec.opt_str("namespace", DEFAULT_NAMESPACE, env=True)
     sec.checked("namespace", namespace, check_path_component(namespace))
     page_size = sec.opt_int(
@@ -382,6 +412,13 @@ def _parse_shm(sec: Section) -> ShmConfig:
             "permissions_mode",
             mode_text,
             f'{mode_text!r} is not an octal POSIX mode such as "660" or "0600"',
+        )
+    allow_world_writable = sec.opt_bool("allow_world_writable", False, env=True)
+    if mode is not None:
+        sec.checked(
+            "permissions_mode",
+            mode_text,
+            world_writable_reason(mode, allow_world_writable, "shm.allow_world_writable"),
         )
     allowed = sec.opt_str_list("allowed_base_dirs", (), env=True)
     allowed_dirs = tuple(_check_abs_dir(sec, "allowed_base_dirs", d) for d in allowed) or (
@@ -401,6 +438,7 @@ def _parse_shm(sec: Section) -> ShmConfig:
         page_size_bytes=page_size,
         permissions_mode=mode if mode is not None else 0,
         allowed_base_dirs=allowed_dirs,
+        allow_world_writable=allow_world_writable,
     )
     sec.finish()
     return cfg
@@ -444,6 +482,21 @@ def _parse_policies(sec: Section, profiles: Mapping[str, ProfileConfig]) -> Poli
             "shutdown_timeout_ms", DEFAULT_SHUTDOWN_TIMEOUT_MS, lo=0, env=True
         ),
         shutdown_token=shutdown_token,
+        max_dynamic_streams=sec.opt_int(
+            "max_dynamic_streams", DEFAULT_MAX_DYNAMIC_STREAMS, lo=0, env=True
+        ),
+        max_dynamic_streams_per_client=sec.opt_int(
+            "max_dynamic_streams_per_client",
+            DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT,
+            lo=0,
+            env=True,
+        ),
+        dynamic_stream_idle_reclaim_ms=sec.opt_int(
+            "dynamic_stream_idle_reclaim_ms", DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS, lo=0, env=True
+        ),
+        reserve_shm_for_configured_streams=sec.opt_bool(
+            "reserve_shm_for_configured_streams", True, env=True
+        ),
     )
     sec.finish()
     return cfg
@@ -456,6 +509,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
             "header_nslots",
             DEFAULT_HEADER_NSLOTS,
             lo=1,
+            hi=MAX_NSLOTS,  # u32 on the wire, a power of two (#13.4)
             check=lambda v: None if is_power_of_two(v) else f"{v} is not a power of two",
         )
         psec.opt_int(
@@ -480,6 +534,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
             stride = pool_sec.req_int(
                 "stride_bytes",
                 lo=1,
+                hi=MAX_STRIDE_BYTES,  # u32 on the wire, a power of two (#13.4)
                 check=lambda v: _stride_problem(v, page_size),
             )
             pool_nslots = pool_sec.opt_int("nslots", nslots)

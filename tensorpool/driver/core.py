@@ -20,7 +20,18 @@ What it owns:
   ``policies.announce_period_ms`` and immediately after an epoch change (the timer
   lives here so that "revocation before the epoch-bumped announce" is guaranteed in
   one place, §4.9);
-* epoch GC, and graceful shutdown (§4.13): RUNNING → DRAINING → STOPPED.
+* epoch GC, and graceful shutdown (§4.13): RUNNING → DRAINING → STOPPED;
+* limits on dynamic streams (issue #13.5), so that an attach flood with fresh stream ids
+  cannot use up the space configured streams need: at most
+  ``policies.max_dynamic_streams_per_client`` streams created per ``clientId`` and
+  ``policies.max_dynamic_streams`` in all; with
+  ``policies.reserve_shm_for_configured_streams`` a creation is refused unless one epoch
+  of every configured stream still fits in ``shm.base_dir`` afterwards (the agent passes
+  the free bytes it measured); a dynamic stream without any lease for
+  ``policies.dynamic_stream_idle_reclaim_ms`` is reclaimed (``ReclaimStream``: files
+  deleted, stream forgotten, its epoch history kept so the id never reuses an epoch);
+  so are the dynamic streams a previous driver left on disk (ids in the range, not
+  configured), unless a client creates them again within that time.
 
 Two-phase region creation: when an epoch needs files the core returns
 ``CreateRegions`` and holds the dependent attach responses and announce until the
@@ -33,7 +44,8 @@ driver does not implement; ``INVALID_PARAMS`` for malformed fields (unknown role
 hugepages policy), a zero-pool stream (§4.3) or dynamic creation without a
 configured range (§11); ``REJECTED`` for valid requests denied by state or policy
 (second producer, duplicate clientId, layout version mismatch, hugepages not
-satisfiable, stream not provisioned, range exhausted, draining);
+satisfiable, stream not provisioned, range exhausted, a dynamic-stream limit or the
+space reserved for configured streams, draining);
 ``INTERNAL_ERROR`` when the files could not be created.
 """
 
@@ -55,6 +67,7 @@ from tensorpool.driver.actions import (
     PublishAnnounce,
     PublishLeaseRevoked,
     PublishShutdown,
+    ReclaimStream,
     RetireEpoch,
     SendAttachResponse,
     SendDetachResponse,
@@ -70,6 +83,7 @@ from tensorpool.driver.streams import (
     RegionLayout,
     allocate_stream_id,
     build_layout,
+    epoch_bytes,
     epoch_dir,
 )
 from tensorpool.specs.generated.driver import (
@@ -125,6 +139,8 @@ class _Stream:
     pending: list[Lease] = field(default_factory=list)  # waiting for ``creating``
     next_announce_ns: int = _NEVER
     created_ns: int = 0
+    creator_client_id: int | None = None  # dynamic streams: whose attach created it
+    idle_since_ns: int | None = None  # dynamic streams: when its last lease ended
 
 
 # --------------------------------------------------------------------------- status
@@ -231,12 +247,28 @@ class DriverCore:
             for sid in set(floors) | set(known)
         }
         self._streams: dict[int, _Stream] = {}
+        self._reclaim_ns = config.policies.dynamic_stream_idle_reclaim_ns
+        #: One epoch of every configured stream: what a dynamic creation must leave free.
+        self._reserve_bytes = sum(
+            epoch_bytes(config.profiles[sc.profile], config.shm.page_size_bytes)
+            for sc in config.streams
+        )
         for sc in config.streams:
             self._streams[sc.stream_id] = self._make_stream(
                 sc.stream_id, sc.name, config.profiles[sc.profile], False, now_ns
             )
         if config.policies.epoch_gc_enabled and self._histories:
             self._wake(now_ns + config.policies.epoch_gc_min_age_ns)
+        # Dynamic streams a previous driver left on disk have had no lease since it died:
+        # they are reclaimed like idle ones unless a client creates them again in time.
+        self._orphans: dict[int, int] = {}
+        id_range = config.driver.stream_id_range
+        if self._reclaim_ns and id_range is not None:
+            for sid, history in self._histories.items():
+                if sid in id_range and sid not in self._streams and history.on_disk():
+                    self._orphans[sid] = now_ns
+            if self._orphans:
+                self._wake(now_ns + self._reclaim_ns)
 
     # ------------------------------------------------------------------ queries
 
@@ -308,11 +340,13 @@ class DriverCore:
         now_ns: int,
         *,
         schema_version: int = DRIVER_SCHEMA_VERSION,
+        shm_free_bytes: int | None = None,
     ) -> list[Action]:
         """Handle ``ShmAttachRequest`` (§4.2, §4.3, §4.8, §5).
 
         Every check runs before any state changes, so a refused request leaves no
-        trace but a counter.
+        trace but a counter. ``shm_free_bytes`` is the space the agent measured in
+        ``shm.base_dir`` (None: unknown, the space reservation is not checked).
         """
         correlation_id = int(req.correlation_id)
         if schema_version != DRIVER_SCHEMA_VERSION:
@@ -336,7 +370,7 @@ class DriverCore:
                 self.counters["attach_retry_pending"] += 1
                 return []
             role = request.checked_role()
-            stream, profile, new_stream_id = self._check_attach(request, role)
+            stream, profile, new_stream_id = self._check_attach(request, role, shm_free_bytes)
         except _Refusal as refusal:
             return self._attach_error(
                 correlation_id, refusal.code, refusal.message, refusal.counter
@@ -346,9 +380,12 @@ class DriverCore:
             stream = self._make_stream(
                 new_stream_id, f"dynamic-{new_stream_id}", profile, True, now_ns
             )
+            stream.creator_client_id = request.client_id
+            self._orphans.pop(new_stream_id, None)
             self._streams[new_stream_id] = stream
             self._dyn_cursor = new_stream_id + 1
             self.counters["dynamic_streams_created"] += 1
+        stream.idle_since_ns = None
         lease = Lease(
             lease_id=self._leases.allocate_id(),
             stream_id=stream.stream_id,
@@ -373,7 +410,7 @@ class DriverCore:
         return []
 
     def _check_attach(
-        self, request: _AttachRequest, role: Role
+        self, request: _AttachRequest, role: Role, shm_free_bytes: int | None
     ) -> tuple[_Stream | None, ProfileConfig, int]:
         """Validate against driver state; returns (existing stream, profile, new dynamic id)."""
         if request.mode is None:
@@ -393,7 +430,7 @@ class DriverCore:
         if stream is not None:
             profile = stream.profile
         else:
-            profile, new_stream_id = self._plan_dynamic_stream(request)
+            profile, new_stream_id = self._plan_dynamic_stream(request, shm_free_bytes)
         if request.expected_layout_version not in (0, LAYOUT_VERSION):
             raise _Refusal(
                 ResponseCode.REJECTED,
@@ -419,8 +456,13 @@ class DriverCore:
             )
         return stream, profile, new_stream_id
 
-    def _plan_dynamic_stream(self, request: _AttachRequest) -> tuple[ProfileConfig, int]:
-        """§4.3/§11: may this attach create a stream, and with which profile and id?"""
+    def _plan_dynamic_stream(
+        self, request: _AttachRequest, shm_free_bytes: int | None
+    ) -> tuple[ProfileConfig, int]:
+        """§4.3/§11: may this attach create a stream, and with which profile and id?
+
+        The limits of issue #13.5 are policy refusals, hence ``REJECTED`` (§4.6).
+        """
         if request.mode is not PublishMode.EXISTING_OR_CREATE:
             raise _Refusal(
                 ResponseCode.REJECTED,
@@ -443,6 +485,7 @@ class DriverCore:
         profile = self.config.default_profile
         if profile is None:  # pragma: no cover - the config loader guarantees one
             raise _Refusal(ResponseCode.INTERNAL_ERROR, "no default profile", "internal")
+        self._check_dynamic_limits(request.client_id, profile, shm_free_bytes)
         allocated = allocate_stream_id(id_range, self._streams, request.stream_id, self._dyn_cursor)
         if allocated is None:
             raise _Refusal(
@@ -451,6 +494,39 @@ class DriverCore:
                 "range_exhausted",
             )
         return profile, allocated
+
+    def _check_dynamic_limits(
+        self, client_id: int, profile: ProfileConfig, shm_free_bytes: int | None
+    ) -> None:
+        """Issue #13.5: per-client and total limits, and room kept for configured streams."""
+        policies = self._policies
+        dynamic = [s for s in self._streams.values() if s.dynamic]
+        per_client = policies.max_dynamic_streams_per_client
+        if sum(1 for s in dynamic if s.creator_client_id == client_id) >= per_client:
+            raise _Refusal(
+                ResponseCode.REJECTED,
+                f"client id {client_id} already created {per_client} dynamic streams "
+                f"(policies.max_dynamic_streams_per_client)",
+                "dynamic_client_limit",
+            )
+        if len(dynamic) >= policies.max_dynamic_streams:
+            raise _Refusal(
+                ResponseCode.REJECTED,
+                f"{len(dynamic)} dynamic streams exist, the limit is "
+                f"{policies.max_dynamic_streams} (policies.max_dynamic_streams)",
+                "dynamic_total_limit",
+            )
+        if shm_free_bytes is None or not policies.reserve_shm_for_configured_streams:
+            return
+        needed = epoch_bytes(profile, self.config.shm.page_size_bytes)
+        if shm_free_bytes - needed < self._reserve_bytes:
+            raise _Refusal(
+                ResponseCode.REJECTED,
+                f"no room for a dynamic stream in {self.config.shm.base_dir}: it needs "
+                f"{needed} bytes and {self._reserve_bytes} bytes are kept for the configured "
+                f"streams, {shm_free_bytes} bytes are free",
+                "dynamic_no_space",
+            )
 
     def on_incompatible_version(
         self, template_id: int, correlation_id: int, schema_version: int
@@ -547,6 +623,7 @@ class DriverCore:
                 )
             )
         stream.pending.clear()
+        self._note_idle(stream, now_ns)
         if self._policies.epoch_gc_enabled:
             self._wake(now_ns + self._policies.epoch_gc_min_age_ns)
         return actions
@@ -786,6 +863,8 @@ class DriverCore:
                     now_ns,
                     "keepalive timeout",
                 )
+        if self.state is DriverState.RUNNING:
+            actions += self._reclaim_idle_streams(now_ns)
         for stream in self._streams.values():
             if stream.layout is not None and now_ns >= stream.next_announce_ns:
                 actions.append(self._announce(stream, now_ns))
@@ -941,7 +1020,51 @@ class DriverCore:
                 actions.append(self._advance_epoch(stream, now_ns))
         else:
             stream.consumers.pop(lease.lease_id, None)
+        self._note_idle(stream, now_ns)
         return actions
+
+    def _note_idle(self, stream: _Stream, now_ns: int) -> None:
+        """A dynamic stream whose last lease just ended starts its reclaim clock.
+
+        Configured streams never get one: they are never reclaimed.
+        """
+        if not stream.dynamic or stream.idle_since_ns is not None:
+            return
+        if stream.producer is not None or stream.consumers or stream.pending:
+            return
+        stream.idle_since_ns = now_ns
+        if self._reclaim_ns:
+            self._wake(now_ns + self._reclaim_ns)
+
+    def _reclaim_idle_streams(self, now_ns: int) -> list[Action]:
+        """Issue #13.5: forget dynamic streams that had no lease for the reclaim time.
+
+        Configured streams are never reclaimed, nor a stream with a live or pending
+        lease or files being created. The epoch history stays in ``_histories``, so
+        a stream created again with this id continues above its last epoch.
+        """
+        if not self._reclaim_ns:
+            return []
+        actions: list[Action] = []
+        for stream in list(self._streams.values()):
+            since = stream.idle_since_ns
+            # idle_since_ns is only ever set on dynamic streams (_note_idle)
+            if since is None or now_ns < since + self._reclaim_ns or stream.creating is not None:
+                continue
+            del self._streams[stream.stream_id]
+            self.counters["dynamic_streams_reclaimed"] += 1
+            actions.append(self._reclaim(stream.stream_id, stream.history))
+        for stream_id, since in list(self._orphans.items()):
+            if now_ns >= since + self._reclaim_ns:
+                del self._orphans[stream_id]
+                self.counters["orphan_streams_reclaimed"] += 1
+                actions.append(self._reclaim(stream_id, self._histories[stream_id]))
+        return actions
+
+    def _reclaim(self, stream_id: int, history: EpochHistory) -> ReclaimStream:
+        epochs = tuple(history.forget_all())
+        directories = tuple(epoch_dir(self.config, stream_id, e) for e in epochs)
+        return ReclaimStream(stream_id, epochs, directories)
 
     def _announce(self, stream: _Stream, now_ns: int) -> PublishAnnounce:
         layout = stream.layout
@@ -976,6 +1099,15 @@ class DriverCore:
         for stream in self._streams.values():
             if stream.layout is not None:
                 wake = min(wake, stream.next_announce_ns)
+            if (
+                stream.idle_since_ns is not None
+                and stream.creating is None
+                and self._reclaim_ns
+                and self.state is DriverState.RUNNING
+            ):
+                wake = min(wake, stream.idle_since_ns + self._reclaim_ns)
+        if self._orphans and self.state is DriverState.RUNNING:
+            wake = min(wake, min(self._orphans.values()) + self._reclaim_ns)
         if self._policies.epoch_gc_enabled:
             keep = self._policies.epoch_gc_keep
             min_age = self._policies.epoch_gc_min_age_ns

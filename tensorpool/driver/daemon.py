@@ -13,7 +13,8 @@ Start-up, in this order so that a failure leaves as little behind as possible:
    neither epochs nor lease ids repeat across restarts (§4.8, §10);
 4. Aeron: with ``driver.embedded_media_driver`` the media driver runs inside this process,
    serving the configured directory so clients can join it (a directory left by a killed
-   driver is taken over once its heartbeat has gone stale); otherwise the driver joins the
+   driver is taken over once its heartbeat has gone stale; one holding anything but Aeron's
+   files is refused before step 2, see :mod:`tensorpool.fsafety`); otherwise the driver joins the
    external media driver at ``driver.aeron_dir``;
 5. the agent runs on the main thread under a backoff idle strategy.
 
@@ -51,6 +52,7 @@ from tensorpool.driver.leases import lease_id_seed
 from tensorpool.driver.lock import NamespaceLock
 from tensorpool.driver.regions import RegionFiles, dir_mode_for, probe_hugepage_size, scan_epochs
 from tensorpool.driver.status import StatusUnavailable, read_status, status_path
+from tensorpool.fsafety import UnsafeDirectory, check_media_driver_dir
 from tensorpool.transport.agent import AgentRunner
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.config import TransportConfig
@@ -58,6 +60,7 @@ from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy, IdleStrategy
 from tensorpool.transport.mediadriver import (
     ACTIVE_CHECK_TIMEOUT_MS,
+    EmbeddedMediaDriver,
     MediaDriverError,
     close_media_driver,
     is_active,
@@ -167,7 +170,20 @@ def _persisted_next_lease_id(config: DriverConfig) -> int:
     return value if isinstance(value, int) and value > 0 else 0
 
 
-def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> pyaeron.MediaDriver:
+def _check_media_driver_dir(config: DriverConfig, aeron_dir: str) -> None:
+    """Refuse a directory the embedded media driver must not serve, before anything is made.
+
+    #13.1: Aeron empties the directory it starts in, so ``driver.aeron_dir`` (or the default)
+    must be absent, empty or an Aeron layout; the error names the file, key and path.
+    """
+    key = "driver.aeron_dir" if config.driver.aeron_dir else "default media driver directory"
+    try:
+        check_media_driver_dir(aeron_dir, f"{config.source}: {key}")
+    except UnsafeDirectory as exc:
+        raise DriverStartupError(str(exc)) from None
+
+
+def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> EmbeddedMediaDriver:
     """Serve ``aeron_dir`` from this process; wait out a killed predecessor's heartbeat."""
     cnc = os.path.join(aeron_dir, "cnc.dat")
     deadline = time.monotonic() + takeover_s
@@ -178,10 +194,16 @@ def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> pyaeron.M
                 "another directory, or driver.embedded_media_driver = false to join it"
             )
         time.sleep(0.1)
-    try:
-        return start_media_driver(aeron_dir, TransportConfig(aeron_dir=aeron_dir))
-    except MediaDriverError as exc:
-        raise DriverStartupError(str(exc)) from exc
+    while True:
+        try:
+            return start_media_driver(aeron_dir, TransportConfig(aeron_dir=aeron_dir))
+        except MediaDriverError as exc:
+            # #13.2: after a kill -9 the C driver's own liveness check of the old cnc.dat
+            # trails ours by a few hundred ms ("Active media driver detected", EBUSY); keep
+            # trying within the takeover window instead of failing the restart
+            if "Active media driver detected" not in str(exc) or time.monotonic() >= deadline:
+                raise DriverStartupError(str(exc)) from exc
+            time.sleep(0.1)
 
 
 def run_driver(
@@ -197,6 +219,8 @@ def run_driver(
     ``on_agent`` receives the agent once it exists (tests and embedding use it to stop it).
     """
     hugepage_size = _check_hugepages(config)
+    if config.driver.embedded_media_driver:
+        _check_media_driver_dir(config, options.aeron_dir)
     shm = config.shm
     namespace_dir = os.path.join(shm.base_dir, shm.namespace)
     pid = os.getpid()
@@ -209,7 +233,7 @@ def run_driver(
         )
     except OSError as exc:  # LockHeld (another driver) propagates as is
         raise DriverStartupError(f"cannot lock {namespace_dir}: {exc}") from exc
-    media_driver: pyaeron.MediaDriver | None = None
+    media_driver: EmbeddedMediaDriver | None = None
     ctx: AeronContext | None = None
     files: RegionFiles | None = None
     previous_handlers: dict[int, Any] = {}

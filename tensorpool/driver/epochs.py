@@ -52,6 +52,17 @@ class EpochHistory:
             epochs.append(self.current)
         return sorted(epochs)
 
+    def forget_all(self) -> list[int]:
+        """The stream is reclaimed: every epoch goes; the next one is still above them all.
+
+        Returns the epochs that may have files (ascending), which the caller deletes.
+        """
+        epochs = self.on_disk()
+        self.floor = max([self.floor, self.current, *epochs])
+        self.current = 0
+        self._retired.clear()
+        return epochs
+
     def _eligible(self, keep: int, referenced: Collection[int]) -> list[tuple[int, int]]:
         newest = set(self.on_disk()[-keep:]) if keep > 0 else set()
         return [

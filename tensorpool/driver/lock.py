@@ -50,6 +50,24 @@ def read_lock_owner(path: str) -> str:
         return ""
 
 
+def _makedirs_exact(directory: str, mode: int) -> None:
+    """``os.makedirs`` that gives every directory it creates exactly ``mode``."""
+    missing: list[str] = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue  # another process made it: its mode is not ours to change
+        os.chmod(d, mode)
+
+
 class NamespaceLock:
     """An exclusive, crash-safe lock on one namespace directory."""
 
@@ -61,14 +79,25 @@ class NamespaceLock:
     def acquire(
         cls, namespace_dir: str, *, owner: str = "", dir_mode: int = 0o700, file_mode: int = 0o600
     ) -> NamespaceLock:
-        """Create ``namespace_dir`` if needed and lock it, or raise :class:`LockHeld`."""
-        os.makedirs(namespace_dir, mode=dir_mode, exist_ok=True)
+        """Create ``namespace_dir`` if needed and lock it, or raise :class:`LockHeld`.
+
+        Directories it creates get exactly ``dir_mode`` and a lock file it creates exactly
+        ``file_mode`` (#13.7: ``os.makedirs``/``os.open`` modes are narrowed by the umask, so
+        a ``"660"`` namespace came out 0750/0640, not what docs/operator.md promises).
+        Existing directories keep their mode: they are the operator's.
+        """
+        _makedirs_exact(namespace_dir, dir_mode)
         lock = cls(os.path.join(namespace_dir, LOCK_FILE_NAME))
         lock._lock(owner, file_mode)
         return lock
 
     def _lock(self, owner: str, file_mode: int) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
+        flags = os.O_RDWR | os.O_NOFOLLOW | _O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, file_mode)
+            os.fchmod(fd, file_mode)  # the umask must not narrow the configured mode
+        except FileExistsError:
+            fd = os.open(self.path, flags)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -19,6 +19,10 @@ performs those decisions on disk:
   Wire Spec holds even while no producer is attached (Driver Model §3).
 * :meth:`RegionFiles.retire` executes ``RetireEpoch`` (epoch GC): the directory must be exactly
   an ``epoch-<E>`` directory inside this instance's tree before it is removed.
+  :meth:`RegionFiles.reclaim_stream` executes ``ReclaimStream`` (an idle dynamic stream): it
+  unmaps the stream's live epoch, then removes every epoch directory under the same checks; the
+  ``last-epoch`` marker stays. :meth:`RegionFiles.free_bytes` is the ``statvfs`` figure the
+  core's space reservation for configured streams uses.
 * :func:`scan_epochs` is the start-up scan: per stream, the highest epoch ever used (from the
   epoch directories *and* the ``last-epoch`` marker, which survives GC and
   ``cleanup_shm_on_exit``) and the epoch directories still on disk. The core turns those into
@@ -38,7 +42,7 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 
-from tensorpool.driver.actions import CreateRegions, RetireEpoch
+from tensorpool.driver.actions import CreateRegions, ReclaimStream, RetireEpoch
 from tensorpool.driver.config import DriverConfig
 from tensorpool.driver.streams import (
     instance_root,
@@ -47,7 +51,7 @@ from tensorpool.driver.streams import (
     stream_root,
 )
 from tensorpool.shm.backend import HUGETLBFS_MAGIC, fstatfs_type_and_bsize
-from tensorpool.shm.errors import ShmError
+from tensorpool.shm.errors import NoSpaceError, ShmError
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion, create_region
 from tensorpool.shm.superblock import SuperblockFields
@@ -213,6 +217,7 @@ class RegionFiles:
         self._live: dict[int, _Live] = {}
         self.created_epochs = 0
         self.deleted_epochs = 0
+        self.truncated_regions = 0
 
     # ------------------------------------------------------------------ create
 
@@ -288,6 +293,8 @@ class RegionFiles:
             )
         except ShmError as exc:
             raise RegionError(exc.reason, str(exc)) from exc
+        except NoSpaceError as exc:  # #13.4: posix_fallocate said ENOSPC; the file is gone
+            raise RegionError(exc.reason, str(exc), no_space=True) from exc
         except OSError as exc:
             raise RegionError(
                 "region_create_failed", f"{path}: {exc}", no_space=_is_enospc(exc)
@@ -326,19 +333,33 @@ class RegionFiles:
         finally:
             os.close(fd)
 
-    def _check_space(self, needed: int) -> None:
+    def free_bytes(self) -> int | None:
+        """Bytes free for this process under ``shm.base_dir`` (None: cannot be told)."""
+        found = self._statvfs()
+        return None if found is None else found[1]
+
+    def _statvfs(self) -> tuple[str, int] | None:
+        """(nearest existing directory of ``shm.base_dir``, bytes available there)."""
         probe = self.config.shm.base_dir
         while not os.path.exists(probe):
             parent = os.path.dirname(probe)
             if parent == probe:
-                return
+                return None
             probe = parent
         try:
             st = os.statvfs(probe)
         except OSError:
+            return None
+        if not st.f_blocks:  # no block accounting (some pseudo filesystems)
+            return None
+        return probe, st.f_bavail * st.f_frsize
+
+    def _check_space(self, needed: int) -> None:
+        found = self._statvfs()
+        if found is None:
             return
-        available = st.f_bavail * st.f_frsize
-        if st.f_blocks and available < needed:
+        probe, available = found
+        if available < needed:
             raise RegionError(
                 "region_no_space",
                 f"{needed} bytes needed, {available} available under {probe}",
@@ -377,9 +398,18 @@ class RegionFiles:
         live = self._live.get(stream_id)
         if live is None or live.epoch != epoch:
             return 0
+        refreshed = 0
         for region in live.regions:
+            # #13.4: a file someone truncated must not be written (SIGBUS for the driver);
+            # its superblock goes stale and clients unmap it on this very announce
+            if region.truncated():
+                self.truncated_regions += 1
+                if self.truncated_regions & (self.truncated_regions - 1) == 0:
+                    log.error("region %s was truncated under the driver", region.path)
+                continue
             region.refresh_activity(now_ns)
-        return len(live.regions)
+            refreshed += 1
+        return refreshed
 
     def live_epochs(self) -> dict[int, int]:
         """Stream id -> epoch whose files this process created and keeps alive."""
@@ -415,6 +445,20 @@ class RegionFiles:
         if removed:
             self.deleted_epochs += 1
         return removed
+
+    def reclaim_stream(self, action: ReclaimStream) -> int:
+        """Unmap the stream's live epoch and remove each epoch directory; returns how many.
+
+        The mapping must go first: tmpfs frees a deleted file's pages only once nothing
+        maps it any more.
+        """
+        live = self._live.pop(action.stream_id, None)
+        if live is not None:
+            _close_all(live.regions)
+        return sum(
+            self.retire(RetireEpoch(action.stream_id, epoch, directory))
+            for epoch, directory in zip(action.epochs, action.directories, strict=True)
+        )
 
     def remove_all_epochs(self) -> int:
         """``cleanup_shm_on_exit``: delete every epoch directory of this instance.

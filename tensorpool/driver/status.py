@@ -120,6 +120,7 @@ def write_status(path: str, document: Mapping[str, Any], file_mode: int = 0o644)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | _O_CLOEXEC
     fd = os.open(tmp, flags, file_mode)
     try:
+        os.fchmod(fd, file_mode)  # exactly the configured mode, whatever the umask (#13.7)
         os.write(fd, data)
     finally:
         os.close(fd)

@@ -38,6 +38,7 @@ __all__ = [
     "RegionLayout",
     "allocate_stream_id",
     "build_layout",
+    "epoch_bytes",
     "epoch_dir",
     "instance_root",
     "parse_epoch_dirname",
@@ -184,6 +185,18 @@ def build_layout(
         hugepages=hugepages,
         wire_pools=tuple(p.wire_entry for p in pools),
     )
+
+
+def epoch_bytes(profile: ProfileConfig, page_size: int) -> int:
+    """Bytes one epoch of ``profile`` occupies on disk: every file rounded up to whole pages.
+
+    Used to keep room for configured streams when a dynamic stream is to be created.
+    """
+    page = max(page_size, 1)
+    nslots = profile.header_nslots
+    sizes = [SUPERBLOCK_SIZE + nslots * profile.header_slot_bytes]
+    sizes += [SUPERBLOCK_SIZE + nslots * pool.stride_bytes for pool in profile.payload_pools]
+    return sum(-(-size // page) * page for size in sizes)
 
 
 def allocate_stream_id(

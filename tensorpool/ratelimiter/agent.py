@@ -39,7 +39,7 @@ from tensorpool.client.driver_client import LeaseTimings
 from tensorpool.client.producer import Producer
 from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.counters import DropCounters
-from tensorpool.ratelimiter.config import MappingConfig, RateLimiterConfig
+from tensorpool.ratelimiter.config import MappingConfig, RateLimiterConfig, pool_fit_problem
 from tensorpool.ratelimiter.forward import Forwarder, Route
 from tensorpool.ratelimiter.gate import idle_hint_ns
 from tensorpool.ratelimiter.idle import SlotIdleStrategy
@@ -53,7 +53,7 @@ from tensorpool.transport.publication import Publisher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RateLimiterAgent", "client_settings"]
+__all__ = ["PoolFitError", "RateLimiterAgent", "client_settings"]
 
 _WIRE: Final = wire.SCHEMA_ID
 _T_HELLO: Final = wire.ConsumerHelloDecoder.TEMPLATE_ID
@@ -88,6 +88,10 @@ def client_settings(
         allowed_base_dirs=d.allowed_base_dirs,
         announce_period_ns=d.announce_period_ms * _MS,
     )
+
+
+class PoolFitError(RuntimeError):
+    """A mapping's destination pools cannot hold the frames its source carries (#13.7)."""
 
 
 class RateLimiterAgent:
@@ -152,6 +156,7 @@ class RateLimiterAgent:
         self._progress_pub: Publisher | None = None
         self._qos_pub: Publisher | None = None
         self._subs: list[Any] = []
+        self._fit_checked: dict[int, tuple[object, object]] = {}
         try:
             self._build()
         except BaseException:
@@ -226,14 +231,36 @@ class RateLimiterAgent:
 
     def do_work(self) -> int:
         now = self._clock()
-        work = 0
+        work = int(self._ctx.maintain(now))  # a restarted media driver: reconnect (#13.2)
         for relay in self.relays:
             work += relay.do_work(now)
             route = self._route_of[relay.mapping.dest_stream_id]
             route.source_epoch = relay.consumer.epoch
+            self._check_pool_fit(relay)
         for sub in self._subs:
             work += sub.poll()
         return work
+
+    def _check_pool_fit(self, relay: MappingRelay) -> None:
+        """Refuse a destination that cannot hold the source's frames (#13.7).
+
+        Checked once per (source layout, destination layout) pair, as soon as both are
+        known (the source's announce or attach response, the destination's attach): raises
+        :class:`PoolFitError` instead of dropping every larger frame as ``no_pool_fits``.
+        """
+        layout, producer = relay.consumer.layout, relay.producer
+        if layout is None or producer is None or not producer.attached:
+            return
+        key = (layout.pools, producer.stream.pools)  # what the verdict depends on
+        if self._fit_checked.get(relay.mapping.dest_stream_id) == key:
+            return
+        self._fit_checked[relay.mapping.dest_stream_id] = key
+        src_max = max((p.stride_bytes for p in layout.pools), default=0)
+        problem = pool_fit_problem(
+            relay.mapping, src_max, producer.payload_capacity(), f"epoch {layout.epoch}"
+        )
+        if problem:
+            raise PoolFitError(problem)
 
     def idle_hint_ns(self, now: int) -> int:
         """How long the agent may sleep: until the earliest rate slot (at most

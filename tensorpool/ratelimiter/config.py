@@ -53,6 +53,7 @@ from tensorpool.config_util import (
     check_aeron_channel,
     load_toml,
 )
+from tensorpool.fsafety import unsafe_root_reason
 
 __all__ = [
     "DEFAULT_FORWARD_CHANNEL",
@@ -63,6 +64,7 @@ __all__ = [
     "RateLimiterConfig",
     "load_ratelimiter_config",
     "parse_ratelimiter_config",
+    "pool_fit_problem",
 ]
 
 #: §8 default of ``rate_limiter.control_channel`` and ``rate_limiter.qos_channel``.
@@ -318,6 +320,8 @@ def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEnd
     aeron_dir = driver.opt_str("aeron_dir", d.aeron_dir, env=True)
     if aeron_dir and not os.path.isabs(aeron_dir):
         driver.checked("aeron_dir", aeron_dir, "must be an absolute path (or empty)")
+    if aeron_dir:  # #13.1: never a system or shared root
+        driver.checked("aeron_dir", aeron_dir, unsafe_root_reason(aeron_dir))
     endpoints: dict[str, Any] = {"aeron_dir": aeron_dir}
     for name in ("control", "descriptor", "qos", "metadata"):
         endpoints[f"{name}_channel"] = _channel(
@@ -329,6 +333,7 @@ def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEnd
     config_path = driver.opt_str("config", "", env=True)
     driver.finish()
     base_dir = _abs_dir(shm, "base_dir", shm.opt_str("base_dir", d.shm_base_dir, env=True))
+    shm.checked("base_dir", base_dir, unsafe_root_reason(base_dir))  # #13.1
     allowed = tuple(
         _abs_dir(shm, "allowed_base_dirs", p)
         for p in shm.opt_str_list("allowed_base_dirs", (), env=True)
@@ -400,3 +405,41 @@ def _check_profiles(cfg: RateLimiterConfig, driver_sec: Section) -> None:
                 f"destination stream {m.dest_stream_id} gets profile {actual!r} from "
                 f"{cfg.driver.config}, not {m.profile!r}",
             )
+        source_profile = _source_profile(dcfg, m.source_stream_id)
+        if source_profile is not None:
+            src_max = max(p.stride_bytes for p in dcfg.profiles[source_profile].payload_pools)
+            dst_max = max(p.stride_bytes for p in dcfg.profiles[m.profile].payload_pools)
+            problem = pool_fit_problem(m, src_max, dst_max, f"profile {source_profile!r}")
+            if problem:
+                raise ConfigError(cfg.source, key, problem)
+
+
+def _source_profile(dcfg: Any, stream_id: int) -> str | None:
+    """The profile the driver gives ``stream_id`` (None: not knowable from its config)."""
+    static = dcfg.stream_by_id(stream_id)
+    if static is not None:
+        return str(static.profile)
+    rng = dcfg.driver.stream_id_range
+    if dcfg.policies.allow_dynamic_streams and rng is not None and stream_id in rng:
+        return str(dcfg.policies.default_profile)
+    return None
+
+
+def pool_fit_problem(m: MappingConfig, src_max: int, dst_max: int, source_what: str) -> str:
+    """Why the destination cannot hold the source's frames ('' if it can), naming the sizes.
+
+    #13.7: a destination whose largest pool is smaller than the source's drops every larger
+    frame as ``no_pool_fits``, silently, forever. Frame sizes are not known before frames
+    flow, so the rule compares what each stream's pools can carry: the destination must
+    hold every frame the source can carry. It is applied at ``--check`` (with
+    ``driver.config``, from the profiles there) and at start (from the source's announce and
+    the destination's attach, whatever ``driver.config`` says).
+    """
+    if dst_max >= src_max:
+        return ""
+    return (
+        f"destination stream {m.dest_stream_id} (profile {m.profile!r}) holds frames up to "
+        f"{dst_max} bytes, but source stream {m.source_stream_id} ({source_what}) carries "
+        f"frames up to {src_max} bytes: larger frames would all be dropped as no_pool_fits; "
+        "give the destination a profile with a pool of at least that stride"
+    )

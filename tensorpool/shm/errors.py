@@ -8,6 +8,8 @@ Subclasses exist only to let callers catch a family (URI, path, superblock, layo
 
 from __future__ import annotations
 
+import errno
+
 
 class ShmError(ValueError):
     """A region, URI, path or header was rejected; ``reason`` says which rule failed."""
@@ -36,6 +38,29 @@ class SuperblockError(ShmError):
 
 class TensorLayoutError(ShmError):
     """A TensorHeader (or a numpy array to be described by one) is invalid (§8.2, §15.8)."""
+
+
+class WireLimitError(ShmError):
+    """A ring or frame size the wire cannot express (u32 ``stride_bytes``/``nslots``, int32
+    dims): refused before any file is created, instead of failing half-way through."""
+
+
+class NoSpaceError(OSError):
+    """Region files do not fit their filesystem (``ENOSPC``).
+
+    Raised before a region is announced, so a full tmpfs is a clean error and not a ``SIGBUS``
+    on the first write to an unbacked page. ``str()`` is the one-line message alone.
+    """
+
+    reason = "region_no_space"
+
+    def __init__(self, message: str, *, needed: int = 0, free: int = 0) -> None:
+        super().__init__(errno.ENOSPC, message)
+        self.needed = needed
+        self.free = free
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class UnsupportedPlatform(RuntimeError):

@@ -44,6 +44,8 @@ __all__ = [
     "LAYOUT_VERSION",
     "MAGIC",
     "MAX_DIMS",
+    "MAX_NSLOTS",
+    "MAX_STRIDE_BYTES",
     "SLOT_FIELDS",
     "SLOT_FIELDS_READ",
     "SUPERBLOCK",
@@ -70,6 +72,11 @@ MAGIC: Final = 0x544F504C53484D31
 LAYOUT_VERSION: Final = 1
 #: §8.2: compile-time constant of the v1.1 schema.
 MAX_DIMS: Final = 8
+#: ``stride_bytes`` is a u32 in the superblock and in ``ShmPoolAnnounce`` and must be a power of
+#: two (§15.22): 2 GiB is the largest stride, hence the largest frame, the wire can describe.
+MAX_STRIDE_BYTES: Final = 1 << 31
+#: ``nslots`` / ``headerNslots`` are u32 and powers of two (§15.5).
+MAX_NSLOTS: Final = 1 << 31
 
 SLOT_HEADER_BLOCK_LENGTH: Final = SlotHeaderDecoder.BLOCK_LENGTH
 #: varData length prefix of ``headerBytes`` sits right after the SlotHeader block.

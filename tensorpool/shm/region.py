@@ -7,10 +7,23 @@ file first — a new inode, so processes still mapping the old epoch keep their 
 copy instead of seeing it truncated under them. The file is sized with ``ftruncate``, mapped,
 its superblock written and flushed, and optionally prefaulted.
 
+Running out (issue #13.4): sizes the wire cannot express (u32 ``stride_bytes``/``nslots``) are
+refused before anything is created, and every file is reserved with ``posix_fallocate`` before
+it is mapped. On tmpfs a page that cannot be backed is otherwise only discovered when it is first
+written — as a ``SIGBUS`` in the producer, with the tmpfs left full. ``posix_fallocate`` fails
+with ``ENOSPC`` instead (:class:`NoSpaceError`), and the half-made file is removed.
+:func:`check_space` gives the same answer for a whole epoch before its first file exists.
+
 Mapping (§15.21a.5, §15.22, §15.1): parse the URI, run the six-step path containment and open,
 verify hugepages if required, read the superblock with ``pread`` and validate it against the
 announce *before* mapping, check the file is large enough, check the stride rules, then map
 exactly the announced size read-only (consumers) or read-write (the single writer).
+
+Shrinking (issue #13.4): a mapped file that someone truncates makes every access past its new end
+a ``SIGBUS`` in every process mapping it. :meth:`ShmRegion.truncated` compares the file's current
+size (``fstat`` of the mapping's own descriptor) with the mapped length, so clients can check on
+every announce and unmap before touching it. Private file modes (no group/world write) keep
+other users from truncating in the first place.
 
 Unmapping: numpy views handed out over a region export its buffer; ``mmap.close()`` refuses
 (``BufferError``) while any exist. :meth:`ShmRegion.close` therefore drops the region's own
@@ -22,17 +35,30 @@ own duplicate), so a lingering view never leaks a descriptor.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import stat
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from tensorpool.counters import Reason
 from tensorpool.shm.backend import PAGE_SIZE, validate_stride_bytes, verify_hugepages
-from tensorpool.shm.errors import PathRejected, ShmError, SuperblockError
-from tensorpool.shm.layout import SUPERBLOCK_SIZE, RegionType
+from tensorpool.shm.errors import (
+    NoSpaceError,
+    PathRejected,
+    ShmError,
+    SuperblockError,
+    WireLimitError,
+)
+from tensorpool.shm.layout import (
+    MAX_NSLOTS,
+    MAX_STRIDE_BYTES,
+    SUPERBLOCK_SIZE,
+    RegionType,
+)
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.superblock import (
     ExpectedRegion,
@@ -51,6 +77,14 @@ PRIVATE_FILE_MODE: Final = 0o600
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 HEADER_RING_FILENAME: Final = "header.ring"
+
+
+def dir_mode_for(file_mode: int) -> int:
+    """Directory mode matching a file mode: search permission wherever read is granted.
+
+    ``0o660`` (group-shared files) gives ``0o770`` directories; ``0o600`` gives ``0o700``.
+    """
+    return file_mode | ((file_mode & 0o444) >> 2)
 
 
 def payload_pool_filename(pool_id: int) -> str:
@@ -164,6 +198,25 @@ class ShmRegion:
     def epoch(self) -> int:
         return self.superblock.epoch
 
+    # --- size ------------------------------------------------------------------------------------
+    def file_size(self) -> int:
+        """The mapped file's size now: ``fstat`` of the mapping's own descriptor (the inode we
+        map, even if the path was replaced since)."""
+        return self.mmap.size()
+
+    def truncated(self) -> bool:
+        """True if the file shrank below the mapped length: touching the tail would ``SIGBUS``.
+
+        One ``fstat``; call it before trusting the mapping again (clients do on every announce).
+        """
+        mm = self._mm
+        if mm is None:
+            return False
+        try:
+            return mm.size() < len(mm)
+        except (OSError, ValueError):
+            return True  # cannot tell: treat as unsafe
+
     # --- liveness --------------------------------------------------------------------------------
     def refresh_activity(self, now_ns: int) -> None:
         """Producer heartbeat (§7.1): one aligned 8-byte store."""
@@ -244,6 +297,86 @@ def _prefault(mm: mmap.mmap) -> None:
         view.release()
 
 
+def check_wire_limits(superblock: SuperblockFields) -> None:
+    """Refuse a region the wire cannot describe, before any file exists.
+
+    ``stride_bytes`` and ``nslots`` are u32 on the wire and powers of two (so at most 2**31),
+    and every superblock field must fit its encoded width: an unencodable value used to fail
+    only after an (up to 8 TiB, sparse) file had been created.
+    """
+    if superblock.nslots > MAX_NSLOTS:
+        raise WireLimitError(
+            Reason.WIRE_LIMIT_EXCEEDED,
+            f"nslots {superblock.nslots} exceeds the wire limit {MAX_NSLOTS} (u32, power of two)",
+        )
+    if superblock.stride_bytes > MAX_STRIDE_BYTES:
+        raise WireLimitError(
+            Reason.WIRE_LIMIT_EXCEEDED,
+            f"stride_bytes {superblock.stride_bytes} exceeds the wire limit {MAX_STRIDE_BYTES} "
+            "(u32, power of two)",
+        )
+    try:
+        write_superblock(bytearray(SUPERBLOCK_SIZE), superblock)  # the real encoder, dry run
+    except struct.error as exc:
+        raise WireLimitError(
+            Reason.WIRE_LIMIT_EXCEEDED, f"superblock {superblock}: {exc}"
+        ) from None
+
+
+def existing_ancestor(path: str) -> str:
+    """``path`` or its nearest existing parent (where a statvfs can be asked)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    return probe
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer may still allocate on the filesystem holding ``path`` (or
+    its nearest existing parent); None if the filesystem does not say."""
+    try:
+        st = os.statvfs(existing_ancestor(path))
+    except OSError:
+        return None
+    if not st.f_blocks:  # pseudo filesystems report zeros: no answer
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_space(directory: str, needed: int, what: str) -> None:
+    """Raise :class:`NoSpaceError` (one line: needed and free bytes) when ``needed`` bytes do
+    not fit the free space under ``directory``. Advisory (another writer may take the space
+    meanwhile); :func:`create_region`'s ``posix_fallocate`` is the authoritative check."""
+    free = free_bytes(directory)
+    if free is not None and needed > free:
+        raise NoSpaceError(
+            f"needs {needed} bytes for {what}, {existing_ancestor(directory)} has {free} free",
+            needed=needed,
+            free=free,
+        )
+
+
+def _allocate(fd: int, size: int, path: str) -> None:
+    """Reserve every byte of the file now (tmpfs: allocate and zero the pages)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # the filesystem cannot pre-allocate: pages come on first touch
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = free_bytes(os.path.dirname(path))
+            raise NoSpaceError(
+                f"needs {size} bytes for {path}, {os.path.dirname(path)} has "
+                f"{'unknown' if free is None else free} free",
+                needed=size,
+                free=free or 0,
+            ) from None
+        raise
+
+
 def create_region(
     path: str,
     superblock: SuperblockFields,
@@ -254,15 +387,20 @@ def create_region(
     require_hugepages: bool = False,
     dir_mode: int = PRIVATE_DIR_MODE,
     file_mode: int = PRIVATE_FILE_MODE,
+    allocate: bool = True,
 ) -> ShmRegion:
     """Create, size and map a region file and write its superblock (writer side).
 
     ``policy`` (recommended) confines creation to the allowed base directories, the same rule
-    consumers will apply. Payload pool strides are checked against §15.22 before anything is
-    created; with ``require_hugepages`` the new file must turn out to live on hugetlbfs.
+    consumers will apply. Payload pool strides are checked against §15.22 and the wire's
+    limits before anything is created; with ``require_hugepages`` the new file must turn out to
+    live on hugetlbfs. ``allocate`` reserves the whole file with ``posix_fallocate`` so a full
+    filesystem is a :class:`NoSpaceError` here (the file removed) rather than a ``SIGBUS`` at
+    the first write.
     """
     if not os.path.isabs(path):
         raise PathRejected(Reason.PATH_NOT_ABSOLUTE, repr(path))
+    check_wire_limits(superblock)
     is_pool = superblock.region_type == RegionType.PAYLOAD_POOL
     if is_pool:
         validate_stride_bytes(superblock.stride_bytes)
@@ -295,6 +433,8 @@ def create_region(
                 validate_stride_bytes(superblock.stride_bytes, hugepage_size=hugepage)
             size = -(-size // hugepage) * hugepage  # hugetlbfs files grow in whole pages
         os.ftruncate(fd, size)
+        if allocate:
+            _allocate(fd, size, canonical)
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)

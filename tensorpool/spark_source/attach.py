@@ -22,9 +22,14 @@ each drop's seq is remembered so the planner knows where its record has a hole).
 takes from a stream's queue once per trigger, only as far as the planned range reaches
 (:meth:`Attachment.take`, the budgeted drain); later descriptors stay queued.
 
-Process hygiene: attachments register themselves; a SIGTERM handler (Spark terminates its
-Python workers with SIGTERM and does not always call ``stop()``) and ``atexit`` close them, which
-detaches driver leases. If the process dies harder than that, the driver expires the lease.
+Process hygiene: attachments register themselves and ``atexit`` closes them (detaching driver
+leases) when the process exits normally. Spark ends its Python workers with SIGTERM and does not
+always call ``stop()``; no SIGTERM handler is installed, so SIGTERM terminates at once (a Python
+handler only runs when the main thread returns to Python: one that waited on a lock kept source
+runners alive for hours after their JVM was gone, issue #13.6). The driver expires the lease of
+a process that died that way (loss spools are abstract sockets: nothing to remove). In
+a Spark worker process (started by the JVM), the first attachment also starts a daemon thread
+that exits the process when its parent JVM goes away (:func:`watch_parent`).
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import random
-import signal
 import threading
 import time
 import weakref
@@ -426,10 +431,19 @@ class AnnounceProbe:
         self.close()
 
 
-# --- process-wide registry, SIGTERM and exit hooks ----------------------------------------------
+# --- process-wide registry, exit hooks and the parent watch ------------------------------------
 _OPEN: weakref.WeakSet[Attachment] = weakref.WeakSet()
 _HOOKS_LOCK = threading.Lock()
-_SIGTERM_INSTALLED = False
+
+#: set by the JVM in the environment of every Python worker it starts (pyspark ``worker_util``)
+SPARK_WORKER_ENV: Final = (
+    "PYTHON_WORKER_FACTORY_SECRET",
+    "PYTHON_WORKER_FACTORY_PORT",
+    "PYTHON_WORKER_FACTORY_SOCK_PATH",
+)
+#: exit status of a process whose parent went away (like a shell's 128 + SIGHUP)
+EXIT_PARENT_GONE: Final = 129
+_WATCH: threading.Thread | None = None
 
 
 def close_all() -> int:
@@ -441,42 +455,49 @@ def close_all() -> int:
     return len(open_now)
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    n = close_all()
-    log.info("SIGTERM: closed %d tensorpool attachment(s)", n)
-    prev = _PREVIOUS_HANDLER
-    if callable(prev):
-        prev(signum, frame)
-        return
-    if prev == signal.SIG_IGN:
-        return
-    raise SystemExit(128 + signum)
+def is_spark_worker() -> bool:
+    """Whether this process is a Python worker the Spark JVM started (its life is the JVM's)."""
+    return any(k in os.environ for k in SPARK_WORKER_ENV)
 
 
-_PREVIOUS_HANDLER: Any = signal.SIG_DFL
+def _parent_gone(parent: int, close_timeout_s: float) -> None:
+    log.warning("tensorpool: parent process %d is gone; exiting", parent)
+    # Detach leases if that can be done quickly; a wedged main thread may hold the locks.
+    closer = threading.Thread(target=close_all, name="tensorpool-parent-gone", daemon=True)
+    closer.start()
+    closer.join(close_timeout_s)
+    os._exit(EXIT_PARENT_GONE)
 
 
-def install_sigterm_handler() -> bool:
-    """Close attachments on SIGTERM, then behave as before (main thread only; idempotent)."""
-    global _SIGTERM_INSTALLED, _PREVIOUS_HANDLER
+def watch_parent(poll_s: float = 0.5, close_timeout_s: float = 2.0) -> bool:
+    """Exit this process (``os._exit``) soon after its parent process goes away (idempotent).
+
+    A daemon thread compares ``os.getppid()`` with the parent seen at start: it changes only when
+    the parent *process* dies and this one is re-parented. (``PR_SET_PDEATHSIG`` fires when the
+    parent *thread* that forked us exits, which in a JVM is any thread, and a Python signal
+    handler needs the main thread.) Before exiting it closes the attachments (detaching driver
+    leases) for at most ``close_timeout_s``. Returns whether a watch runs.
+    """
+    global _WATCH
     with _HOOKS_LOCK:
-        if _SIGTERM_INSTALLED:
+        if _WATCH is not None:
             return True
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        prev = signal.getsignal(signal.SIGTERM)
-        if prev is _on_sigterm:
-            _SIGTERM_INSTALLED = True
-            return True
-        _PREVIOUS_HANDLER = prev
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _SIGTERM_INSTALLED = True
+        parent = os.getppid()
+
+        def run() -> None:
+            while os.getppid() == parent:
+                time.sleep(poll_s)
+            _parent_gone(parent, close_timeout_s)
+
+        _WATCH = threading.Thread(target=run, name="tensorpool-parent-watch", daemon=True)
+        _WATCH.start()
         return True
 
 
 def _register(a: Attachment) -> None:
     _OPEN.add(a)
-    install_sigterm_handler()
+    if is_spark_worker():
+        watch_parent()
 
 
 def _unregister(a: Attachment) -> None:
@@ -510,6 +531,7 @@ __all__ = [
     "AttachError",
     "Attachment",
     "close_all",
-    "install_sigterm_handler",
+    "is_spark_worker",
     "open_attachment",
+    "watch_parent",
 ]

@@ -34,6 +34,7 @@ from tensorpool.client.settings import (
     default_aeron_dir,
     default_shm_base_dir,
 )
+from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.config import TransportConfig
 
 EARLIEST: Final = "earliest"
@@ -153,10 +154,16 @@ def _channel(opts: dict[str, str], name: str, default: str) -> str:
     return raw
 
 
-def _abs_dir(name: str, raw: str) -> str:
+def _abs_dir(name: str, raw: str, *, creates: bool = False) -> str:
+    """An absolute, normalised directory; ``creates``: files are made there, so refuse
+    system and shared roots (#13.1)."""
     path = raw.strip()
     if not os.path.isabs(path):
         raise _fail(name, f"must be an absolute path, got {raw!r}")
+    if creates:
+        reason = unsafe_root_reason(path)
+        if reason is not None:
+            raise _fail(name, f"refusing {reason}")
     return os.path.normpath(path)
 
 
@@ -290,8 +297,8 @@ def _connection(opts: dict[str, str]) -> Connection:
     elif raw_dir.strip().lower() == EMBEDDED:
         aeron_dir = None
     else:
-        aeron_dir = _abs_dir("aeronDir", raw_dir)
-    shm = _abs_dir("shmBaseDir", opts["shmBaseDir"]) if "shmBaseDir" in opts else None
+        aeron_dir = _abs_dir("aeronDir", raw_dir, creates=True)
+    shm = _abs_dir("shmBaseDir", opts["shmBaseDir"], creates=True) if "shmBaseDir" in opts else None
     allowed: tuple[str, ...] = ()
     if opts.get("allowedBaseDirs", "").strip():
         allowed = tuple(

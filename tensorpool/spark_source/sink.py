@@ -135,6 +135,11 @@ def stage_batches(
             ("timestamp_ns", pa.int64()),
         ]
     )
+    base = opts.connection.shm_base_dir
+    if not os.path.isdir(base):
+        # A straggling task of a failed or finished job must not re-create a base directory
+        # that its owner has removed meanwhile (#13.6: nothing is left behind).
+        raise TensorPoolSinkError(f"shmBaseDir: {base} does not exist (removed meanwhile?)")
     staging = os.path.join(state_dir(opts), STAGING)
     os.makedirs(staging, mode=0o700, exist_ok=True)
     path = os.path.join(staging, f"{os.getpid()}-{uuid.uuid4().hex}.arrow")

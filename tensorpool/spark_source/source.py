@@ -19,7 +19,7 @@ frame before the executor copied it, or a replayed batch finds fewer frames than
 ``failOnDataLoss=true`` fails the query at either point with a message naming the stream, the
 count and the fixes. ``false`` skips the frames,
 logs a warning and counts them in the offsets (``lost`` for planned loss, ``lostLate`` for read
-loss, reported by executors through a small spool directory and folded into the next offset),
+loss, reported by executors through a small spool socket and folded into the next offset),
 so ``query.lastProgress["sources"][i]["endOffset"]`` shows the running totals.
 """
 
@@ -167,7 +167,7 @@ class FramePartition(InputPartition):
     base_dirs: tuple[str, ...]
     fail_on_data_loss: bool
     include_meta: bool
-    spool_dir: str | None  # where executors report read-time loss (streaming only)
+    spool_dir: str | None  # the spool address executors report read-time loss to (streaming)
     runs: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -4,7 +4,8 @@ The standalone driver several tensorpool processes on one host share (each with
 ``aeron_dir=DIR``). Named after Aeron's C driver binary, ``aeronmd``; kept apart from
 :mod:`tensorpool.transport.mediadriver` so ``python -m`` does not execute a module the package
 has already imported. Exit codes: 0 after a clean stop, 2 if the driver cannot start (bad
-option, or a live driver already serves DIR).
+option, a live driver already serves DIR, or DIR holds anything but Aeron's files or is a
+system/shared root: see :mod:`tensorpool.fsafety`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from tensorpool.fsafety import check_media_driver_dir
 from tensorpool.transport.config import THREADING_MODES, TransportConfig
 from tensorpool.transport.mediadriver import MediaDriverError, run_media_driver
 
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        check_media_driver_dir(args.dir, "--dir")  # #13.1: before Aeron can empty it
         config = TransportConfig(
             aeron_dir=args.dir,
             threading_mode=args.threading,

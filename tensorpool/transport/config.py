@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.channels import validate_mtu, validate_term_length
 
 ThreadingMode = Literal["shared", "dedicated", "shared_network"]
@@ -69,6 +70,10 @@ class TransportConfig:
     """Shown in the driver's counters; handy when several processes share a driver."""
 
     def __post_init__(self) -> None:
+        if self.aeron_dir:  # #13.1: a media driver may serve (and empty) it
+            reason = unsafe_root_reason(self.aeron_dir)
+            if reason is not None:
+                raise TransportConfigError(f"aeron_dir: refusing {reason}")
         if self.threading_mode not in THREADING_MODES:
             raise TransportConfigError(
                 f"threading_mode: {self.threading_mode!r} is not one of {sorted(THREADING_MODES)}"

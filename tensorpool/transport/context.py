@@ -9,6 +9,17 @@ under a live client. A failure while closing one part is logged and the rest sti
 ``TransportConfig.aeron_dir`` picks the driver (see :mod:`tensorpool.transport.config`): None
 starts an embedded driver in a private directory (IPC then only reaches this process); a
 directory joins an existing driver, which is how several processes share IPC channels.
+
+Surviving a media driver restart (issue #13.2). A joined media driver can die (``kill -9`` of the
+SHM driver that hosts it) and a new one start in the same directory. The Aeron client cannot
+follow: its publications and subscriptions are bound to the dead driver for good. Agents call
+:meth:`AeronContext.maintain` from their duty cycle; it notices the loss (the client closed
+itself after ``driver_timeout_ms``, or ``cnc.dat`` now belongs to another driver, which is seen
+within one check), and once a live driver serves the directory it closes the dead client
+(never touching the directory), makes a new one and re-creates every publication and
+subscription inside the same :class:`Publisher`/:class:`Subscriber` objects. Holders keep their
+references; :attr:`AeronContext.generation` goes up so that protocol owners (lease machines)
+know that whatever they had through the old driver is gone.
 """
 
 from __future__ import annotations
@@ -20,10 +31,13 @@ from typing import Self
 import pyaeron
 
 from tensorpool.transport.clock import NanoClock, now_ns
+from tensorpool.transport.cnc import CncIdentity, read_cnc_identity
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.mediadriver import (
+    EmbeddedMediaDriver,
     MediaDriverError,
     close_media_driver,
+    is_active,
     new_private_dir,
     start_media_driver,
 )
@@ -37,6 +51,12 @@ from tensorpool.transport.subscription import (
 
 log = logging.getLogger(__name__)
 
+HEALTH_CHECK_PERIOD_NS = 100_000_000
+"""How often :meth:`AeronContext.maintain` looks at ``cnc.dat`` (a check costs ~10 us)."""
+
+RECONNECT_BACKOFF_MAX_NS = 1_000_000_000
+"""Longest wait between reconnect attempts while no live media driver serves the directory."""
+
 
 class TransportClosed(RuntimeError):
     """The context is not started, or already closed."""
@@ -48,7 +68,7 @@ class AeronContext:
     def __init__(self, config: TransportConfig | None = None, *, clock: NanoClock = now_ns) -> None:
         self.config = config or TransportConfig()
         self.clock = clock
-        self._driver: pyaeron.MediaDriver | None = None
+        self._driver: EmbeddedMediaDriver | None = None
         self._aeron: pyaeron.Aeron | None = None
         self._dir: str | None = None
         self._publishers: list[Publisher] = []
@@ -56,6 +76,15 @@ class AeronContext:
         self._closed = False
         self.errors = 0
         self.last_error: str | None = None
+        self.generation = 0
+        """Bumped on each reconnect to a new media driver: everything made through the old one
+        (leases, images, sessions) is gone, though Publisher/Subscriber objects stay valid."""
+        self.reconnects = 0
+        self.lost_reason: str | None = None
+        """Why the media driver is considered lost (None while it is fine)."""
+        self._cnc: CncIdentity | None = None
+        self._next_check_ns = 0
+        self._reconnect_backoff_ns = HEALTH_CHECK_PERIOD_NS
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -67,12 +96,13 @@ class AeronContext:
         cfg = self.config
         if cfg.aeron_dir is None:
             aeron_dir = new_private_dir(cfg.embedded_parent_dir)
-            self._driver = start_media_driver(aeron_dir, cfg)
+            self._driver = start_media_driver(aeron_dir, cfg, owns_dir=True)
         elif cfg.aeron_dir == "":
             aeron_dir = pyaeron.default_path()
         else:
             aeron_dir = cfg.aeron_dir
         self._dir = aeron_dir
+        cnc = read_cnc_identity(aeron_dir)
         try:
             self._aeron = pyaeron.Aeron(context=self._client_context(aeron_dir))
         except pyaeron.AeronError as exc:
@@ -81,7 +111,97 @@ class AeronContext:
                 f"cannot connect to a media driver in {aeron_dir} "
                 f"(waited {cfg.driver_timeout_ms} ms): {exc}"
             ) from exc
+        # read before connecting: if the driver was replaced in between, the next check sees it
+        self._cnc = cnc
         return self
+
+    # -- media driver loss and reconnect (#13.2) -----------------------------------------
+
+    @property
+    def media_driver_lost(self) -> bool:
+        """True from the moment the loss is noticed until a reconnect succeeds."""
+        return self.lost_reason is not None
+
+    def maintain(self, now: int | None = None) -> bool:
+        """Check (at most every 100 ms) that the joined media driver is still the one we
+        connected to; after a loss, reconnect as soon as a live one serves the directory.
+
+        Returns True when this call reconnected (:attr:`generation` went up). Never raises for
+        a lost driver and never blocks longer than a client connect to a live driver. A context
+        that owns its embedded driver has nothing to check.
+        """
+        if self._aeron is None or self._driver is not None or self._closed:
+            return False
+        now = self.clock() if now is None else now
+        if now < self._next_check_ns:
+            return False
+        self._next_check_ns = now + HEALTH_CHECK_PERIOD_NS
+        if self.lost_reason is None:
+            reason = self._loss_reason()
+            if reason is None:
+                return False
+            self.lost_reason = reason
+            self._reconnect_backoff_ns = HEALTH_CHECK_PERIOD_NS
+            log.warning("media driver in %s lost (%s); will reconnect", self._dir, reason)
+        if self._reconnect():
+            return True
+        self._next_check_ns = now + self._reconnect_backoff_ns
+        self._reconnect_backoff_ns = min(self._reconnect_backoff_ns * 2, RECONNECT_BACKOFF_MAX_NS)
+        return False
+
+    def _loss_reason(self) -> str | None:
+        assert self._aeron is not None and self._dir is not None
+        if self._aeron.is_closed:
+            return f"client closed: {self.last_error or 'driver timeout'}"
+        current = read_cnc_identity(self._dir)
+        if current is None:
+            return "cnc.dat is gone"
+        if self._cnc is not None and current != self._cnc:
+            return f"a new media driver (pid {current.pid}) replaced pid {self._cnc.pid}"
+        return None
+
+    def _reconnect(self) -> bool:
+        """Replace the dead client by one connected to the live driver now in the directory."""
+        assert self._dir is not None
+        aeron_dir = self._dir
+        cnc = read_cnc_identity(aeron_dir)
+        if cnc is None or not is_active(aeron_dir):
+            return False  # nobody serves the directory yet
+        old, self._aeron = self._aeron, None
+        for resource in [*self._subscribers, *self._publishers]:
+            try:
+                resource.close()
+            except Exception:
+                log.debug("closing %r of the lost client failed", resource, exc_info=True)
+        if old is not None:
+            try:
+                old.close()
+            except Exception:
+                log.debug("closing the lost Aeron client failed", exc_info=True)
+        try:
+            aeron = pyaeron.Aeron(context=self._client_context(aeron_dir))
+        except pyaeron.AeronError as exc:
+            log.warning("reconnect to the media driver in %s failed: %s", aeron_dir, exc)
+            self._aeron = old  # keep a (closed) client so that `aeron` stays usable
+            return False
+        self._aeron = aeron
+        try:
+            for resource in [*self._publishers, *self._subscribers]:
+                resource.rebind(aeron)
+        except pyaeron.AeronError as exc:
+            log.warning("re-creating publications on the new media driver failed: %s", exc)
+            return False  # lost_reason stays set: the next check reconnects again
+        self._cnc = cnc
+        self.generation += 1
+        self.reconnects += 1
+        log.warning(
+            "reconnected to the media driver in %s (pid %d) after: %s",
+            aeron_dir,
+            cnc.pid,
+            self.lost_reason,
+        )
+        self.lost_reason = None
+        return True
 
     def _client_context(self, aeron_dir: str) -> pyaeron.Context:
         cfg = self.config

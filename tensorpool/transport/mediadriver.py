@@ -13,15 +13,22 @@ Three ways to have one:
   and the CLI use it to give several processes one shared driver.
 
 A live directory is never taken over: the C driver would happily start a second driver on it and
-break the first one's clients, so we check ``is_driver_active`` first and refuse. A directory left
-by a dead driver is wiped and reused.
+break the first one's clients, so we check ``is_driver_active`` first and refuse.
+
+Nothing is deleted that this process did not create (#13.1). The C driver empties any directory
+it starts in that no live driver serves, whatever ``dir_delete_on_start`` says, so a directory is
+only served when :func:`tensorpool.fsafety.check_media_driver_dir` finds it absent, empty, or
+holding nothing but an Aeron layout (a dead driver's, which is then reused); anything else, and
+system or shared roots (``/``, ``/tmp``, ``$HOME`` ...), is refused before Aeron sees it. Aeron's
+own ``dir_delete_on_shutdown`` (which removes the whole tree) is never used: on close
+:class:`EmbeddedMediaDriver` removes only Aeron's files, and the directory itself only if this
+process created it; a pre-existing directory keeps its permissions.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +40,12 @@ from typing import Final, Self
 
 import pyaeron
 
+from tensorpool.fsafety import (
+    DirState,
+    UnsafeDirectory,
+    check_media_driver_dir,
+    remove_aeron_files,
+)
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.process import stop_process
 
@@ -65,22 +78,98 @@ def is_active(aeron_dir: str, timeout_ms: int = ACTIVE_CHECK_TIMEOUT_MS) -> bool
     return bool(pyaeron.is_driver_active(aeron_dir, timeout_ms))
 
 
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its ancestors that do not exist yet, deepest first."""
+    missing: list[str] = []
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return missing
+
+
+def _remove_created(aeron_dir: str, created: list[str]) -> None:
+    """Remove Aeron's files, then the directories we created if nothing else is in them."""
+    empty = remove_aeron_files(aeron_dir)
+    if not empty:
+        log.warning("left %s in place: it holds files the media driver did not create", aeron_dir)
+        return
+    for path in created:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # not empty: someone else's files now live there
+
+
+class EmbeddedMediaDriver:
+    """A C media driver running in this process, and what it created.
+
+    ``close()`` stops the driver and removes Aeron's own files; the directory (and any parent)
+    is removed only if this process created it. Everything else found there stays.
+    """
+
+    def __init__(self, driver: pyaeron.MediaDriver, aeron_dir: str, created: list[str]) -> None:
+        self._driver = driver
+        self.dir = aeron_dir
+        self.created_dirs = tuple(created)
+        """Directories this process created for the driver, deepest first."""
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the driver and remove what it created (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._driver.close()
+        finally:
+            _remove_created(self.dir, list(self.created_dirs))
+
+    def __repr__(self) -> str:
+        return f"EmbeddedMediaDriver(dir={self.dir!r}, created={list(self.created_dirs)!r})"
+
+
+def _live(aeron_dir: str) -> bool:
+    return os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)
+
+
 def start_media_driver(
-    aeron_dir: str, config: TransportConfig | None = None
-) -> pyaeron.MediaDriver:
+    aeron_dir: str, config: TransportConfig | None = None, *, owns_dir: bool = False
+) -> EmbeddedMediaDriver:
     """Start a C media driver in this process, serving ``aeron_dir``.
 
-    The driver deletes its directory when closed (it owns it). Raises MediaDriverError if a
-    live driver already serves the directory.
+    ``aeron_dir`` must be absent, empty, or hold only an Aeron layout that no live driver
+    serves; otherwise MediaDriverError is raised and nothing is touched. ``owns_dir``: the
+    caller made this (empty) directory for the driver, so closing removes it too.
     """
     cfg = config or TransportConfig()
-    if os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir):
+    try:
+        state = check_media_driver_dir(aeron_dir)
+    except UnsafeDirectory as exc:
+        raise MediaDriverError(str(exc)) from None
+    if state is DirState.AERON and _live(aeron_dir):
         raise MediaDriverError(f"a media driver is already active in {aeron_dir}")
+    created = _missing_dirs(aeron_dir)
+    if owns_dir and not created:
+        created = [os.path.abspath(aeron_dir)]
+    # A directory that exists keeps its mode (mkdtemp: 0700); Aeron would recreate it 0755.
+    mode = os.stat(aeron_dir).st_mode & 0o7777 if os.path.isdir(aeron_dir) else None
     kwargs: dict[str, object] = {
         "dir": aeron_dir,
         "threading": cfg.threading_mode,
-        "dir_delete_on_start": True,
-        "dir_delete_on_shutdown": True,
+        # Whatever this says, the C driver empties a directory no live driver serves; the check
+        # above makes sure only Aeron's own files can be in it. True only for a stale layout:
+        # False adds Aeron's own liveness check, whose 10 s window would refuse a directory a
+        # killed driver left a moment ago (ours, ACTIVE_CHECK_TIMEOUT_MS, already passed).
+        # It never removes the directory on close: EmbeddedMediaDriver.close removes only
+        # what this process created.
+        "dir_delete_on_start": state is DirState.AERON,
+        "dir_delete_on_shutdown": False,
         "dir_warn_if_exists": False,
     }
     if cfg.ipc_term_buffer_length is not None:
@@ -90,16 +179,20 @@ def start_media_driver(
     if cfg.mtu_length is not None:
         kwargs["mtu_length"] = cfg.mtu_length
     try:
-        return pyaeron.MediaDriver(**kwargs)
+        driver = pyaeron.MediaDriver(**kwargs)
     except pyaeron.AeronError as exc:
+        _remove_created(aeron_dir, created)
         raise MediaDriverError(f"cannot start a media driver in {aeron_dir}: {exc}") from exc
+    if mode is not None and os.stat(aeron_dir).st_mode & 0o7777 != mode:
+        os.chmod(aeron_dir, mode)  # Aeron recreated it with its own mode; keep the operator's
+    return EmbeddedMediaDriver(driver, aeron_dir, created)
 
 
-def close_media_driver(driver: pyaeron.MediaDriver) -> None:
-    """Close a driver; a failure to remove its directory is logged, not raised."""
+def close_media_driver(driver: EmbeddedMediaDriver) -> None:
+    """Close a driver; a failure to remove its files is logged, not raised."""
     try:
         driver.close()
-    except pyaeron.AeronError as exc:
+    except (pyaeron.AeronError, OSError) as exc:
         log.warning("media driver close reported an error: %s", exc)
 
 
@@ -123,13 +216,15 @@ def run_media_driver(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _on_signal)
-    driver = start_media_driver(aeron_dir, config)
-    log.info("media driver serving %s", driver.dir)
+    driver: EmbeddedMediaDriver | None = None
     try:
+        driver = start_media_driver(aeron_dir, config)
+        log.info("media driver serving %s", driver.dir)
         while not stop_event.wait(0.2):
             pass
     finally:
-        close_media_driver(driver)
+        if driver is not None:
+            close_media_driver(driver)
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         log.info("media driver for %s stopped", aeron_dir)
@@ -158,7 +253,10 @@ class MediaDriverProcess:
     """A standalone media driver in a child process, for other processes to share.
 
     ``with MediaDriverProcess() as md: ... TransportConfig(aeron_dir=md.dir) ...``
-    Stopping sends SIGTERM (clean close, directory removed), then SIGKILL if it hangs.
+    Stopping sends SIGTERM (clean close: the child removes Aeron's files), then SIGKILL if it
+    hangs. The directory itself is removed only if it did not exist before :meth:`start`
+    (or was made here, for ``aeron_dir=None``); a given directory is checked like
+    :func:`start_media_driver` checks it, in this process, before the child is spawned.
     """
 
     def __init__(
@@ -173,6 +271,8 @@ class MediaDriverProcess:
         self.dir = aeron_dir or new_private_dir(self._config.embedded_parent_dir)
         self._start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
+        self._created: list[str] = [self.dir] if self._owns_dir else []
+        self._served = False
 
     def command(self) -> list[str]:
         cfg = self._config
@@ -193,15 +293,22 @@ class MediaDriverProcess:
     def start(self) -> Self:
         if self._process is not None:
             raise MediaDriverError("media driver process already started")
-        if os.path.exists(os.path.join(self.dir, "cnc.dat")) and is_active(self.dir):
+        try:
+            state = check_media_driver_dir(self.dir)
+        except UnsafeDirectory as exc:
+            raise MediaDriverError(str(exc)) from None
+        if state is DirState.AERON and _live(self.dir):
             # Checked here too: waiting for "active" below would be fooled by the other driver.
             raise MediaDriverError(f"a media driver is already active in {self.dir}")
+        if not self._owns_dir:
+            self._created = _missing_dirs(self.dir)
         self._process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
         try:
             wait_until_active(self.dir, self._start_timeout_s, process=self._process)
         except BaseException:
             self.stop()
             raise
+        self._served = True
         return self
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
@@ -210,9 +317,10 @@ class MediaDriverProcess:
         if proc is None:
             return None
         stop_process(proc, timeout_s)
-        if self._owns_dir and os.path.isdir(self.dir):
-            # A killed driver cannot clean up after itself.
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if os.path.isdir(self.dir) and (self._served or not _live(self.dir)):
+            # A killed driver cannot clean up after itself; its files are still only Aeron's
+            # (the directory was checked at start). Never touch another live driver's files.
+            _remove_created(self.dir, self._created)
         return proc.returncode
 
     def __enter__(self) -> Self:

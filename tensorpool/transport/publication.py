@@ -284,6 +284,24 @@ class Publisher:
         with contextlib.suppress(pyaeron.ResourceClosed):
             self._pub.close()
 
+    def rebind(self, aeron: pyaeron.Aeron) -> None:
+        """Re-create this publication on a new Aeron client (same channel, stream, kind).
+
+        Called by the owning context after its media driver was replaced, so that holders of
+        this Publisher (and of its bound ``offer``) keep working without rebuilding anything.
+        The old publication belonged to a dead client: closing it is best effort.
+        """
+        with contextlib.suppress(Exception):
+            self._pub.close()
+        if self.exclusive:
+            pub: AnyPublication = aeron.add_exclusive_publication(self.channel, self.stream_id)
+        else:
+            pub = aeron.add_publication(self.channel, self.stream_id)
+        self._pub = pub
+        self._offer = pub.offer
+        self._try_claim = pub.try_claim
+        self.session_id = pub.session_id
+
     def __enter__(self) -> Self:
         return self
 

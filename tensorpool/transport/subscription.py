@@ -295,6 +295,24 @@ class Subscriber:
         with contextlib.suppress(pyaeron.ResourceClosed):
             self._sub.close()
 
+    def rebind(self, aeron: pyaeron.Aeron) -> None:
+        """Re-create this subscription on a new Aeron client (same channel, stream, handler).
+
+        Called by the owning context after its media driver was replaced. The old images went
+        with the old driver: their join times are forgotten, and new images report themselves
+        through the usual callbacks. Closing the dead client's subscription is best effort.
+        """
+        with contextlib.suppress(Exception):
+            self._sub.close()
+        self._join_ns.clear()
+        self._sub = aeron.add_subscription(
+            self.channel,
+            self.stream_id,
+            available_image=self._on_available_image,
+            unavailable_image=self._on_unavailable_image,
+        )
+        self._poll = self._sub.poll
+
     def __enter__(self) -> Self:
         return self
 

@@ -9,6 +9,7 @@ seq, timestamp, payload, metadata and epoch), never about speed.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def deployment(media_driver) -> Iterator[dict[str, Any]]:
         producer.wait()
     daemon.stop()
     print(daemon.log_text())
+    shutil.rmtree(work, ignore_errors=True)  # #13.6: nothing left behind
 
 
 def rl_toml(dep: dict[str, Any], dest: int, *, rate: int = 20, instance: str = "rl-e2e") -> str:
@@ -116,10 +118,10 @@ base_dir = "{dep["base"]}"
 class RateLimiterProcess(JsonLinesProcess):
     """`tensorpool ratelimiter --json` in a subprocess, its JSON lines parsed as they come."""
 
-    def __init__(self, config: str) -> None:
+    def __init__(self, config: str, *extra: str) -> None:
         super().__init__(
             [sys.executable, "-m", "tensorpool", "ratelimiter", "--config", config, "--json",
-             "--stats-interval", "0.5"],
+             "--stats-interval", "0.5", *extra],
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -201,11 +203,14 @@ def test_s3_second_rate_limiter_on_same_destination_is_rejected(
     deployment: dict[str, Any],
 ) -> None:
     """§3 MUST: exclusive producer of the destination: the driver refuses a second rate
-    limiter for the same destination stream, which exits non-zero without running."""
+    limiter for the same destination stream, which exits non-zero without running (after
+    waiting out its --attach-timeout: the lease might have been a crashed one's, #13.3)."""
     first = RateLimiterProcess(rl_toml(deployment, 20060, instance="rl-a"))
     try:
         first.wait_event("started")
-        second = RateLimiterProcess(rl_toml(deployment, 20060, instance="rl-b"))
+        second = RateLimiterProcess(
+            rl_toml(deployment, 20060, instance="rl-b"), "--attach-timeout", "2"
+        )
         assert second.proc.wait(30) == 1
         err = second.stderr()
         assert "REJECTED" in err and "already has a producer" in err

@@ -6,8 +6,10 @@ test module (queries are independent; each test uses its own SHM directory and s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -43,6 +45,31 @@ def spark() -> Iterator[Any]:
     tps.register(session)
     yield session
     session.stop()
+    _stop_jvm()
+
+
+def _stop_jvm() -> None:
+    """End the gateway JVM now, not at interpreter exit (#13.6: the session's leak check runs
+    after the fixtures and before exit). The JVM exits when its stdin closes; its Python workers
+    follow (tensorpool's source runner watches its parent)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 @pytest.fixture(scope="module")

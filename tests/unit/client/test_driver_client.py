@@ -17,6 +17,7 @@ from tensorpool.client.driver_client import (
     SendAttach,
     SendDetach,
     SendKeepalive,
+    is_transient_refusal,
 )
 from tensorpool.specs import CodecError
 from tensorpool.specs.generated import driver as dp
@@ -123,11 +124,11 @@ def test_s4_12_rejected_attach_backs_off_exponentially() -> None:
         code=dp.ResponseCode.REJECTED,
         lease_id=None,
         epoch=None,
-        error_message="stream 5 already has a producer",
+        error_message="layout version 9 requested, driver provides 1",
     )
     (failed,) = m.on_attach_response(r, 0)
     assert isinstance(failed, AttachFailed) and failed.code == int(dp.ResponseCode.REJECTED)
-    assert "already has a producer" in failed.message
+    assert "layout version" in failed.message
     (req2,) = m.tick(50 * MS)
     m.on_attach_response(_response(req2.correlation_id, code=3, lease_id=None), 50 * MS)
     assert m.tick(50 * MS + 99 * MS) == []  # second backoff is twice as long
@@ -238,3 +239,51 @@ def test_s4_2_keepalives_adapt_to_a_short_lease() -> None:
     for t in range(60, 600, 30):
         assert isinstance(m.tick(t * MS)[0], SendKeepalive)
     assert m.state is LeaseState.ATTACHED
+
+
+def test_13_3_refusal_for_a_held_lease_is_retried_at_a_steady_short_period() -> None:
+    """#13.3: "already has a producer" ends when the crashed holder's lease expires: the
+    machine retries every ``busy_retry_ns`` instead of backing off exponentially, so the
+    attach lands soon after the expiry."""
+    timings = LeaseTimings(
+        attach_timeout_ns=500 * MS, backoff_initial_ns=50 * MS, backoff_max_ns=5000 * MS,
+        busy_retry_ns=200 * MS,
+    )  # fmt: skip
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=timings, correlation_seed=100)
+    (req,) = m.attach(0)
+    now = 0
+    for _ in range(6):  # exponential backoff would be at 1.6 s by the 6th refusal
+        r = _response(
+            req.correlation_id,
+            code=dp.ResponseCode.REJECTED,
+            lease_id=None,
+            epoch=None,
+            error_message="stream 5 already has a producer (lease 7, client 9)",
+        )
+        (failed,) = m.on_attach_response(r, now)
+        assert is_transient_refusal(failed.code, failed.message)
+        assert m.tick(now + 199 * MS) == []
+        now += 200 * MS
+        (req,) = m.tick(now)
+        assert isinstance(req, SendAttach)
+    assert not is_transient_refusal(int(dp.ResponseCode.REJECTED), "stream 5 is not provisioned")
+    assert not is_transient_refusal(int(dp.ResponseCode.INVALID_PARAMS), "already has a producer")
+
+
+def test_13_2_transport_reset_drops_the_lease_and_reattaches_at_once() -> None:
+    """#13.2: after the Aeron client was re-created on a new media driver the lease is
+    reported lost and an attach goes out on the next tick, whatever the backoff was."""
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    (att,) = m.on_attach_response(_response(req.correlation_id), 0)
+    assert isinstance(att, Attached)
+    (lost,) = m.on_transport_reset(10 * MS)
+    assert isinstance(lost, LeaseLost) and lost.reason == "media_driver_restarted"
+    assert m.lease_id is None
+    (again,) = m.tick(10 * MS)
+    assert isinstance(again, SendAttach)
+    for _ in range(5):  # attach timeouts grow the backoff while the driver is away...
+        m.tick(m._deadline)
+    assert m.state is LeaseState.BACKOFF
+    assert m.on_transport_reset(5000 * MS) == []  # ...a reset does not wait it out
+    assert isinstance(m.tick(5000 * MS)[0], SendAttach)

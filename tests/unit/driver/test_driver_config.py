@@ -66,7 +66,7 @@ def test_s17_example_config_parses() -> None:
     assert cfg.driver.instance_id == "driver-01"
     assert cfg.driver.control_stream_id == 1000
     assert cfg.driver.announce_stream_id == 1000  # where clients listen for announces
-    assert cfg.driver.stream_id_range == IdRange(20000, 29999)
+    assert cfg.driver.stream_id_range == IdRange(21000, 29999)
     assert cfg.policies.allow_dynamic_streams
     assert cfg.default_profile is not None and cfg.default_profile.name == "scratch"
     cam = cfg.profiles["camera"]
@@ -94,7 +94,7 @@ def test_s17_defaults_match_the_reference(tmp_path: Path) -> None:
     assert (shm.require_hugepages, shm.page_size_bytes, shm.permissions_mode) == (
         False,
         4096,
-        0o660,
+        0o640,  # #13.4: not group-writable unless configured
     )
     assert not pol.allow_dynamic_streams
     assert pol.default_profile == "p"  # first defined profile

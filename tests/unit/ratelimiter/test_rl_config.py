@@ -58,7 +58,7 @@ def test_s8_example_config_loads() -> None:
     assert cfg.descriptor_stream_id == 2100
     assert cfg.max_rate_hz == 30
     (m,) = cfg.mappings
-    assert (m.source_stream_id, m.dest_stream_id, m.profile) == (10000, 20000, "camera")
+    assert (m.source_stream_id, m.dest_stream_id, m.profile) == (10000, 20000, "view")
     assert m.max_rate_hz == 30 and m.metadata_stream_id == 20000
 
 

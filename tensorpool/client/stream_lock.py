@@ -1,0 +1,113 @@
+"""One standalone producer per stream, enforced with an advisory file lock (#13.7).
+
+A standalone producer owns its stream's regions: a second one started on the same stream
+(same SHM base dir and namespace) used to pick the next epoch, delete the first one's epoch
+directory and take the stream over in silence. Now the producer takes
+``flock(LOCK_EX | LOCK_NB)`` on ``<shm_base_dir>/<namespace>/stream-<id>.producer.lock``
+before it touches any region, and holds it while it runs. The kernel drops the lock when
+the process dies (``kill -9`` included), so a dead producer never blocks its successor and
+no pid-liveness heuristic (pid reuse) is involved; a live one is refused unless the new
+producer is told to take over.
+
+The file records the holder (pid, stream, start time) for the refusal message. It is
+removed on a clean release *while still locked*; a process that locked a file which was
+meanwhile unlinked (or replaced) notices by comparing inodes and locks again, so unlinking
+cannot let two producers hold "the same" lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+
+__all__ = ["StreamBusy", "StreamLock", "stream_lock_path"]
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class StreamBusy(RuntimeError):
+    """Another live standalone producer holds the stream (pass ``takeover`` to proceed)."""
+
+    def __init__(self, stream_id: int, path: str, owner: str) -> None:
+        self.stream_id = stream_id
+        self.path = path
+        self.owner = owner
+        held = f" ({owner})" if owner else ""
+        super().__init__(
+            f"stream {stream_id} already has a live standalone producer{held}, lock {path}: "
+            "stop it first, or pass --takeover (takeover=True) to replace it"
+        )
+
+
+def stream_lock_path(shm_base_dir: str, namespace: str, stream_id: int) -> str:
+    return os.path.join(shm_base_dir, namespace, f"stream-{stream_id}.producer.lock")
+
+
+def _read_owner(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(256).strip()
+    except OSError:
+        return ""
+
+
+class StreamLock:
+    """The held lock of one stream (create with :meth:`try_acquire`)."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def try_acquire(
+        cls, path: str, stream_id: int, *, dir_mode: int = 0o700, file_mode: int = 0o600
+    ) -> StreamLock:
+        """Lock ``path`` (creating its directory and file as needed) or raise StreamBusy."""
+        directory = os.path.dirname(path)
+        missing: list[str] = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(d, dir_mode)
+                os.chmod(d, dir_mode)  # the umask must not change the chosen mode
+        for _ in range(100):  # another process unlinking between open and flock: retry
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise StreamBusy(stream_id, path, _read_owner(path)) from None
+                raise
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # locked an inode its holder has just removed
+                os.close(fd)
+                continue
+            os.fchmod(fd, file_mode)
+            text = f"pid={os.getpid()} stream={stream_id} since_unix_ns={time.time_ns()}\n"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text.encode("ascii"), 0)
+            return cls(path, fd)
+        raise OSError(errno.EAGAIN, f"cannot lock {path}: it keeps being replaced")
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Remove the file (still locked, so nobody can hold it meanwhile) and unlock."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(fd)  # closing the last descriptor drops the flock

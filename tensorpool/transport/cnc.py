@@ -1,0 +1,49 @@
+"""Which media driver serves an Aeron directory: the identity of its ``cnc.dat``.
+
+An Aeron client maps ``cnc.dat`` once, when it connects. If that media driver dies and a new one
+starts in the same directory, the new one writes a new ``cnc.dat`` (new inode, new start
+timestamp, new pid) while the old client keeps reading the dead one's mapping and learns of the
+loss only after its ``driver_timeout_ms`` (10 s by default), and even then never reconnects.
+Comparing the identity read here with the one read at connect time tells a client within one
+check that the driver it talks to is gone, without touching the directory.
+
+The layout read is Aeron's CnC metadata (``aeron_cnc_metadata_t``, CnC version 0.2+): six int32
+fields, then ``client_liveness_timeout``, ``start_timestamp`` and ``pid`` as int64.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Final, NamedTuple
+
+CNC_FILE: Final = "cnc.dat"
+_META: Final = struct.Struct("<6iqqq")
+
+
+class CncIdentity(NamedTuple):
+    """What distinguishes one media driver's ``cnc.dat`` from its successor's."""
+
+    inode: int
+    start_timestamp_ms: int
+    pid: int
+
+
+def read_cnc_identity(aeron_dir: str) -> CncIdentity | None:
+    """The identity of the driver that last wrote ``aeron_dir/cnc.dat``; None if there is none
+    yet (or it is still being created: too short to hold the metadata)."""
+    try:
+        fd = os.open(os.path.join(aeron_dir, CNC_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        inode = os.fstat(fd).st_ino
+        head = os.pread(fd, _META.size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(head) < _META.size:
+        return None
+    fields = _META.unpack(head)
+    return CncIdentity(inode, fields[7], fields[8])
