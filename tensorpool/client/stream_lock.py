@@ -57,32 +57,30 @@ def _read_owner(path: str) -> str:
 class StreamLock:
     """The held lock of one stream (create with :meth:`try_acquire`)."""
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str, fd: int, created_dirs: tuple[str, ...] = ()) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._created_dirs = created_dirs
+        """Directories :meth:`try_acquire` made (deepest first): removed at release if empty."""
 
     @classmethod
     def try_acquire(
         cls, path: str, stream_id: int, *, dir_mode: int = 0o700, file_mode: int = 0o600
     ) -> StreamLock:
         """Lock ``path`` (creating its directory and file as needed) or raise StreamBusy."""
-        directory = os.path.dirname(path)
-        missing: list[str] = []
-        d = directory
-        while not os.path.isdir(d):
-            missing.append(d)
-            d = os.path.dirname(d)
-        for d in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, dir_mode)
-                os.chmod(d, dir_mode)  # the umask must not change the chosen mode
+        created: list[str] = []
         for _ in range(100):  # another process unlinking between open and flock: retry
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
+            created += _make_dirs(os.path.dirname(path), dir_mode)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
+            except FileNotFoundError:  # a releasing producer removed the empty directory
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    _remove_empty(tuple(reversed(created)))
                     raise StreamBusy(stream_id, path, _read_owner(path)) from None
                 raise
             try:
@@ -96,7 +94,8 @@ class StreamLock:
             text = f"pid={os.getpid()} stream={stream_id} since_unix_ns={time.time_ns()}\n"
             os.ftruncate(fd, 0)
             os.pwrite(fd, text.encode("ascii"), 0)
-            return cls(path, fd)
+            return cls(path, fd, tuple(reversed(created)))
+        _remove_empty(tuple(reversed(created)))
         raise OSError(errno.EAGAIN, f"cannot lock {path}: it keeps being replaced")
 
     @property
@@ -111,3 +110,30 @@ class StreamLock:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
         os.close(fd)  # closing the last descriptor drops the flock
+        _remove_empty(self._created_dirs)
+
+
+def _make_dirs(directory: str, mode: int) -> list[str]:
+    """Create ``directory`` and its missing parents with exactly ``mode``; returns those made."""
+    missing: list[str] = []
+    d = directory
+    while not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    made: list[str] = []
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, mode)
+            os.chmod(d, mode)  # the umask must not change the chosen mode
+            made.append(d)
+    return made
+
+
+def _remove_empty(directories: tuple[str, ...]) -> None:
+    """Remove directories this process created, deepest first, only while they are empty:
+    rmdir refuses a non-empty one, so another producer's files are never at risk."""
+    for d in directories:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
