@@ -7,8 +7,9 @@
   are asynchronous), then the session fails, naming it, and it is killed (SIGKILL) so that
   nothing stays.
 * ``/dev/shm``: entries that appear during the session, with a name the tests use
-  (``tp-``, ``tensorpool-``, ``aeron-``), and still exist at the end, fail the session (they are
-  reported, not removed: nothing proves this session created them).
+  (``tp-``, ``tensorpool-``, ``aeron-``, and named semaphores ``sem.tp-``/``sem.tensorpool-``),
+  and still exist at the end, fail the session (they are reported, not removed: nothing
+  proves this session created them).
 
 Limit: ``/dev/shm`` is shared by every run on the host; an entry created meanwhile by another
 test run (or a demo) is reported too. ``TENSORPOOL_LEAK_CHECK=0`` turns the check off (e.g. for
@@ -29,7 +30,8 @@ import pytest
 SESSION_ENV = "TENSORPOOL_TEST_SESSION"
 SWITCH_ENV = "TENSORPOOL_LEAK_CHECK"
 SHM_DIR = Path("/dev/shm")
-SHM_PREFIXES = ("tp-", "tensorpool-", "aeron-")
+SHM_PREFIXES = ("tp-", "tensorpool-", "aeron-", "sem.tp-", "sem.tensorpool-")
+"""``sem.*``: POSIX named semaphores (the consumers' wake semaphores, transport/wakeup.py)."""
 GRACE_S = 15.0  # a stopped JVM's workers notice within a second; a media driver within a few
 
 _state: dict[str, object] = {}

@@ -1,13 +1,13 @@
 """The bridge receiver's core: validate chunks, assemble frames, decide what to publish.
 
-Sans-IO (ARCHITECTURE.md): inputs are raw ``BridgeFrameChunk`` messages, forwarded
-``ShmPoolAnnounce`` contents, forwarded ``FrameProgress`` fields and ``now_ns``; outputs are
-events — :class:`FrameComplete` (header fields, validated layout, the assembled payload),
-:class:`Dropped` (a named reason), :class:`OpenDestination` (the agent must (re)open the
-local producer), :class:`ProgressOut`. No Aeron, files or clocks. The only collaborator is
-a :class:`FrameSink`, which hands out the buffer a frame is assembled into: a scratch
-``bytearray`` here and in tests, the local SHM payload slot in the agent (one copy from the
-Aeron log straight into shared memory).
+Sans-IO (docs/architecture.md, "Cores and agents"): inputs are raw ``BridgeFrameChunk``
+messages, forwarded ``ShmPoolAnnounce`` contents, forwarded ``FrameProgress`` fields and
+``now_ns``; outputs are events — :class:`FrameComplete` (header fields, validated layout, the
+assembled payload), :class:`Dropped` (a named reason), :class:`OpenDestination` (the agent must
+(re)open the local producer), :class:`ProgressOut`. No Aeron, files or clocks. The only
+collaborator is a :class:`FrameSink`, which hands out the buffer a frame is assembled into: a
+scratch ``bytearray`` here and in tests, the local SHM payload slot in the agent (one copy from
+the Aeron log straight into shared memory).
 
 Model, per receiver mapping (keyed by the *source* stream id the chunks carry):
 
@@ -391,10 +391,6 @@ class ReceiverCore:
         """Seq of the frame being assembled, if any."""
         asm = self._by_index[mapping].asm
         return None if asm is None else asm.seq
-
-    def dest_for(self, source_stream_id: int) -> int | None:
-        st = self._streams.get(source_stream_id)
-        return None if st is None else st.dest
 
     # -- destination lifecycle (reported by the agent) ------------------------------------
 

@@ -55,30 +55,26 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from tensorpool.client.settings import (
-    DEFAULT_CONTROL_STREAM_ID,
-    DEFAULT_DESCRIPTOR_STREAM_ID,
-    DEFAULT_METADATA_STREAM_ID,
-    DEFAULT_NAMESPACE,
-    DEFAULT_QOS_STREAM_ID,
-    IPC_CONTROL,
-    IPC_DESCRIPTORS,
-    SEC,
-    Channels,
-    ClientSettings,
-    default_shm_base_dir,
-)
+from tensorpool.client.settings import SEC, ClientSettings
 from tensorpool.config_util import (
-    INT32_MAX,
     UINT16_MAX,
     ConfigError,
     EnvOverrides,
     IdRange,
     Section,
-    check_aeron_channel,
     check_path_component,
     is_power_of_two,
     load_toml,
+)
+from tensorpool.endpoints import (
+    DEFAULT_METADATA_STREAM_ID,
+    DEFAULT_NAMESPACE,
+    MAX_AERON_STREAM_ID,
+    MAX_DATA_STREAM_ID,
+    Endpoints,
+    channel_problem,
+    default_shm_base_dir,
+    read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.channels import ChannelError, channel_mtu
@@ -97,7 +93,7 @@ __all__ = [
     "ConfigError",
     "LocalSettings",
     "MappingRole",
-    "PoolSpec",
+    "ProfilePool",
     "ProfileSpec",
     "effective_chunk_bytes",
     "load_bridge_config",
@@ -118,7 +114,8 @@ CHUNK_MESSAGE_OVERHEAD: Final = 8 + 41 + 4 + 4
 #: Aeron data frame header; a message fits one UDP datagram if it is <= mtu - 32.
 _AERON_DATA_HEADER: Final = 32
 _SCHEMA_MAX_PAYLOAD: Final = 1 << 30  # payloadLength maxValue in the bridge schema
-_MAX_STREAM_ID: Final = INT32_MAX  # Aeron stream ids are int32
+_MAX_AERON_ID: Final = MAX_AERON_STREAM_ID  # Aeron stream ids are int32
+_MAX_DATA_ID: Final = MAX_DATA_STREAM_ID  # wire stream ids: uint32, 0xFFFFFFFF is null
 
 
 class MappingRole(enum.StrEnum):
@@ -147,7 +144,7 @@ def effective_chunk_bytes(mtu_bytes: int, chunk_bytes: int, max_chunk_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSpec:
+class ProfilePool:
     pool_id: int
     stride_bytes: int
 
@@ -158,7 +155,7 @@ class ProfileSpec:
 
     name: str
     header_nslots: int
-    pools: tuple[PoolSpec, ...]
+    pools: tuple[ProfilePool, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +237,8 @@ class LocalSettings:
     shm_base_dir: str = field(default_factory=default_shm_base_dir)
     namespace: str = DEFAULT_NAMESPACE
     allowed_base_dirs: tuple[str, ...] = ()
-    channels: Channels = field(default_factory=Channels)
+    channels: Endpoints = field(default_factory=Endpoints)
+    """The local control-plane endpoints (#14.1: the same type and defaults as every client)."""
     announce_period_ms: int = 1000
     attach_timeout_ms: int = 5000
 
@@ -327,16 +325,18 @@ def parse_bridge_config(
 
 
 def _stream_id(sec: Section, key: str, default: int | None = None, *, lo: int = 1) -> int:
+    """An Aeron stream id of the ``[bridge]`` table (0 allowed where ``lo=0``: disabled)."""
     if default is None:
-        return sec.req_int(key, lo=lo, hi=_MAX_STREAM_ID, env=True)
-    return sec.opt_int(key, default, lo=lo, hi=_MAX_STREAM_ID, env=True)
+        return sec.req_int(key, lo=lo, hi=_MAX_AERON_ID, env=True)
+    return sec.opt_int(key, default, lo=lo, hi=_MAX_AERON_ID, env=True)
 
 
 def _channel(sec: Section, key: str, default: str | None = None) -> str:
+    """A channel URI; ``""`` stays empty (disabled) where that is the default."""
     value = sec.req_str(key, env=True) if default is None else sec.opt_str(key, default, env=True)
     if value == "" and default == "":
         return value
-    return sec.checked(key, value, check_aeron_channel(value))
+    return sec.checked(key, value, channel_problem(value))
 
 
 def _parse_bridge(sec: Section, warnings: list[str]) -> tuple[BridgeSettings, MappingRole | None]:
@@ -365,7 +365,7 @@ def _parse_bridge(sec: Section, warnings: list[str]) -> tuple[BridgeSettings, Ma
     max_payload_bytes = sec.opt_int(
         "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES, lo=1, hi=_SCHEMA_MAX_PAYLOAD, env=True
     )
-    dest_range = sec.opt_range("dest_stream_id_range", lo=1, hi=_MAX_STREAM_ID, env=True)
+    dest_range = sec.opt_range("dest_stream_id_range", lo=1, hi=_MAX_DATA_ID, env=True)
     explicit_forward_metadata = sec.has("forward_metadata")
     forward_metadata = sec.opt_bool("forward_metadata", True, env=True)
     metadata_stream_id = _stream_id(sec, "metadata_stream_id", 0, lo=0)
@@ -470,32 +470,14 @@ def _parse_local(sec: Section) -> LocalSettings:
     for d in allowed:
         if not os.path.isabs(d):
             sec.fail("allowed_base_dirs", f"{d!r} is not an absolute path")
-    ids: dict[str, int] = {}
-    chans: dict[str, str] = {}
-    for name, default_id, default_ch in (
-        ("control", DEFAULT_CONTROL_STREAM_ID, IPC_CONTROL),
-        ("descriptor", DEFAULT_DESCRIPTOR_STREAM_ID, IPC_DESCRIPTORS),
-        ("qos", DEFAULT_QOS_STREAM_ID, IPC_CONTROL),
-        ("metadata", DEFAULT_METADATA_STREAM_ID, IPC_CONTROL),
-    ):
-        chans[name] = _channel(sec, f"{name}_channel", default_ch)
-        ids[name] = _stream_id(sec, f"{name}_stream_id", default_id)
+    channels = Endpoints(**read_endpoints(sec))  # #14.1: one type, defaults and validator
     local = LocalSettings(
         aeron_dir=aeron_dir,
         driver_mode=sec.opt_bool("driver_mode", True, env=True),
         shm_base_dir=base,
         namespace=namespace,
         allowed_base_dirs=tuple(allowed),
-        channels=Channels(
-            control_channel=chans["control"],
-            control_stream_id=ids["control"],
-            descriptor_channel=chans["descriptor"],
-            descriptor_stream_id=ids["descriptor"],
-            qos_channel=chans["qos"],
-            qos_stream_id=ids["qos"],
-            metadata_channel=chans["metadata"],
-            metadata_stream_id=ids["metadata"],
-        ),
+        channels=channels,
         announce_period_ms=sec.opt_int("announce_period_ms", 1000, lo=1, hi=3_600_000, env=True),
         attach_timeout_ms=sec.opt_int("attach_timeout_ms", 5000, lo=1, hi=600_000, env=True),
     )
@@ -509,7 +491,7 @@ def _parse_profiles(sec: Section) -> dict[str, ProfileSpec]:
         nslots = psec.opt_int("header_nslots", 64, lo=1, hi=1 << 24)
         if not is_power_of_two(nslots):
             psec.fail("header_nslots", f"{nslots} is not a power of two")
-        pools: list[PoolSpec] = []
+        pools: list[ProfilePool] = []
         seen: set[int] = set()
         for pool_sec in psec.array_of_tables("payload_pools", required=True):
             pool_id = pool_sec.req_int("pool_id", lo=1, hi=UINT16_MAX)
@@ -520,7 +502,7 @@ def _parse_profiles(sec: Section) -> dict[str, ProfileSpec]:
                 pool_sec.fail("pool_id", f"duplicate pool_id {pool_id}")
             seen.add(pool_id)
             pool_sec.finish()
-            pools.append(PoolSpec(pool_id, stride))
+            pools.append(ProfilePool(pool_id, stride))
         if not pools:
             psec.fail("payload_pools", "a profile needs at least one payload pool")
         psec.finish()
@@ -542,14 +524,14 @@ class _RawMapping:
 def _parse_mapping(
     sec: Section, index: int, default_role: MappingRole | None, bridge: BridgeSettings
 ) -> _RawMapping:
-    source = sec.req_int("source_stream_id", lo=1, hi=_MAX_STREAM_ID)
-    dest = sec.opt_int("dest_stream_id", 0, lo=0, hi=_MAX_STREAM_ID)
+    source = sec.req_int("source_stream_id", lo=1, hi=_MAX_DATA_ID)
+    dest = sec.opt_int("dest_stream_id", 0, lo=0, hi=_MAX_DATA_ID)
     profile = sec.req_str("profile")
     if not profile.strip():
         sec.fail("profile", "must not be empty")
-    meta = sec.opt_int("metadata_stream_id", 0, lo=0, hi=_MAX_STREAM_ID)
-    src_ctl = sec.opt_int("source_control_stream_id", 0, lo=0, hi=_MAX_STREAM_ID)
-    dst_ctl = sec.opt_int("dest_control_stream_id", 0, lo=0, hi=_MAX_STREAM_ID)
+    meta = sec.opt_int("metadata_stream_id", 0, lo=0, hi=_MAX_DATA_ID)
+    src_ctl = sec.opt_int("source_control_stream_id", 0, lo=0, hi=_MAX_AERON_ID)
+    dst_ctl = sec.opt_int("dest_control_stream_id", 0, lo=0, hi=_MAX_AERON_ID)
     role_text = sec.opt_str("role", "")
     if role_text:
         role = _role(sec, "role", role_text)

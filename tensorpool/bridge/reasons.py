@@ -66,10 +66,6 @@ class FrameDrop:
     NO_LOCAL_SLOT: Final = "no_local_slot"
     DEST_LOST: Final = "dest_lost"
     COMMIT_FAILED: Final = "commit_failed"
-    VALUES_LEN_NOT_REPRESENTABLE: Final = "values_len_not_representable"
-    """The local producer API can only write ``values_len_bytes`` equal to the tensor
-    extent; a source frame carrying extra trailing bytes is dropped rather than
-    republished with a different header (see docs/compliance/bridge.md)."""
     # Embedded TensorHeader failures reuse tensorpool.counters.Reason names
     # (dtype_unknown, ndims_out_of_range, values_len_below_extent, payload_offset_nonzero...).
 

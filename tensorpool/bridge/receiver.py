@@ -84,7 +84,6 @@ class _Dest:
     meta_version: int | None = None
     meta_attrs: dict[str, tuple[str, bytes]] | None = None
     meta_attrs_version: int = 0
-    epochs_opened: list[int] = field(default_factory=list)
 
 
 class LocalSink:
@@ -243,13 +242,20 @@ class BridgeReceiver:
         if claim is None or producer is None or claim.seq != c.seq:
             stats.frame_drops.increment(FrameDrop.COMMIT_FAILED)
             return
-        if c.values_len_bytes != c.layout.extent_bytes:
-            # Producer.commit writes values_len_bytes = extent; republishing a different
-            # header than the source's would be a corrupted frame, so drop it instead.
-            stats.frame_drops.increment(FrameDrop.VALUES_LEN_NOT_REPRESENTABLE)
-            return
+        # The payload [0, values_len_bytes) was assembled into a claim of exactly that many
+        # bytes (the smallest pool that holds it); the header keeps the source's
+        # values_len_bytes, also 0 with non-zero dims or more than the extent (Wire §8.2,
+        # Bridge §6.9, #14.3).
         claim.layout = c.layout
-        if producer.commit(claim, timestamp_ns=c.timestamp_ns, meta_version=c.meta_version) is None:
+        if (
+            producer.commit(
+                claim,
+                timestamp_ns=c.timestamp_ns,
+                meta_version=c.meta_version,
+                values_len_bytes=c.values_len_bytes,
+            )
+            is None
+        ):
             stats.frame_drops.increment(FrameDrop.COMMIT_FAILED)
 
     def _on_drop(self, d: Dropped) -> None:
@@ -290,6 +296,11 @@ class BridgeReceiver:
                 # id of an allocated range
                 wait_for_held_lease=False,
             )
+            try:
+                producer.wait_until_attached()  # #14.1: the constructor does not block
+            except BaseException:
+                producer.close()
+                raise
         except (AttachError, ShmError, OSError, ValueError) as exc:
             dest.open_failures += 1
             dest.last_error = str(exc)
@@ -333,7 +344,6 @@ class BridgeReceiver:
             return
         dest.claim = None
         dest.local_epoch = p.epoch
-        dest.epochs_opened.append(p.epoch)
         if p.attached:
             self.core.destination_ready(
                 dest.mapping.index,
@@ -536,9 +546,6 @@ class BridgeReceiver:
             row.update(st.snapshot())
             out.append(row)
         return out
-
-    def local_epochs(self, mapping: int) -> list[int]:
-        return list(self._dests[mapping].epochs_opened)
 
     def close(self) -> None:
         for dest in self._dests.values():

@@ -16,6 +16,9 @@ Rules implemented:
 - highest epoch wins; an older epoch is ignored; a newer one remaps (§15.21).
   "Highest" counts only epochs that were actually mapped: an announce whose
   regions fail validation must not lock out the stream's real producer.
+- after an unmap that must "wait for a new epoch" (the producer's lease was revoked,
+  Driver Model §4.9; the superblock ``pid`` changed, §15.14), the mapped epoch itself is
+  ignored too: only a strictly higher epoch maps again.
 
 Choice where the spec is silent: after a stale-unmap (no fresh announce for a
 whole freshness window) the highest-epoch memory is cleared, so a producer that
@@ -28,18 +31,10 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 HEADER_SLOT_BYTES = 256
 CLOCK_MONOTONIC = 1
 CLOCK_REALTIME_SYNCED = 2
-
-
-class PoolAnnounce(Protocol):
-    pool_id: int
-    pool_nslots: int
-    stride_bytes: int
-    region_uri: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +109,7 @@ class AnnounceTracker:
     """Per-stream announce filter and liveness watchdog (sans-IO)."""
 
     __slots__ = (
+        "_await_newer",
         "_last_fresh_ns",
         "_realtime",
         "epoch",
@@ -134,6 +130,7 @@ class AnnounceTracker:
         self._realtime = realtime_clock
         self.epoch: int | None = None
         self.mapped = False
+        self._await_newer = False
         self._last_fresh_ns = 0
 
     def on_announce(
@@ -161,7 +158,9 @@ class AnnounceTracker:
             return _BAD_CLOCK
         if age > self.freshness_ns:
             return _STALE
-        if self.epoch is not None and epoch < self.epoch:
+        if self.epoch is not None and (
+            epoch < self.epoch or (epoch == self.epoch and self._await_newer)
+        ):
             return _OLD_EPOCH
         if epoch == self.epoch and self.mapped:
             self._last_fresh_ns = now_ns
@@ -173,10 +172,14 @@ class AnnounceTracker:
         announce whose regions fail validation cannot block the stream's real producer."""
         self.epoch = epoch
         self.mapped = True
+        self._await_newer = False
         self._last_fresh_ns = now_ns
 
-    def on_unmapped(self, *, forget_epoch: bool = False) -> None:
+    def on_unmapped(self, *, forget_epoch: bool = False, await_newer: bool = False) -> None:
+        """``await_newer``: the mapped epoch is dead for good (revoked producer §4.9, foreign
+        writer §15.14); announces of it are ignored until a higher epoch maps."""
         self.mapped = False
+        self._await_newer = await_newer and self.epoch is not None
         if forget_epoch:
             self.epoch = None
 
@@ -185,5 +188,6 @@ class AnnounceTracker:
         if self.mapped and now_ns - self._last_fresh_ns > self.freshness_ns:
             self.mapped = False
             self.epoch = None
+            self._await_newer = False
             return _STALE_UNMAP
         return None

@@ -1,17 +1,15 @@
-"""The consumer: maps a producer's regions and reads frames it is told about.
+"""The consumer agent: maps a producer's regions and reads frames it is told about.
 
 A consumer listens to the control stream for `ShmPoolAnnounce` (which epoch to
 map and where), the metadata stream for `DataSourceAnnounce`/`DataSourceMeta`,
-and the descriptor stream for `FrameDescriptor`s. Each descriptor is checked in
-this order, every refusal counted under a stable reason (§10.2.1, §15.21):
-
-1. other stream -> ignored (shared Aeron streams carry many tensorpool streams);
-2. not mapped / epoch differs from the mapping -> `not_mapped` / `epoch_mismatch`
-   (in-flight frames of an old epoch are dropped, §15.21);
-3. sequence: gaps are `drops_gap`; a regression forces a remap (§15.2); being more
-   than `max_outstanding_seq_gap` behind the producer resyncs (§15.4);
-4. RATE_LIMITED mode: frames above `max_rate_hz` are dropped locally (§11);
-5. seqlock read of the slot (§8.3, `SlotReader`): late reasons are `drops_late`.
+and the descriptor stream for `FrameDescriptor`s. Every protocol decision --
+which announce to act on, when to remap, how a descriptor's seq counts, the
+local rate grid, QoS/hello cadence, lease reactions -- is made by the sans-IO
+:class:`~tensorpool.client.consumer_core.ConsumerCore` (its docstring lists the
+rules); this module owns the Aeron subscriptions, the mappings and the clock and
+executes the core's actions. Per descriptor, after the core said ``READ``, the
+slot is read with the seqlock of §8.3 (`SlotReader`): late reasons are
+`drops_late`.
 
 Zero-copy contract: `Frame.array` is a read-only view of the producer's slot. It
 is valid only inside the handler (until the next poll), and the producer may
@@ -26,27 +24,43 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from tensorpool.client.announce import AnnounceTracker, StreamLayout, Verdict
-from tensorpool.client.driver_client import (
-    ROLE_CONSUMER,
-    Attached,
-    DriverClient,
-    LeaseLost,
-    LeaseState,
-    LeaseTimings,
-    ProducerRevoked,
+from tensorpool.client import consumer_core as core_mod
+from tensorpool.client.announce import StreamLayout
+from tensorpool.client.consumer_core import (
+    AFTER_HANDLER_ERROR,
+    CHECK,
+    EPOCH_MISMATCH,
+    NOT_MAPPED,
+    RATE_LIMITED,
+    READ,
+    REMAP,
+    RESYNC,
+    SEQ_REGRESSION,
+    SUPERBLOCK_EPOCH_CHANGED,
+    SUPERBLOCK_MAGIC_CHANGED,
+    SUPERBLOCK_PID_CHANGED,
+    CheckMapping,
+    ConsumerCore,
+    ConsumerStats,
+    DriverSilent,
+    MapEpoch,
+    SendHello,
+    SendQos,
+    Unmap,
 )
+from tensorpool.client.driver_client import ROLE_CONSUMER, DriverClient, LeaseTimings
 from tensorpool.client.mapping import map_stream
-from tensorpool.client.sequence import DEFAULT_MAX_OUTSTANDING_SEQ_GAP, SeqTracker, SeqVerdict
 from tensorpool.client.settings import ClientSettings
-from tensorpool.counters import LATE_REASONS, DropCounters, Reason
+from tensorpool.counters import Reason
 from tensorpool.shm.errors import ShmError
+from tensorpool.shm.layout import MAGIC
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion
+from tensorpool.shm.ring import HeaderRingView
 from tensorpool.shm.seqlock import SlotRead, SlotReader
 from tensorpool.shm.superblock import is_fresh
 from tensorpool.shm.tensor import TensorLayout
@@ -64,14 +78,23 @@ MODE_RATE_LIMITED = int(wire.Mode.RATE_LIMITED)
 _WIRE_SCHEMA = wire.FrameDescriptorDecoder.SCHEMA_ID
 _OTHER_TENSORPOOL_SCHEMAS = frozenset({driver_schema.SCHEMA_ID, bridge_schema.SCHEMA_ID})
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
+_SLOT_MISS = frozenset({Reason.SEQ_MISMATCH, Reason.NOT_COMMITTED})
+DEFAULT_MAX_OUTSTANDING_SEQ_GAP = core_mod.DEFAULT_MAX_OUTSTANDING_SEQ_GAP
 
-# reasons the consumer itself adds on top of the slot reader's
-NOT_MAPPED = "not_mapped"
-EPOCH_MISMATCH = "epoch_mismatch"
-SEQ_REGRESSION = "seq_regression"
-RESYNC = "resync"
-RATE_LIMITED = "rate_limited"
-AFTER_HANDLER_ERROR = "after_handler_error"
+__all__ = [
+    "AFTER_HANDLER_ERROR",
+    "EPOCH_MISMATCH",
+    "MODE_RATE_LIMITED",
+    "MODE_STREAM",
+    "NOT_MAPPED",
+    "RATE_LIMITED",
+    "RESYNC",
+    "SEQ_REGRESSION",
+    "Consumer",
+    "ConsumerStats",
+    "Frame",
+    "OwnedFrame",
+]
 
 
 class Frame:
@@ -176,19 +199,8 @@ class OwnedFrame:
     array: np.ndarray
 
 
-@dataclass(slots=True)
-class ConsumerStats:
-    frames: int = 0
-    bytes: int = 0
-    drops_gap: int = 0
-    drops_late: int = 0
-    remaps: int = 0
-    drops: DropCounters = field(default_factory=DropCounters)
-    control: DropCounters = field(default_factory=DropCounters)
-
-
 class Consumer:
-    """Reads one stream. Poll from one thread."""
+    """Reads one stream. Poll from one thread (the agent around a :class:`ConsumerCore`)."""
 
     def __init__(
         self,
@@ -206,43 +218,36 @@ class Consumer:
         client_id: int | None = None,
         lease_timings: LeaseTimings | None = None,
     ) -> None:
-        if mode not in (MODE_STREAM, MODE_RATE_LIMITED):
-            raise ValueError(f"mode must be STREAM or RATE_LIMITED, got {mode}")
-        if max_rate_hz < 0:
-            raise ValueError("max_rate_hz must be >= 0")
         self.settings = settings or ClientSettings()
         self.stream_id = stream_id
-        self.consumer_id = consumer_id if consumer_id is not None else random.getrandbits(31) + 1
+        self.core = ConsumerCore(
+            stream_id,
+            consumer_id if consumer_id is not None else random.getrandbits(31) + 1,
+            freshness_ns=self.settings.freshness_ns,
+            qos_period_ns=self.settings.qos_period_ns,
+            mode=mode,
+            max_rate_hz=max_rate_hz,
+            max_outstanding_seq_gap=max_outstanding_seq_gap,
+            driver_mode=driver,
+        )
+        self.consumer_id = self.core.consumer_id
         self.mode = mode
         self.max_rate_hz = max_rate_hz
-        self._min_interval_ns = (
-            1_000_000_000 // max_rate_hz if mode == MODE_RATE_LIMITED and max_rate_hz else 0
-        )
-        # Frames a little early for their slot still count (jitter), a quarter period at most.
-        self._rate_tolerance_ns = self._min_interval_ns // 4
-        self._next_allowed_ns = 0
+        self._rate_limited = mode == MODE_RATE_LIMITED and max_rate_hz > 0
         self._clock = clock
-        self.stats = ConsumerStats()
-        self._seq = SeqTracker(max_outstanding_seq_gap)
-        self._max_gap_cfg = max_outstanding_seq_gap
+        self.stats = self.core.stats
         self._next_duty_ns = 0
-        self._tracker = AnnounceTracker(stream_id, self.settings.freshness_ns)
         self._policy = PathPolicy(self.settings.base_dirs)
-        self.layout: StreamLayout | None = None
         self._regions: list[ShmRegion] = []
         self._reader: SlotReader | None = None
-        self._epoch = -1
+        self._pid = 0  # the header superblock's pid when mapped (§15.14)
         self._frame = Frame(self)
         self._handler: Callable[[Frame], object] | None = None
         self._handler_error: BaseException | None = None
         self._delivered = 0
-        self._budget = 0
         self.metadata: dict[str, tuple[str, bytes]] = {}
-        self.meta_version: int | None = None
         self.source_name = ""
         self.config_declined: bool | None = None
-        self._next_qos_ns = 0
-        self._hello_due = True
         self._buf = bytearray(4096)
 
         self._ctx = ctx
@@ -276,19 +281,23 @@ class Consumer:
                 clock=clock,
             )
 
-    @property
-    def lease_state(self) -> LeaseState | None:
-        """The driver lease state (None in standalone mode)."""
-        return None if self._driver is None else self._driver.state
-
     # --- public API ---------------------------------------------------------------------------
     @property
     def epoch(self) -> int | None:
-        return self._epoch if self._reader is not None else None
+        return self.core.epoch if self._reader is not None else None
 
     @property
     def is_mapped(self) -> bool:
         return self._reader is not None
+
+    @property
+    def layout(self) -> StreamLayout | None:
+        """The announce of the mapped (or last mapped) epoch."""
+        return self.core.layout
+
+    @property
+    def meta_version(self) -> int | None:
+        return self.core.meta_version
 
     def poll(self, handler: Callable[[Frame], object], limit: int = 64) -> int:
         """Process control traffic and deliver up to `limit` frames; return frames delivered.
@@ -308,7 +317,6 @@ class Consumer:
             return 0
         self._handler = handler
         self._delivered = 0
-        self._budget = limit
         sub = self._sub_desc
         while self._delivered < limit and sub.poll(limit - self._delivered):
             if self._handler_error is not None:
@@ -369,7 +377,7 @@ class Consumer:
         :meth:`confirm` after using it.
         """
         reader = self._reader
-        if reader is None or epoch != self._epoch:
+        if reader is None or epoch != self.core.epoch:
             return None
         return reader.read(header_index, seq)
 
@@ -385,11 +393,11 @@ class Consumer:
 
     @property
     def drops_gap(self) -> int:
-        return self._seq.drops_gap
+        return self.core.stats.drops_gap
 
     @property
     def drops_late(self) -> int:
-        return self.stats.drops.sum_of(LATE_REASONS)
+        return self.core.drops_late
 
     # --- descriptors (hot path) ---------------------------------------------------------------
     def _on_descriptor(self, buffer: object, header: object) -> None:
@@ -398,41 +406,38 @@ class Consumer:
         except CodecError as exc:
             self.stats.control.increment("descriptor_" + exc.reason)
             return
-        if stream_id != self.stream_id:
-            return
-        drops = self.stats.drops
         if self._handler_error is not None:
-            # Aeron already took this descriptor out of the log; it is lost to this consumer.
-            drops.increment(AFTER_HANDLER_ERROR)
+            if stream_id == self.stream_id:
+                # Aeron already took this descriptor out of the log; it is lost to us.
+                self.stats.drops.increment(AFTER_HANDLER_ERROR)
             return
+        core = self.core
+        verdict = core.on_descriptor(
+            stream_id, epoch, seq, self._clock() if self._rate_limited else 0
+        )
         reader = self._reader
-        if reader is None:
-            drops.increment(NOT_MAPPED)
-            return
-        if epoch != self._epoch:
-            drops.increment(EPOCH_MISMATCH)
-            return
-        verdict = self._seq.on_descriptor(seq)
         if verdict:
-            if verdict is SeqVerdict.RESYNC_SKIP:
-                drops.increment(RESYNC)
-            else:
-                drops.increment(SEQ_REGRESSION)
-                self._unmap("seq_regression")
-            return
-        if self._min_interval_ns:
-            now = self._clock()
-            slot = self._next_allowed_ns
-            if now < slot - self._rate_tolerance_ns:
-                drops.increment(RATE_LIMITED)
+            if verdict != CHECK or reader is None:
                 return
-            # Slots on a fixed grid (no drift); re-anchor only after falling a period behind.
-            interval = self._min_interval_ns
-            self._next_allowed_ns = (slot if now - slot <= interval else now) + interval
+            mask = core.mask
+            last = core.last_seq
+            verdict = core.on_slot_check(
+                seq,
+                reader.slot_seq(seq & mask),
+                reader.slot_seq(last & mask) if last >= 0 else -1,
+                self._clock() if self._rate_limited else 0,
+            )
+            if verdict != READ:
+                if verdict == REMAP:
+                    self._close_mapping(SEQ_REGRESSION)
+                return
+        if reader is None:
+            return
         result = reader.read(index, seq)
         if result is None:
-            if reader.last_drop_reason == Reason.SEQ_MISMATCH:
-                self._seq.observe_head(reader.slot_seq(index))
+            reason = reader.last_drop_reason
+            if reason in _SLOT_MISS and 0 <= index <= core.mask:
+                core.on_read_miss(seq, reader.slot_seq(index), reason)  # type: ignore[arg-type]
             return
         frame = self._frame
         frame._read = result
@@ -492,88 +497,120 @@ class Consumer:
     def _on_announce(self, dec: wire.ShmPoolAnnounceDecoder, header: object) -> None:
         now = self._clock()
         try:
-            stream_id = dec.stream_id
-            if stream_id != self.stream_id:
-                return
-            if self._driver is not None and self._driver.state is not LeaseState.ATTACHED:
-                self.stats.control.increment("announce_without_lease")
+            if dec.stream_id != self.stream_id:
                 return
             join = self._sub_control.join_time_ns(header.session_id)  # type: ignore[attr-defined]
-            decision = self._tracker.on_announce(
-                stream_id,
-                dec.epoch,
-                dec.announce_timestamp_ns,
-                dec.announce_clock_domain_raw,
-                dec.header_slot_bytes,
-                join,
-                now,
+            driver = self._driver
+            action = self.core.on_announce(
+                dec, join, now, lease_held=driver is None or driver.holds_lease
             )
-            if decision.verdict is Verdict.IGNORE:
-                self.stats.control.increment(decision.reason)
-                return
-            layout = StreamLayout.from_announce(dec)
         except CodecError as exc:
             self._count_control(exc.reason)
             return
-        if decision.verdict is Verdict.REFRESH:
-            if not self._check_truncated():
-                self._check_activity(now)
-            return
-        self._map(layout, now)
+        if action is not None:
+            self._execute(action, now)
 
-    def _check_truncated(self) -> bool:
-        """#13.4: on every announce of the mapped epoch, ``fstat`` each mapped file; if one
-        shrank below the mapped length (someone truncated it), unmap before anything touches
-        it — reading past a file's end is a SIGBUS. A later valid announce maps again."""
-        for region in self._regions:
+    def _execute(self, action: object, now: int) -> None:
+        """Carry out one core action (see consumer_core's action classes)."""
+        if isinstance(action, MapEpoch):
+            self._map(action.layout, now)
+        elif isinstance(action, CheckMapping):
+            unmap = self.core.on_mapping_checked(self._check_mapping(now))
+            if unmap is not None:
+                self._execute(unmap, now)
+        elif isinstance(action, Unmap):
+            self._close_mapping(action.reason)
+        elif isinstance(action, SendHello):
+            if self._send_hello(action):
+                self.core.hello_sent()
+        elif isinstance(action, SendQos):
+            n = wire.QosConsumerEncoder.encode(
+                self._buf,
+                0,
+                stream_id=action.stream_id,
+                consumer_id=action.consumer_id,
+                epoch=action.epoch,
+                last_seq_seen=action.last_seq_seen,
+                drops_gap=action.drops_gap,
+                drops_late=action.drops_late,
+                mode=action.mode,
+            )
+            self._pub_qos.offer(self._buf, 0, n)
+        elif isinstance(action, DriverSilent) and self._driver is not None:
+            for ev in self._driver.driver_silent(now):
+                self.core.on_lease_event(ev)
+
+    def _check_mapping(self, now: int) -> str | None:
+        """Re-validate the live mapping after a same-epoch announce; the problem, or None.
+
+        #13.4 first: ``fstat`` every mapped file (reading past a truncated file's end is a
+        SIGBUS). Then the header superblock: ``magic`` and ``epoch`` (§15.1: on every
+        announce, not only at map time; a change is a recreation, §15.14), ``pid`` (§15.14:
+        the single writer changed -- unmap and wait for a new epoch), activity freshness.
+        """
+        regions = self._regions
+        if not regions:
+            return None
+        for region in regions:
             if region.truncated():
-                self._count_control(Reason.REGION_TRUNCATED)
-                self._unmap(Reason.REGION_TRUNCATED)
-                return True
-        return False
+                log.warning("stream %d: %s was truncated; unmapping", self.stream_id, region.path)
+                return Reason.REGION_TRUNCATED
+        header = regions[0]
+        sb = header.current_superblock()
+        if sb.magic != MAGIC:
+            return SUPERBLOCK_MAGIC_CHANGED
+        if sb.epoch != self.core.epoch:
+            return SUPERBLOCK_EPOCH_CHANGED
+        if sb.pid != self._pid:
+            return SUPERBLOCK_PID_CHANGED
+        if not is_fresh(sb.activity_timestamp_ns, now, self.settings.freshness_ns):
+            return core_mod.ACTIVITY_STALE
+        return None
 
     def _map(self, layout: StreamLayout, now: int) -> None:
-        if self._reader is not None:
-            self._unmap("epoch_change")
+        """Map the new epoch beside the current mapping; swap only once it is proven."""
         try:
-            regions = self._map_regions(layout, now)
+            regions = map_stream(
+                layout, self._policy, now_ns=now, freshness_window_ns=self.settings.freshness_ns
+            )
         except ShmError as exc:
-            self._count_control(exc.reason)
-            log.warning("stream %d epoch %d not mapped: %s", self.stream_id, layout.epoch, exc)
+            self.core.on_map_failed(exc.reason)
+            n = self.stats.control[exc.reason]
+            if n & (n - 1) == 0:
+                log.warning(
+                    "stream %d epoch %d not mapped (%s); %s",
+                    self.stream_id,
+                    layout.epoch,
+                    exc,
+                    "keeping the current mapping" if self._reader is not None else "unmapped",
+                )
             return
+        header = regions[0]
+        ring = HeaderRingView(header.mmap, layout.header_nslots)
+        head = ring.head_seq()  # where this consumer joins (frames before it: before_join)
+        ring.close()
+        self._release(self._reader, self._regions)
         self._regions = regions
-        self._reader = SlotReader(regions[0], regions[1:], counters=self.stats.drops)
-        self.layout = layout
-        self._epoch = layout.epoch
-        self._seq.reset()
-        # more than nslots-1 behind the head means overwritten for sure: skip without reading
-        self._seq.max_gap = max(1, min(self._max_gap_cfg, layout.header_nslots - 1))
-        self._tracker.on_mapped(layout.epoch, now)
-        self.stats.remaps += 1
-        self._hello_due = True
+        self._pid = header.superblock.pid
+        self._reader = SlotReader(header, regions[1:], counters=self.stats.drops)
+        self.core.on_mapped(layout, head, now)
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
-    def _map_regions(self, layout: StreamLayout, now: int) -> list[ShmRegion]:
-        return map_stream(
-            layout, self._policy, now_ns=now, freshness_window_ns=self.settings.freshness_ns
-        )
-
-    def _check_activity(self, now: int) -> None:
-        if not self._regions:
-            return
-        activity = self._regions[0].activity_timestamp_ns()
-        if not is_fresh(activity, now, self.settings.freshness_ns):
-            self._count_control("superblock_activity_stale")
-            self._unmap("activity_stale")
-
-    def _unmap(self, why: str) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        for region in self._regions:
+    @staticmethod
+    def _release(reader: SlotReader | None, regions: list[ShmRegion]) -> None:
+        if reader is not None:
+            reader.close()
+        for region in regions:
             region.close()
+
+    def _close_mapping(self, why: str) -> None:
+        """Execute an unmap the core already decided (or the agent's own, e.g. close)."""
+        self.core.unmapped(why)
+        if self._reader is None and not self._regions:
+            return
+        self._release(self._reader, self._regions)
+        self._reader = None
         self._regions = []
-        self._tracker.on_unmapped()
         log.info("stream %d unmapped (%s)", self.stream_id, why)
 
     def _on_metadata(self, buffer: object, header: object) -> None:
@@ -584,10 +621,8 @@ class Consumer:
             return
         try:
             if isinstance(dec, wire.DataSourceMetaDecoder) and dec.stream_id == self.stream_id:
-                version = dec.meta_version
-                if self.meta_version is None or version >= self.meta_version:
+                if self.core.accept_meta_version(dec.meta_version):
                     self.metadata = {a.key: (a.format, bytes(a.value)) for a in dec.attributes}
-                    self.meta_version = version
             elif isinstance(dec, wire.DataSourceAnnounceDecoder) and (
                 dec.stream_id == self.stream_id
             ):
@@ -596,67 +631,37 @@ class Consumer:
             self._count_control(exc.reason)
 
     def _duties(self, now: int) -> None:
+        core = self.core
         if self._driver is not None:
             for ev in self._driver.do_work(now):
-                if isinstance(ev, Attached):
-                    self._map(ev.layout, now)
-                elif isinstance(ev, LeaseLost):
-                    self.stats.control.increment("lease_lost")
-                    self._unmap(ev.reason)
-                elif isinstance(ev, ProducerRevoked):
-                    self.stats.control.increment("producer_revoked")
-                    self._unmap("producer_revoked")  # remap on the epoch-bumped announce
-        decision = self._tracker.tick(now)
-        if decision is not None:
-            self.stats.control.increment(decision.reason)
-            self._unmap(decision.reason)
-            if self._driver is not None:  # the driver went quiet: it may have crashed (§10)
-                for ev in self._driver.driver_silent(now):
-                    if isinstance(ev, LeaseLost):
-                        self.stats.control.increment("lease_lost")
-        if self._hello_due:
-            self._send_hello()
-        if now >= self._next_qos_ns:
-            self._next_qos_ns = now + self.settings.qos_period_ns
-            self._send_qos()
+                action = core.on_lease_event(ev)
+                if action is not None:
+                    self._execute(action, now)
+        for action in core.tick(now):
+            self._execute(action, now)
 
-    def _send_hello(self) -> None:
+    def _send_hello(self, hello: SendHello) -> bool:
         n = wire.ConsumerHelloEncoder.encode(
             self._buf,
             0,
-            stream_id=self.stream_id,
-            consumer_id=self.consumer_id,
+            stream_id=hello.stream_id,
+            consumer_id=hello.consumer_id,
             supports_shm=int(wire.Bool.TRUE),
             supports_progress=int(wire.Bool.FALSE),
-            mode=self.mode,
-            max_rate_hz=self.max_rate_hz,
+            mode=hello.mode,
+            max_rate_hz=hello.max_rate_hz,
             expected_layout_version=0,
             descriptor_stream_id=0,
             control_stream_id=0,
             descriptor_channel="",
             control_channel="",
         )
-        if self._pub_control.offer(self._buf, 0, n):
-            self._hello_due = False
-
-    def _send_qos(self) -> None:
-        n = wire.QosConsumerEncoder.encode(
-            self._buf,
-            0,
-            stream_id=self.stream_id,
-            consumer_id=self.consumer_id,
-            epoch=max(self._epoch, 0),
-            last_seq_seen=max(self._seq.last_seq, 0),
-            drops_gap=self._seq.drops_gap,
-            drops_late=self.drops_late,
-            mode=self.mode,
-        )
-        self._pub_qos.offer(self._buf, 0, n)
+        return bool(self._pub_control.offer(self._buf, 0, n))
 
     def close(self) -> None:
         """Unmap, detach (driver mode) and release the Aeron resources: an abandoned
         subscription would hold back the publishers' logs for everyone else."""
-        self._unmap("close")
+        self._close_mapping("close")
         if self._driver is not None:
             self._driver.close()
         for res in (

@@ -3,8 +3,11 @@
 `LeaseMachine` is the sans-IO state machine of §4.12.1 for one (stream, role):
 
     UNATTACHED -> ATTACHING -> ATTACHED -> DETACHING -> UNATTACHED
-                      |            |
-                      v            v  (revoked, driver shutdown, keepalive failure)
+                      |            |   ^
+                      |            |   | (probe answered: "you already hold lease L")
+                      |            v   |
+                      |         CONFIRMING  (revoke / shutdown notice for our lease)
+                      v            v  (confirmed, expiry, driver silent, keepalive failure)
                    BACKOFF  <------+   -> ATTACHING again after the backoff delay
 
 Inputs are decoded control messages and `now_ns`; outputs are `Send*` actions
@@ -12,6 +15,26 @@ Inputs are decoded control messages and `now_ns`; outputs are `Send*` actions
 `ProducerRevoked`, `AttachFailed`). Every check of §4.2 is applied to an OK
 response, and any failure is a protocol error: the attach is dropped and retried
 (fail closed, §4.7a). `DriverClient` is the thin I/O shell around it.
+
+Forged notices (issue #14 §2). Aeron IPC carries no sender identity: any process that can
+write the Aeron directory can publish a `ShmLeaseRevoked` or `ShmDriverShutdown`. Acting on
+one blindly drops a good lease, and the driver, which still holds it, refuses the reattach
+until it expires (seconds). So a notice about *our* lease is first confirmed with the driver:
+the machine enters CONFIRMING (the lease stays in use, keepalives continue) and sends an
+attach probe with its own client id. The driver answers it from its lease table (Driver
+Model §4.8, one live lease per clientId):
+
+* ``REJECTED "client id C already holds lease L"`` with our L: the lease is alive, the notice
+  was not the driver's; it is counted (``notice_not_confirmed``) and ignored;
+* ``OK``: the lease really was gone; the probe *is* the reattach (the new lease follows the
+  ``LeaseLost`` at once, so a real revoke costs no backoff);
+* any other refusal ("shutting down"), no answer within ``confirm_timeout_ns``, or a lost
+  media driver: the notice is confirmed and the lease is dropped as §4.9/§4.13 say.
+
+The deviation from "immediately" in §4.9/§4.13 is one driver round trip (bounded by
+``confirm_timeout_ns``); the regions stay mapped meanwhile, and consumers drop anything the
+producer writes to a revoked epoch by the epoch filter (Wire §10.2.1). docs/operator.md
+describes the exposure that remains and how directory permissions close it.
 """
 
 from __future__ import annotations
@@ -20,6 +43,7 @@ import enum
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass
 
 from tensorpool.client.announce import PoolSpec, StreamLayout
@@ -45,6 +69,7 @@ class LeaseState(enum.Enum):
     UNATTACHED = "unattached"
     ATTACHING = "attaching"
     ATTACHED = "attached"
+    CONFIRMING = "confirming"
     DETACHING = "detaching"
     BACKOFF = "backoff"
     CLOSED = "closed"
@@ -101,6 +126,14 @@ class ProducerRevoked:
 
 
 @dataclass(frozen=True, slots=True)
+class NoticeNotConfirmed:
+    """A revoke/shutdown notice for our lease that the driver contradicted: the lease is
+    alive, so the notice did not come from the driver (issue #14 §2). Only worth a log line."""
+
+    notice: str
+
+
+@dataclass(frozen=True, slots=True)
 class AttachFailed:
     """An attach was refused or malformed; retried after backoff. `code` None = protocol."""
 
@@ -115,7 +148,8 @@ Action = (
     | Attached
     | LeaseLost
     | ProducerRevoked
-    | (AttachFailed)
+    | NoticeNotConfirmed
+    | AttachFailed
 )
 
 
@@ -128,12 +162,17 @@ class LeaseTimings:
     busy_retry_ns: int = 250_000_000
     """Retry period while the driver refuses because an old lease is still held (#13.3):
     short, so the attach lands soon after that lease expires."""
+    confirm_timeout_ns: int = 500_000_000
+    """How long a revoke/shutdown notice for our lease waits for the driver to answer the
+    confirmation probe (issue #14 §2); no answer means the driver is gone: the notice holds."""
 
 
 # REJECTED messages that describe a state which ends by itself: the lease of a previous
 # (crashed) holder has not expired yet, or the driver is draining for shutdown. Matched on the
 # driver's message text: the protocol has one REJECTED code for every denial (driver/core.py).
 _TRANSIENT_REFUSALS = ("already has a producer", "already holds lease", "shutting down")
+# The duplicate-clientId refusal names the lease the driver holds for us (driver/core.py).
+_HELD_LEASE = re.compile(r"already holds lease (\d+)\b")
 
 
 def is_transient_refusal(code: int | None, message: str) -> bool:
@@ -175,6 +214,7 @@ class LeaseMachine:
         self._deadline = 0
         self._next_keepalive = 0
         self._backoff_ns = self.timings.backoff_initial_ns
+        self._notice: str | None = None  # the notice being confirmed (CONFIRMING)
         self.counters: dict[str, int] = {}
 
     def _count(self, key: str) -> None:
@@ -210,8 +250,13 @@ class LeaseMachine:
             )
         ]
 
+    @property
+    def holds_lease(self) -> bool:
+        """The lease is usable: attached, or attached with a notice being confirmed."""
+        return self.state in (LeaseState.ATTACHED, LeaseState.CONFIRMING)
+
     def detach(self, now: int) -> list[Action]:
-        if self.state is not LeaseState.ATTACHED or self.lease_id is None:
+        if not self.holds_lease or self.lease_id is None:
             self.state = LeaseState.CLOSED
             return []
         corr = self._next_corr()
@@ -222,8 +267,13 @@ class LeaseMachine:
 
     # --- inputs -------------------------------------------------------------------------------
     def on_attach_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
-        if self.state is not LeaseState.ATTACHING or r.correlation_id != self._pending:
+        if r.correlation_id != self._pending or self.state not in (
+            LeaseState.ATTACHING,
+            LeaseState.CONFIRMING,
+        ):
             return []  # someone else's response on the shared control stream
+        if self.state is LeaseState.CONFIRMING:
+            return self._on_probe_response(r, now)
         self._pending = None
         code = r.code_raw
         if code != _OK:
@@ -258,6 +308,59 @@ class LeaseMachine:
         self._next_keepalive = now + self._keepalive_ns
         return [Attached(lease_id, layout, expiry)]
 
+    def _begin_confirm(self, notice: str, now: int) -> list[Action]:
+        """A notice says our lease is gone: ask the driver before believing it (#14 §2).
+
+        The probe is an attach with our client id: the driver answers "already holds lease L"
+        while our lease lives (§4.8), and grants a new lease if it does not.
+        """
+        if self.state is LeaseState.CONFIRMING:
+            return []  # a duplicate notice (§4.9: tolerated idempotently)
+        self._count("notice_confirming")
+        corr = self._next_corr()
+        self._pending = corr
+        self._notice = notice
+        self.state = LeaseState.CONFIRMING
+        self._deadline = now + self.timings.confirm_timeout_ns
+        return [
+            SendAttach(
+                corr,
+                self.stream_id,
+                self.client_id,
+                self.role,
+                self.expected_layout_version,
+                self.publish_mode,
+                self.require_hugepages,
+            )
+        ]
+
+    def _on_probe_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
+        notice = self._notice or "notice"
+        code = r.code_raw
+        if code != _OK:
+            held = _HELD_LEASE.search(r.error_message)
+            if held is not None and int(held.group(1)) == self.lease_id:
+                # the driver still has our lease: the notice was not the driver's
+                self._count("notice_not_confirmed")
+                self._pending = None
+                self._notice = None
+                self.state = LeaseState.ATTACHED
+                return [NoticeNotConfirmed(notice)]
+            return self._confirmed(now)
+        # OK: our lease was really gone and the probe got a new one; report the loss first
+        self._count(f"notice_confirmed:{notice}")
+        lost = LeaseLost(notice)
+        self.state = LeaseState.ATTACHING
+        self.lease_id = None
+        self._notice = None
+        return [lost, *self.on_attach_response(r, now)]
+
+    def _confirmed(self, now: int) -> list[Action]:
+        notice = self._notice or "notice"
+        self._count(f"notice_confirmed:{notice}")
+        self._notice = None
+        return [LeaseLost(notice), *self._to_backoff(now)]
+
     def on_detach_response(self, r: dp.ShmDetachResponseDecoder, now: int) -> list[Action]:
         if self.state is LeaseState.DETACHING and r.correlation_id == self._pending:
             self._pending = None
@@ -270,15 +373,19 @@ class LeaseMachine:
         r.reason  # noqa: B018 - raises UnknownEnumValue
         role = int(r.role)
         if self.lease_id is not None and r.lease_id == self.lease_id:
-            if self.state in (LeaseState.ATTACHED, LeaseState.DETACHING):
+            reason = f"revoked:{r.reason.name.lower()}"
+            if self.holds_lease:
                 self._count("lease_revoked")
-                return [LeaseLost(f"revoked:{r.reason.name.lower()}"), *self._to_backoff(now)]
+                return self._begin_confirm(reason, now)  # #14 §2: the driver's word first
+            if self.state is LeaseState.DETACHING:  # we are leaving anyway
+                self._count("lease_revoked")
+                return [LeaseLost(reason), *self._to_backoff(now)]
             return []
         if (
             role == ROLE_PRODUCER
             and self.role == ROLE_CONSUMER
             and r.stream_id == self.stream_id
-            and self.state is LeaseState.ATTACHED
+            and self.holds_lease
         ):
             return [ProducerRevoked(r.stream_id)]
         return []
@@ -289,17 +396,19 @@ class LeaseMachine:
         if timestamp_ns is not None and timestamp_ns < self._attach_sent_ns:
             self._count("stale_shutdown_notice")
             return []
-        if self.state in (LeaseState.ATTACHED, LeaseState.ATTACHING, LeaseState.DETACHING):
+        if self.holds_lease:
             self._count("driver_shutdown")
-            lost = [LeaseLost("driver_shutdown")] if self.state is LeaseState.ATTACHED else []
-            return [*lost, *self._to_backoff(now)]
+            return self._begin_confirm("driver_shutdown", now)  # #14 §2: the driver's word first
+        if self.state in (LeaseState.ATTACHING, LeaseState.DETACHING):
+            self._count("driver_shutdown")
+            return self._to_backoff(now)
         return []
 
     def on_driver_silent(self, now: int) -> list[Action]:
         """§10: no announce from the driver for a freshness window means it died (a crash
         sends no notice); keepalives may still "succeed" into a log other processes read, so
         drop the lease and reattach rather than trust it."""
-        if self.state is LeaseState.ATTACHED:
+        if self.holds_lease:
             self._count("driver_silent")
             return [LeaseLost("driver_silent"), *self._to_backoff(now)]
         return []
@@ -309,7 +418,7 @@ class LeaseMachine:
         carried (our lease, a pending attach) may be gone with the driver that hosted it:
         drop the lease and attach again at once, with the backoff reset."""
         self._count("transport_reset")
-        lost = [LeaseLost("media_driver_restarted")] if self.state is LeaseState.ATTACHED else []
+        lost = [LeaseLost("media_driver_restarted")] if self.holds_lease else []
         if self.state in (LeaseState.CLOSED, LeaseState.DETACHING, LeaseState.UNATTACHED):
             return lost
         self._to_backoff(now)
@@ -319,14 +428,16 @@ class LeaseMachine:
 
     def on_keepalive_failed(self, now: int) -> list[Action]:
         """§4.4: a keepalive that cannot be sent is fatal for the lease: reattach."""
-        if self.state is LeaseState.ATTACHED:
+        if self.holds_lease:
             self._count("keepalive_send_failed")
             return [LeaseLost("keepalive_send_failed"), *self._to_backoff(now)]
         return []
 
     def tick(self, now: int) -> list[Action]:
         st = self.state
-        if st is LeaseState.ATTACHED:
+        if st is LeaseState.CONFIRMING and now >= self._deadline:
+            return self._confirmed(now)  # the driver did not answer: it is gone (#14 §2)
+        if st is LeaseState.ATTACHED or st is LeaseState.CONFIRMING:
             assert self.lease_id is not None
             if self.lease_expiry_ns is not None and now >= self.lease_expiry_ns:
                 # §4.2: a hard deadline; we stalled past it without a keepalive.
@@ -355,6 +466,7 @@ class LeaseMachine:
         self.lease_expiry_ns = None
         self.layout = None
         self._pending = None
+        self._notice = None
         self._deadline = now + self._backoff_ns
         self._backoff_ns = min(self._backoff_ns * 2, self.timings.backoff_max_ns)
         return []
@@ -467,6 +579,11 @@ class DriverClient:
     def lease_id(self) -> int | None:
         return self.machine.lease_id
 
+    @property
+    def holds_lease(self) -> bool:
+        """Attached, possibly confirming a revoke/shutdown notice with the driver (#14 §2)."""
+        return self.machine.holds_lease
+
     def _drop(self, reason: str) -> None:
         self.control_drops[reason] = self.control_drops.get(reason, 0) + 1
 
@@ -508,7 +625,10 @@ class DriverClient:
             # goes out or the machine gives up on it, instead of waiting out the timeout
             self._unsent_attach = None
             pending = m.pending_correlation_id
-            if m.state is LeaseState.ATTACHING and pending == unsent.correlation_id:
+            if (
+                m.state in (LeaseState.ATTACHING, LeaseState.CONFIRMING)
+                and pending == unsent.correlation_id
+            ):
                 self._events.append(unsent)
         out: list[Action] = []
         events, self._events = self._events, []
@@ -529,6 +649,14 @@ class DriverClient:
                         else logging.WARNING
                     )
                     log.log(level, "attach to stream %d failed: %s", m.stream_id, ev.message)
+                elif isinstance(ev, NoticeNotConfirmed):
+                    log.warning(
+                        "stream %d: a %s notice for our lease %s was not from the driver "
+                        "(it still holds the lease): ignored",
+                        m.stream_id,
+                        ev.notice,
+                        m.lease_id,
+                    )
                 out.append(ev)
         return out
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Iterable, Mapping
@@ -36,17 +35,28 @@ import numpy as np
 from tensorpool.client.announce import StreamLayout
 from tensorpool.client.driver_client import (
     ROLE_PRODUCER,
-    Attached,
-    AttachFailed,
     DriverClient,
-    LeaseLost,
     LeaseTimings,
-    is_transient_refusal,
 )
 from tensorpool.client.mapping import map_stream
+from tensorpool.client.producer_core import (
+    AttachWait,
+    MapLease,
+    OpenEpoch,
+    ProducerAction,
+    ProducerCore,
+    PublishAnnounce,
+    PublishMetadata,
+    PublishQos,
+    ReportDriverSilent,
+    RetryStreamLock,
+    SendConsumerConfig,
+    Unmap,
+)
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.counters import DropCounters, Reason
+from tensorpool.shm.epochs import gc_epoch_dirs, next_epoch, record_last_epoch
 from tensorpool.shm.errors import ShmError, WireLimitError
 from tensorpool.shm.layout import (
     MAX_NSLOTS,
@@ -69,24 +79,16 @@ from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
 from tensorpool.specs import CodecError, decode_any
 from tensorpool.specs.generated import wire
-from tensorpool.specs.generated.driver import PublishMode, ResponseCode
+from tensorpool.specs.generated.driver import PublishMode
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 
 log = logging.getLogger(__name__)
 
-_EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
 NO_LEASE = "no_lease"
 #: The largest frame one slot can hold: one stride (#13.4).
 MAX_FRAME_BYTES = MAX_STRIDE_BYTES
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ResponseCode(code).name
-    except ValueError:
-        return f"code {code}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +174,6 @@ class FrameClaim:
     array: np.ndarray
 
 
-LAST_EPOCH_FILE = "last-epoch"
-
-
 def _missing_dirs(directory: str) -> list[str]:
     """The directories on the way to ``directory`` that do not exist yet, deepest first."""
     missing: list[str] = []
@@ -186,33 +185,6 @@ def _missing_dirs(directory: str) -> list[str]:
             break
         d = parent
     return missing
-
-
-def next_epoch(instance_dir: str) -> int:
-    """One more than any epoch this instance used before (1 when none).
-
-    Epoch directories are removed on clean close, so the last epoch is also kept in a
-    small `last-epoch` file: a restart must never reuse an epoch (Wire Spec §15.2).
-    """
-    try:
-        names = os.listdir(instance_dir)
-    except FileNotFoundError:
-        return 1
-    epochs = [int(m.group(1)) for n in names if (m := _EPOCH_DIR.match(n))]
-    try:
-        with open(os.path.join(instance_dir, LAST_EPOCH_FILE)) as f:
-            epochs.append(int(f.read().strip() or 0))
-    except (FileNotFoundError, ValueError):
-        pass
-    return max(epochs, default=0) + 1
-
-
-def _record_epoch(instance_dir: str, epoch: int) -> None:
-    tmp = os.path.join(instance_dir, LAST_EPOCH_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{epoch}\n")
-    os.replace(tmp, os.path.join(instance_dir, LAST_EPOCH_FILE))
 
 
 class AttachError(RuntimeError):
@@ -252,6 +224,8 @@ class Producer:
         self.stream = stream_cfg
         self.stream_id = stream_cfg.stream_id
         self._clock = clock
+        self._attach_timeout_s = attach_timeout_s
+        self._wait_for_held_lease = wait_for_held_lease
         self._cleanup = cleanup_on_close and not driver
         self.stats = ProducerStats()
         self.meta_version = 0
@@ -262,7 +236,6 @@ class Producer:
         self._writer: SlotWriter | None = None
         self._layout: EpochLayout | None = None
         self._stream_lock: StreamLock | None = None
-        self._takeover = takeover
         self.epoch = 0
         s = self.settings
 
@@ -281,14 +254,16 @@ class Producer:
         # claim() layouts by (shape, dtype, order): building one costs more than the write
         self._claim_layouts: dict[tuple[object, ...], TensorLayout] = {}
         self._ctl_buf = bytearray(64 * 1024)
-        self._next_announce_ns = 0
-        self._next_qos_ns = 0
-        self._announce_now = False
-        self._pending_configs: list[tuple[int, int]] = []
+        self._core = ProducerCore(
+            self.stream_id,
+            driver_mode=driver,
+            announce_period_ns=s.announce_period_ns,
+            qos_period_ns=s.qos_period_ns,
+            freshness_ns=s.freshness_ns,
+            now_ns=clock(),
+        )
 
         self._driver: DriverClient | None = None
-        self._map_error: ShmError | None = None
-        self._last_driver_announce_ns = clock()
         if driver:
             self._driver = DriverClient(
                 ctx,
@@ -302,7 +277,9 @@ class Producer:
             )
             self.producer_id = self._driver.client_id
             self.instance_id = instance_id or ""
-            self._wait_attached(attach_timeout_s, wait_for_held_lease)
+            # #14.1: construction never blocks. do_work() attaches when the driver answers;
+            # until then `attached` is False (offers and claims count `no_lease`).
+            # wait_until_attached() is the blocking convenience for scripts and the CLI.
             return
 
         self.producer_id = producer_id if producer_id is not None else 1
@@ -322,6 +299,7 @@ class Producer:
         try:
             self._lock_stream(takeover)
             self._open_epoch()
+            self._core.on_epoch_opened(clock())  # its announce goes out at the first do_work
         except BaseException:
             self._closed = True
             if self._stream_lock is not None:
@@ -355,6 +333,7 @@ class Producer:
         except StreamBusy as exc:
             if not takeover:
                 raise
+            self._core.lock_pending = True
             log.warning(
                 "producer stream %d: taking over from a live producer (%s)",
                 self.stream_id,
@@ -372,6 +351,7 @@ class Producer:
                 dir_mode=dir_mode_for(self._file_mode),
                 file_mode=self._file_mode,
             )
+        self._core.on_stream_lock(self._stream_lock is not None)
 
     def _open_epoch(self) -> None:
         """Standalone: create a fresh epoch's regions and start writing there (§15.2)."""
@@ -379,9 +359,9 @@ class Producer:
         instance_dir = os.path.join(s.shm_base_dir, s.namespace, self.instance_id)
         epoch = next_epoch(instance_dir)
         self._layout = EpochLayout(s.shm_base_dir, s.namespace, self.instance_id, epoch)
-        self._gc_old_epochs(instance_dir, keep=self._keep_epochs)
+        gc_epoch_dirs(instance_dir, keep=self._keep_epochs)  # our own dead epochs
         regions = self._create_regions(epoch, self._prefault)
-        _record_epoch(instance_dir, epoch)
+        record_last_epoch(instance_dir, epoch)
         self._install(regions, epoch)
         log.info(
             "producer stream=%d epoch=%d regions under %s",
@@ -411,77 +391,56 @@ class Producer:
         self._regions = []
 
     # --- driver mode ----------------------------------------------------------------------------
-    def _wait_attached(self, timeout_s: float, wait_for_held_lease: bool = True) -> None:
-        """Block until the driver grants the lease and the regions are mapped.
+    def wait_until_attached(
+        self, timeout_s: float | None = None, *, wait_for_held_lease: bool | None = None
+    ) -> None:
+        """Drive :meth:`do_work` until the driver grants the lease and the regions are mapped.
 
-        A refusal because the stream's producer lease is still held (a crashed predecessor's,
-        which the driver expires after its keepalive grace) is retried until ``timeout_s``
-        when ``wait_for_held_lease`` (#13.3); callers with a retry loop of their own (the
-        bridge receiver, which must not stall) pass False and get the refusal at once.
+        The blocking convenience for scripts and the CLI; the constructor never blocks (#14.1).
+        Defaults come from the constructor's ``attach_timeout_s`` / ``wait_for_held_lease``.
+        A refusal because the stream's producer lease is still held (a crashed predecessor's)
+        is waited out until the timeout when ``wait_for_held_lease`` (#13.3); callers with a
+        retry loop of their own (the bridge receiver) pass False and get the refusal at once.
+        Standalone producers are attached from construction: this returns at once.
+        Raises :class:`AttachError`; the producer stays usable (close it, or keep calling
+        do_work to let it attach later).
         """
-        deadline = time.monotonic() + timeout_s
-        waiting_since: float | None = None
-        refusal = ""
-        while self._writer is None:
-            failure = self._poll_driver()
-            if failure is not None and failure.code is not None:
-                refusal = (
-                    f"driver refused producer attach for stream {self.stream_id}: "
-                    f"{_code_name(failure.code)} {failure.message}".rstrip()
-                )
-                if not (
-                    wait_for_held_lease and is_transient_refusal(failure.code, failure.message)
-                ):
-                    raise AttachError(refusal)
-                # #13.3: a crashed predecessor's lease holds the stream until it expires;
-                # retry until then (bounded by the attach timeout), saying once why we wait
-                if waiting_since is None:
-                    waiting_since = time.monotonic()
-                    log.warning(
-                        "producer stream %d: the driver says %r; a crashed producer's lease "
-                        "expires by itself: retrying until then, for up to %.0f s "
-                        "(attach timeout)",
-                        self.stream_id,
-                        failure.message,
-                        max(0.0, deadline - waiting_since),
-                    )
-            if time.monotonic() > deadline:
-                if refusal:
-                    raise AttachError(
-                        f"{refusal}; still refused after {timeout_s:g} s (attach timeout)"
-                    )
-                if self._map_error is not None:
-                    raise AttachError(
-                        f"attached to stream {self.stream_id} but cannot map the driver's "
-                        f"regions: {self._map_error} (is the driver's shm base dir among "
-                        "this client's allowed base dirs?)"
-                    )
-                raise AttachError(
-                    f"no attach response from the driver for stream {self.stream_id} "
-                    f"within {timeout_s:g} s (is `tensorpool driver` running?)"
-                )
+        if self._driver is None:
+            return
+        timeout = self._attach_timeout_s if timeout_s is None else timeout_s
+        wait_held = (
+            self._wait_for_held_lease if wait_for_held_lease is None else wait_for_held_lease
+        )
+        core = self._core
+        core.attach_failures.clear()
+        wait = AttachWait(
+            self.stream_id, int(timeout * 1e9), self._clock(), wait_for_held_lease=wait_held
+        )
+        while not core.attached:
+            self.do_work()
+            now = self._clock()
+            for failure in core.attach_failures:
+                fatal, note = wait.on_failure(failure, now)
+                if fatal is not None:
+                    core.attach_failures.clear()
+                    raise AttachError(fatal)
+                if note is not None:
+                    log.warning("%s", note)
+            core.attach_failures.clear()
+            if core.attached:
+                break
+            error = wait.expired(now, core.map_error)
+            if error is not None:
+                raise AttachError(error)
             time.sleep(0.001)
 
-    def _poll_driver(self) -> AttachFailed | None:
-        assert self._driver is not None
-        failure = None
-        for ev in self._driver.do_work(self._clock()):
-            if isinstance(ev, Attached):
-                self._attach_layout(ev.layout)
-            elif isinstance(ev, LeaseLost):
-                log.warning("producer stream %d lost its lease: %s", self.stream_id, ev.reason)
-                self._uninstall()
-            elif isinstance(ev, AttachFailed):
-                failure = ev
-        return failure
-
-    def _attach_layout(self, layout: StreamLayout) -> None:
+    def _map_lease(self, layout: StreamLayout) -> None:
         self._uninstall()
         try:
             regions = map_stream(layout, PathPolicy(self.settings.base_dirs), writable=True)
         except ShmError as exc:
             self.stats.drops.increment(exc.reason)
-            self._map_error = exc
+            self._core.on_map_failed(str(exc))
             log.error("producer stream %d cannot map driver regions: %s", self.stream_id, exc)
             return
         self.stream = StreamConfig(
@@ -493,9 +452,18 @@ class Producer:
             summary=self.stream.summary,
         )
         self._install(regions, layout.epoch)
-        self._last_driver_announce_ns = self._clock()
-        self._announce_now = True  # metadata for the new epoch right away
+        self._core.on_mapped(self._clock())
         log.info("producer stream=%d attached, epoch %d", self.stream_id, layout.epoch)
+
+    @property
+    def lease_id(self) -> int | None:
+        """The driver lease (None standalone, or while not attached)."""
+        return None if self._driver is None else self._driver.lease_id
+
+    @property
+    def lease_counters(self) -> dict[str, int]:
+        """The lease machine's counters (driver mode; empty standalone)."""
+        return {} if self._driver is None else dict(self._driver.machine.counters)
 
     @property
     def attached(self) -> bool:
@@ -503,16 +471,6 @@ class Producer:
         return self._writer is not None
 
     # --- setup --------------------------------------------------------------------------------
-    def _gc_old_epochs(self, instance_dir: str, keep: int) -> None:
-        """Remove our own dead epoch directories, newest `keep` kept for post-mortems."""
-        try:
-            names = os.listdir(instance_dir)
-        except FileNotFoundError:
-            return
-        old = sorted((int(m.group(1)), n) for n in names if (m := _EPOCH_DIR.match(n)))
-        for _, name in old[: max(0, len(old) - keep)]:
-            shutil.rmtree(os.path.join(instance_dir, name), ignore_errors=True)
-
     def _create_regions(self, epoch: int, prefault: bool) -> list[ShmRegion]:
         """Create (and fully allocate) the epoch's files, or nothing at all (#13.4).
 
@@ -654,10 +612,14 @@ class Producer:
         *,
         timestamp_ns: int | None = None,
         meta_version: int | None = None,
+        values_len_bytes: int | None = None,
     ) -> int | None:
         """Write the header, commit the slot, then publish its descriptor; return the seq.
 
-        Returns None if the lease was lost since the claim (the slot is gone with it).
+        ``values_len_bytes`` defaults to the tensor extent; a relay passes its source's value
+        (#14.3: 0 for an empty payload, or more than the extent, Wire §8.2) after filling
+        the slot from a claim at least that large. Returns None if the lease was lost since
+        the claim (the slot is gone with it).
         """
         writer = self._writer
         if writer is None:
@@ -667,7 +629,7 @@ class Producer:
             raise ValueError(f"claim for seq {claim.seq} is not the open claim ({self._seq})")
         ts = self._clock() if timestamp_ns is None else timestamp_ns
         mv = self.meta_version if meta_version is None else meta_version
-        nbytes = claim.layout.extent_bytes
+        nbytes = claim.layout.extent_bytes if values_len_bytes is None else values_len_bytes
         writer.write_header(
             claim.header_index,
             pool_id=claim.pool_id,
@@ -757,66 +719,68 @@ class Producer:
             dec = decode_any(buffer)
         except CodecError:
             return  # other traffic shares the control stream; consumers count their own
-        if (
-            isinstance(dec, wire.ShmPoolAnnounceDecoder)
-            and self._driver is not None
-            and dec.stream_id == self.stream_id
-        ):
-            self._last_driver_announce_ns = self._clock()  # the driver is alive
-        elif isinstance(dec, wire.ConsumerHelloDecoder) and dec.stream_id == self.stream_id:
-            self._announce_now = True
-            self._pending_configs.append((dec.consumer_id, dec.mode_raw))
+        if isinstance(dec, wire.ShmPoolAnnounceDecoder):
+            self._core.on_driver_announce(dec.stream_id, self._clock())
+        elif isinstance(dec, wire.ConsumerHelloDecoder):
+            self._core.on_consumer_hello(dec.stream_id, dec.consumer_id, dec.mode_raw)
 
     def do_work(self, now_ns: int | None = None) -> int:
-        """Poll the control stream and run due periodic duties; return work done."""
+        """Poll the control stream, the lease, and run the core's due duties; return work done."""
         if self._closed:  # inert after close: offers and claims count `no_lease`
             return 0
         now = self._clock() if now_ns is None else now_ns
+        core = self._core
         work = self._sub_control.poll()
         if self._driver is not None:
-            self._poll_driver()
-            if self._writer is not None and now - self._last_driver_announce_ns > (
-                self.settings.freshness_ns
-            ):  # no announce for our stream: the driver died without notice (§10)
-                self._last_driver_announce_ns = now
-                for ev in self._driver.driver_silent(now):
-                    if isinstance(ev, LeaseLost):
-                        log.warning(
-                            "producer stream %d: driver silent, reattaching", self.stream_id
-                        )
-                        self._uninstall()
-        if self._pending_configs:
-            for consumer_id, mode in self._pending_configs:
-                self._send_consumer_config(consumer_id, mode)
-            work += len(self._pending_configs)
-            self._pending_configs.clear()
-        if self._announce_now or now >= self._next_announce_ns:
-            self._announce_now = False
-            self._next_announce_ns = now + self.settings.announce_period_ns
-            if self._driver is None:  # in driver mode the driver announces (§8)
-                self._announce(now)
-                if self._stream_lock is None and self._takeover:
-                    self._retry_stream_lock()
-            self._send_metadata(now)
-            work += 1
-        if now >= self._next_qos_ns:
-            self._next_qos_ns = now + self.settings.qos_period_ns
-            n = wire.QosProducerEncoder.encode(
-                self._ctl_buf,
-                0,
-                stream_id=self.stream_id,
-                producer_id=self.producer_id,
-                epoch=self.epoch,
-                current_seq=self._seq,
-            )
-            self._pub_qos.offer(self._ctl_buf, 0, n)
-            work += 1
-        return work
+            events = self._driver.do_work(now)
+            if events:
+                work += self._execute(core.on_lease_events(events, now), now)
+        truncated = (
+            not core.driver_mode
+            and core.announce_due(now)
+            and any(r.truncated() for r in self._regions)
+        )
+        return work + self._execute(core.tick(now, regions_truncated=truncated), now)
+
+    def _execute(self, actions: list[ProducerAction], now: int) -> int:
+        """Carry out the core's actions in order (producer_core's execution contract)."""
+        for action in actions:
+            if isinstance(action, PublishAnnounce):
+                self._announce(action.now_ns)
+            elif isinstance(action, PublishMetadata):
+                self._send_metadata(action.now_ns)
+            elif isinstance(action, PublishQos):
+                self._send_qos()
+            elif isinstance(action, SendConsumerConfig):
+                self._send_consumer_config(action.consumer_id, action.mode)
+            elif isinstance(action, OpenEpoch):
+                self._execute(self._replace_epoch(action.reason, now), now)
+            elif isinstance(action, RetryStreamLock):
+                self._retry_stream_lock()
+            elif isinstance(action, MapLease):
+                self._map_lease(action.layout)
+            elif isinstance(action, Unmap):
+                log.warning("producer stream %d lost its lease: %s", self.stream_id, action.reason)
+                self._uninstall()
+            elif isinstance(action, ReportDriverSilent) and self._driver is not None:
+                log.warning("producer stream %d: driver silent, reattaching", self.stream_id)
+                lost = self._driver.driver_silent(now)
+                self._execute(self._core.on_lease_events(lost, now), now)
+        return len(actions)
+
+    def _send_qos(self) -> None:
+        n = wire.QosProducerEncoder.encode(
+            self._ctl_buf,
+            0,
+            stream_id=self.stream_id,
+            producer_id=self.producer_id,
+            epoch=self.epoch,
+            current_seq=self._seq,
+        )
+        self._pub_qos.offer(self._ctl_buf, 0, n)
 
     def _announce(self, now: int) -> None:
-        stale = self._writer is None or any(r.truncated() for r in self._regions)
-        if stale and not self._replace_epoch():
-            return
+        """Refresh the superblocks' activity stamp, then announce the regions (§10.1)."""
         for region in self._regions:
             region.refresh_activity(now)
         n = wire.ShmPoolAnnounceEncoder.encode(
@@ -836,39 +800,36 @@ class Producer:
         if self._pub_control.offer(self._ctl_buf, 0, n):
             self.stats.announces += 1
 
-    def _replace_epoch(self) -> bool:
+    def _replace_epoch(self, reason: str, now: int) -> list[ProducerAction]:
         """#13.4: a region file shrank under us (someone truncated it); touching it would be a
         SIGBUS. Leave that epoch and start a fresh one; consumers follow the new announce.
-        Returns False (retried at the next announce) when the new epoch cannot be created."""
+        A new epoch that cannot be created is retried at the next announce."""
         if self._regions:
-            self.stats.drops.increment(Reason.REGION_TRUNCATED)
-            log.error(
-                "producer stream %d epoch %d: a region file was truncated by someone else; "
-                "moving to a new epoch",
-                self.stream_id,
-                self.epoch,
-            )
+            if reason == "region_truncated":
+                self.stats.drops.increment(Reason.REGION_TRUNCATED)
+                log.error(
+                    "producer stream %d epoch %d: a region file was truncated by someone "
+                    "else; moving to a new epoch",
+                    self.stream_id,
+                    self.epoch,
+                )
             self._uninstall()
         try:
             self._open_epoch()
         except (OSError, ShmError) as exc:
             log.error("producer stream %d: cannot create a new epoch: %s", self.stream_id, exc)
-            return False
-        return True
+            return self._core.on_epoch_failed(now)
+        return self._core.on_epoch_opened(now)
 
     def _send_consumer_config(self, consumer_id: int, mode: int) -> None:
         """Decline per-consumer streams (§10.1.3): empty channels, zero stream ids."""
-        try:
-            mode_value = int(wire.Mode(mode))
-        except ValueError:
-            mode_value = int(wire.Mode.STREAM)
         n = wire.ConsumerConfigEncoder.encode(
             self._ctl_buf,
             0,
             stream_id=self.stream_id,
             consumer_id=consumer_id,
             use_shm=int(wire.Bool.TRUE),
-            mode=mode_value,
+            mode=mode,
             descriptor_stream_id=0,
             control_stream_id=0,
             payload_fallback_uri="",
@@ -893,14 +854,22 @@ class Producer:
         """Largest frame (bytes) any pool accepts."""
         return max(p.stride_bytes for p in self.stream.pools)
 
-    def close(self) -> None:
-        """Stop producing; with `cleanup_on_close`, remove this epoch's files (§15.21a.7)."""
+    def close(self, *, detach_timeout_ns: int | None = None) -> None:
+        """Stop producing; with `cleanup_on_close`, remove this epoch's files (§15.21a.7).
+
+        Driver mode waits up to ``detach_timeout_ns`` (default 1 s) for the detach response;
+        0 sends the detach and returns at once (a relay that must not block, #14.3).
+        """
         if self._closed:
             return
         self._closed = True
+        self._core.closed()
         self._uninstall()
         if self._driver is not None:
-            self._driver.close()
+            if detach_timeout_ns is None:
+                self._driver.close()
+            else:
+                self._driver.close(timeout_ns=detach_timeout_ns)
         for res in (
             self._sub_control,
             self._pub_control,

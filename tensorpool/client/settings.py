@@ -1,9 +1,10 @@
 """Where a producer or consumer talks and where its shared memory lives.
 
-Defaults follow the stream-id guidance of Wire Spec §15.11 (control 1000,
-descriptors 1100, QoS 1200, metadata 1300, all on Aeron IPC) and the 1 Hz
-cadences it recommends; the freshness window is 3x the announce period
-(§10.1.1, §15.1). Producers and consumers of one deployment must agree on these.
+The control-plane endpoints and the deployment defaults (namespace, base directory, media
+driver directory) are :mod:`tensorpool.endpoints`' — one type and one set of defaults for every
+tensorpool process (#14.1); they are re-exported here for the client's callers. Cadences follow
+the 1 Hz the Wire Spec recommends; the freshness window is 3x the announce period (§10.1.1,
+§15.1). Producers and consumers of one deployment must agree on these.
 """
 
 from __future__ import annotations
@@ -11,67 +12,52 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tensorpool.endpoints import (
+    DEFAULT_CONTROL_STREAM_ID,
+    DEFAULT_DESCRIPTOR_STREAM_ID,
+    DEFAULT_METADATA_STREAM_ID,
+    DEFAULT_NAMESPACE,
+    DEFAULT_QOS_STREAM_ID,
+    DEFAULT_SHM_BASE_DIR,
+    IPC_CONTROL,
+    IPC_DESCRIPTORS,
+    Endpoints,
+    default_aeron_dir,
+    default_shm_base_dir,
+)
 from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.config import TransportConfig
 
+__all__ = [
+    "DEFAULT_CONTROL_STREAM_ID",
+    "DEFAULT_DESCRIPTOR_STREAM_ID",
+    "DEFAULT_METADATA_STREAM_ID",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_QOS_STREAM_ID",
+    "DEFAULT_SHM_BASE_DIR",
+    "IPC",
+    "IPC_CONTROL",
+    "IPC_DESCRIPTORS",
+    "SEC",
+    "Channels",
+    "ClientSettings",
+    "Endpoints",
+    "default_aeron_dir",
+    "default_shm_base_dir",
+]
+
 IPC = "aeron:ipc"
-# Explicit term lengths: Aeron's IPC default is 64 MiB per publication, and every producer
-# opens four. Control traffic is tiny; the descriptor log holds ~170k descriptors per 16 MiB,
-# far more than any ring, so a lagging consumer resyncs long before it back-pressures.
-IPC_CONTROL = "aeron:ipc?term-length=4m"
-IPC_DESCRIPTORS = "aeron:ipc?term-length=16m"
-DEFAULT_CONTROL_STREAM_ID = 1000
-DEFAULT_DESCRIPTOR_STREAM_ID = 1100
-DEFAULT_QOS_STREAM_ID = 1200
-DEFAULT_METADATA_STREAM_ID = 1300
-DEFAULT_NAMESPACE = "tensorpool"
 SEC = 1_000_000_000
 
-
-# One default for every component, so a client attached to a driver accepts the driver's
-# paths without flags (the reference configuration's value). Override per deployment.
-DEFAULT_SHM_BASE_DIR = "/dev/shm/tensorpool"
-
-
-def default_shm_base_dir() -> str:
-    """`/dev/shm/tensorpool` (tmpfs); `<tmp>/tensorpool` where there is no /dev/shm."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        return DEFAULT_SHM_BASE_DIR
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), "tensorpool")
-
-
-def default_aeron_dir() -> str:
-    """Where `tensorpool mediadriver` / the SHM driver serve by default, and clients look."""
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
-
-
-@dataclass(frozen=True, slots=True)
-class Channels:
-    control_channel: str = IPC_CONTROL
-    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
-    descriptor_channel: str = IPC_DESCRIPTORS
-    descriptor_stream_id: int = DEFAULT_DESCRIPTOR_STREAM_ID
-    qos_channel: str = IPC_CONTROL
-    qos_stream_id: int = DEFAULT_QOS_STREAM_ID
-    metadata_channel: str = IPC_CONTROL
-    metadata_stream_id: int = DEFAULT_METADATA_STREAM_ID
-
-    def __post_init__(self) -> None:
-        for name in ("control", "descriptor", "qos", "metadata"):
-            sid = getattr(self, f"{name}_stream_id")
-            if not 0 < sid < 2**31:
-                raise ValueError(f"{name}_stream_id: must be in 1..2^31-1, got {sid}")
-            if not getattr(self, f"{name}_channel").startswith("aeron:"):
-                raise ValueError(f"{name}_channel: not an Aeron channel URI")
+#: The former name of :class:`tensorpool.endpoints.Endpoints` — the same class, kept so
+#: existing callers (``Channels(control_stream_id=...)``) work unchanged.
+Channels = Endpoints
 
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     transport: TransportConfig = field(default_factory=TransportConfig)
-    channels: Channels = field(default_factory=Channels)
+    channels: Endpoints = field(default_factory=Endpoints)
     shm_base_dir: str = field(default_factory=default_shm_base_dir)
     namespace: str = DEFAULT_NAMESPACE
     allowed_base_dirs: tuple[str, ...] = ()

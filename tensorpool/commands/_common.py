@@ -6,9 +6,10 @@ import argparse
 import os
 
 from tensorpool.cli import UserError
-from tensorpool.client.settings import (
-    Channels,
-    ClientSettings,
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import (
+    ENDPOINT_NAMES,
+    Endpoints,
     default_aeron_dir,
     default_shm_base_dir,
 )
@@ -57,16 +58,28 @@ def add_shm_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_channel_args(p: argparse.ArgumentParser) -> None:
-    d = Channels()
+    """``--<name>-channel`` / ``--<name>-stream-id`` for the four endpoints (#14.1: the same
+    defaults as every config; validated by :class:`~tensorpool.endpoints.Endpoints`)."""
+    d = Endpoints()
     g = p.add_argument_group("channels")
-    g.add_argument("--control-channel", default=d.control_channel)
-    g.add_argument("--control-stream-id", type=int, default=d.control_stream_id)
-    g.add_argument("--descriptor-channel", default=d.descriptor_channel)
-    g.add_argument("--descriptor-stream-id", type=int, default=d.descriptor_stream_id)
-    g.add_argument("--qos-channel", default=d.qos_channel)
-    g.add_argument("--qos-stream-id", type=int, default=d.qos_stream_id)
-    g.add_argument("--metadata-channel", default=d.metadata_channel)
-    g.add_argument("--metadata-stream-id", type=int, default=d.metadata_stream_id)
+    for name in ENDPOINT_NAMES:
+        g.add_argument(f"--{name}-channel", default=getattr(d, f"{name}_channel"))
+        g.add_argument(f"--{name}-stream-id", type=int, default=getattr(d, f"{name}_stream_id"))
+
+
+def endpoints_from_args(args: argparse.Namespace) -> Endpoints:
+    """The endpoints the channel options name; a bad value is a one-line UserError."""
+    try:
+        return Endpoints(
+            **{
+                f"{name}_{kind}": getattr(args, f"{name}_{kind}")
+                for name in ENDPOINT_NAMES
+                for kind in ("channel", "stream_id")
+            }
+        )
+    except ValueError as exc:
+        field_name, _, reason = str(exc).partition(": ")
+        raise UserError(f"--{field_name.replace('_', '-')}: {reason}") from None
 
 
 def transport_config(args: argparse.Namespace):  # -> TransportConfig
@@ -89,16 +102,7 @@ def transport_config(args: argparse.Namespace):  # -> TransportConfig
 
 def client_settings(args: argparse.Namespace) -> ClientSettings:
     try:
-        channels = Channels(
-            control_channel=args.control_channel,
-            control_stream_id=args.control_stream_id,
-            descriptor_channel=args.descriptor_channel,
-            descriptor_stream_id=args.descriptor_stream_id,
-            qos_channel=args.qos_channel,
-            qos_stream_id=args.qos_stream_id,
-            metadata_channel=args.metadata_channel,
-            metadata_stream_id=args.metadata_stream_id,
-        )
+        channels = endpoints_from_args(args)
         base = os.path.abspath(args.shm_base_dir)
         reason = unsafe_root_reason(base)  # #13.1: standalone producers create regions there
         if reason is not None:

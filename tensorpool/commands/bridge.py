@@ -21,11 +21,11 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import time
 
 from tensorpool.cli import UserError
+from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
 log = logging.getLogger("tensorpool.bridge")
@@ -84,14 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         log.warning("%s: %s", args.config, warning)
 
-    stop = False
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopSignals().install()
     try:
         app = BridgeApp(config, send_strategy=args.send_strategy)
     except MediaDriverError as exc:
@@ -112,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     mode = ", ".join(f"{m.name} ({m.role.value})" for m in config.mappings)
     log.info("bridge %s running: %s", config.bridge.instance_id, mode)
     try:
-        while not stop:
+        while not stop.requested:
             idle.idle(app.do_work())
             now = time.monotonic()
             if now >= next_status:

@@ -16,6 +16,7 @@ from tensorpool.commands._common import (
     client_settings,
     start_context,
 )
+from tensorpool.transport.process import StopSignals
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,13 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = client_settings(args)
     mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
-    stop = False
-
-    def on_term(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop = StopSignals((signal.SIGTERM,)).install()
     ctx = start_context(settings)
     try:
         consumer = Consumer(
@@ -96,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     next_report = start + interval
     last = (0, 0, 0, 0)
     try:
-        while not stop:
+        while not stop.requested:
             got = consumer.poll(handler, 64)
             idle.idle(got)
             now = time.monotonic()

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from tensorpool.commands._common import add_shm_args
+from tensorpool.endpoints import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
     from tensorpool.shm.paths import PathPolicy
@@ -79,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument(
         "--namespace",
-        default="tensorpool",
+        default=DEFAULT_NAMESPACE,
         help="namespace directory under --shm-base-dir searched for a stream id (%(default)s)",
     )
     add_shm_args(p)
@@ -560,7 +561,7 @@ def build_report(
     target: str,
     *,
     shm_base_dir: str,
-    namespace: str = "tensorpool",
+    namespace: str = DEFAULT_NAMESPACE,
     allowed_base_dirs: Iterable[str] = (),
     now_ns: int,
     probe: PidProbe = pid_alive,

@@ -20,6 +20,7 @@ from tensorpool.commands._common import (
     start_context,
 )
 from tensorpool.config_util import parse_octal_mode
+from tensorpool.transport.process import StopSignals
 
 if TYPE_CHECKING:
     from tensorpool.client.producer import Producer
@@ -179,19 +180,18 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
 
-    stop = False
-
-    def on_term(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop = StopSignals((signal.SIGTERM,)).install()
     ctx = start_context(settings)
     try:
         if args.driver:
             producer = Producer(
                 ctx, args.stream_id, settings, driver=True, attach_timeout_s=args.attach_timeout
             )
+            try:
+                producer.wait_until_attached()  # #14.1: the constructor does not block
+            except AttachError:
+                producer.close()
+                raise
         else:
             producer = Producer(
                 ctx,
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if meta:
             producer.set_metadata(meta)
-        _loop(producer, pattern, args, lambda: stop)
+        _loop(producer, pattern, args, lambda: stop.requested)
     except KeyboardInterrupt:
         pass
     finally:

@@ -19,12 +19,12 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
 log = logging.getLogger("tensorpool.ratelimiter")
@@ -60,12 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str | None):  # -> RateLimiterConfig
+    from tensorpool.driver.config import load_driver_config
     from tensorpool.ratelimiter.config import ConfigError, load_ratelimiter_config
 
     if not path:
         raise UserError(f"--config FILE is required (or set {ENV_CONFIG})")
-    try:
-        return load_ratelimiter_config(path)
+    try:  # the command composes the two agents' configs: driver.config profile checks
+        return load_ratelimiter_config(path, load_driver=load_driver_config)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 
@@ -107,14 +108,7 @@ def run(args: argparse.Namespace) -> int:
     except MediaDriverError as exc:
         print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
         return 1
-    stop = False
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopSignals().install()
     try:
         try:
             agent = RateLimiterAgent(config, ctx, attach_timeout_s=args.attach_timeout)
@@ -126,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")
         try:
-            while not stop:
+            while not stop.requested:
                 idle.idle(agent.do_work())
                 now = time.monotonic()
                 if now >= next_stats:

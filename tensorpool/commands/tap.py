@@ -14,10 +14,13 @@ decodes each message by the ``(schemaId, templateId)`` in its SBE header
 * ``fields`` is the decoder's ``to_dict()``: enums print as their names, optional fields holding
   the null sentinel print as ``null``, byte strings (varData, uint8 arrays) as lowercase **hex**
   (hex rather than base64 because it lines up with ``--hex`` input and hexdumps), groups as
-  lists of objects.
+  lists of objects. One exception: the ``token`` of a ``ShmDriverShutdownRequest`` prints as
+  ``"<redacted>"`` (``""`` when none was sent), so tap output and logs never carry the
+  driver's shutdown token (#14.2).
 * A message that does not decode prints ``{"ts_ns", "stream_id", "session_id", "length",
   "error": <CodecError.reason>, "detail": ..., "hex": <first 64 bytes>}`` (plus ``schema_id``
-  and ``template_id`` when the 8-byte header was readable), and tapping continues.
+  and ``template_id`` when the 8-byte header was readable; for a shutdown request only the
+  bytes before its token), and tapping continues.
 
 ``--count N`` stops after N lines, ``--duration S`` after S seconds (whichever comes first;
 neither: until Ctrl-C or SIGTERM). ``--hex HEX`` decodes one message given on the command line
@@ -40,12 +43,12 @@ import enum
 import json
 import os
 import sys
-import threading
 from collections.abc import Buffer
 from typing import Any, Final
 
 from tensorpool.client.settings import Channels
 from tensorpool.commands._common import add_transport_args
+from tensorpool.transport.process import StopSignals
 
 HEX_PREVIEW_BYTES: Final = 64
 _INT32_MIN: Final = -(2**31)
@@ -95,6 +98,26 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _shutdown_request_ids() -> tuple[int, int]:
+    from tensorpool.specs.generated import driver
+
+    dec = driver.ShmDriverShutdownRequestDecoder
+    return dec.SCHEMA_ID, dec.TEMPLATE_ID
+
+
+#: ``ShmDriverShutdownRequest`` carries the driver's shutdown token (Driver Model §4.13): a
+#: tap must not hand it to whoever reads its output or logs (#14.2).
+_SHUTDOWN_REQUEST: Final = _shutdown_request_ids()
+#: Its SBE header and fixed block; the token (var data) starts right after.
+_SHUTDOWN_REQUEST_FIXED_BYTES: Final = 8 + 9
+REDACTED: Final = "<redacted>"
+
+
+def redact(token: Any) -> str:
+    """The shutdown token as printed: only whether one was sent (not even its length)."""
+    return REDACTED if token else ""
+
+
 def message_record(
     buf: Buffer, *, ts_ns: int | None, stream_id: int | None, session_id: int | None
 ) -> dict[str, Any]:
@@ -127,11 +150,16 @@ def message_record(
                 record["template_id"] = template_id
             record["error"] = exc.reason
             record["detail"] = str(exc)
-            record["hex"] = view[:HEX_PREVIEW_BYTES].hex()
+            preview = HEX_PREVIEW_BYTES
+            if (record.get("schema_id"), record.get("template_id")) == _SHUTDOWN_REQUEST:
+                preview = _SHUTDOWN_REQUEST_FIXED_BYTES  # #14.2: the token follows: not shown
+            record["hex"] = view[:preview].hex()
             return record
         record["schema_id"] = dec.SCHEMA_ID
         record["template_id"] = dec.TEMPLATE_ID
         record["message"] = dec.NAME
+        if (dec.SCHEMA_ID, dec.TEMPLATE_ID) == _SHUTDOWN_REQUEST and "token" in fields:
+            fields["token"] = redact(fields["token"])
         record["fields"] = fields
         return record
     finally:
@@ -242,10 +270,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
 
-    stop = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, lambda _s, _f: stop.set())
+    stop = StopSignals((signal.SIGTERM,)).install()
     remaining = args.count
     out = sys.stdout
     try:
@@ -253,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
             subs = [_subscribe(ctx, args.channel, sid, on_message) for sid in stream_ids]
             deadline = None if args.duration is None else now_ns() + int(args.duration * 1e9)
             idle = BackoffIdleStrategy()
-            while not stop.is_set():
+            while not stop.requested:
                 work = 0
                 for sub in subs:
                     work += sub.poll()
@@ -272,6 +297,5 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         _silence_stdout()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        stop.restore()
     return 0

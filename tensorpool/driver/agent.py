@@ -256,8 +256,13 @@ class DriverAgent:
             self._execute(core.begin_shutdown(now, reason, message), now)
             work += 1
         if self._force_stop and self._terminate_at is None:
-            # Skip the drain, not the notice (nor the short linger that lets it arrive).
-            self._publish_shutdown(PublishShutdown(now, drv.ShutdownReason.NORMAL, "forced"), now)
+            # Skip the drain, not the notices (§4.9 per lease, §4.13), nor the short linger
+            # that lets them arrive.
+            self._execute(core.stop_now(now, drv.ShutdownReason.NORMAL, "forced"), now)
+            if self._terminate_at is None:  # the core had stopped already
+                self._publish_shutdown(
+                    PublishShutdown(now, drv.ShutdownReason.NORMAL, "forced"), now
+                )
         deadline = core.next_deadline_ns()
         if deadline is not None and now >= deadline:
             self._execute(core.tick(now), now)

@@ -1,4 +1,4 @@
-"""SHM driver configuration (Driver Model v1.0 §17, CONFIG_REFERENCE §1).
+"""SHM driver configuration (Driver Model v1.0 §17 and its configuration reference).
 
 A TOML file with five key families is turned into frozen, validated dataclasses:
 
@@ -51,22 +51,34 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR, IPC_CONTROL
 from tensorpool.config_util import (
-    INT32_MAX,
     UINT16_MAX,
-    UINT32_MAX,
     UINT64_MAX,
     ConfigError,
     EnvOverrides,
     IdRange,
     Section,
-    check_aeron_channel,
     check_path_component,
     is_power_of_two,
     load_toml,
     parse_octal_mode,
     ranges_overlap,
+)
+from tensorpool.endpoints import (
+    DEFAULT_CONTROL_STREAM_ID,
+    DEFAULT_DESCRIPTOR_STREAM_ID,
+    DEFAULT_METADATA_STREAM_ID,
+    DEFAULT_NAMESPACE,
+    DEFAULT_QOS_STREAM_ID,
+    DEFAULT_SHM_BASE_DIR,
+    IPC_CONTROL,
+    MAX_AERON_STREAM_ID,
+    MAX_DATA_STREAM_ID,
+    Endpoints,
+    check_endpoints,
+    read_aeron_stream_id,
+    read_channel,
+    read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason, world_writable_reason
 from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES
@@ -81,13 +93,13 @@ __all__ = [
     "HEADER_SLOT_BYTES",
     "ConfigError",
     "DriverConfig",
-    "DriverEndpoints",
+    "DriverSettings",
     "IdRange",
     "PoliciesConfig",
-    "PoolConfig",
     "ProfileConfig",
+    "ProfilePool",
+    "ProvisionedStream",
     "ShmConfig",
-    "StreamConfig",
     "load_driver_config",
     "parse_driver_config",
 ]
@@ -95,14 +107,10 @@ __all__ = [
 #: Wire Spec v1.1: every header slot is exactly 256 bytes.
 HEADER_SLOT_BYTES = 256
 
-DEFAULT_CHANNEL = IPC_CONTROL  # the clients' default: one control log for everyone
-DEFAULT_CONTROL_STREAM_ID = 1000
-DEFAULT_DESCRIPTOR_STREAM_ID = 1100
-DEFAULT_QOS_STREAM_ID = 1200
-DEFAULT_METADATA_STREAM_ID = 1300
+#: The control channel every tensorpool process uses by default (tensorpool.endpoints).
+DEFAULT_CHANNEL = IPC_CONTROL
 DEFAULT_INSTANCE_ID = "driver-01"
 DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
-DEFAULT_NAMESPACE = "default"
 DEFAULT_PAGE_SIZE = 4096
 #: #13.4: group may read (map read-only), nobody else may write: a writer can truncate a
 #: mapped file and SIGBUS every process mapping it. Cross-user producers need "660".
@@ -120,12 +128,12 @@ DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT = 4
 DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS = 60_000
 
 # Stream ids of data sources are uint32 with 0xFFFFFFFF reserved as the SBE null value.
-_MAX_STREAM_ID = UINT32_MAX - 1
+_MAX_STREAM_ID = MAX_DATA_STREAM_ID
 _MS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
-class PoolConfig:
+class ProfilePool:
     """One payload pool size class; its slot count always equals the header ring's."""
 
     pool_id: int
@@ -138,12 +146,12 @@ class ProfileConfig:
 
     name: str
     header_nslots: int
-    payload_pools: tuple[PoolConfig, ...]
+    payload_pools: tuple[ProfilePool, ...]
     header_slot_bytes: int = HEADER_SLOT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
-class StreamConfig:
+class ProvisionedStream:
     """A statically provisioned stream."""
 
     name: str
@@ -152,25 +160,25 @@ class StreamConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class DriverEndpoints:
-    """``[driver]``: identity, media driver and the control-plane endpoints."""
+class DriverSettings(Endpoints):
+    """``[driver]``: identity, media driver and the control-plane endpoints.
+
+    The control/descriptor/QoS/metadata endpoints and their defaults are the deployment's
+    :class:`~tensorpool.endpoints.Endpoints` (the clients' defaults, #14.1); the announce
+    endpoint is the driver's own (default: the control endpoint, where clients listen).
+    """
 
     instance_id: str = DEFAULT_INSTANCE_ID
     aeron_dir: str = ""
     embedded_media_driver: bool = True
-    control_channel: str = DEFAULT_CHANNEL
-    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
     announce_channel: str = DEFAULT_CHANNEL
     announce_stream_id: int = DEFAULT_CONTROL_STREAM_ID
-    qos_channel: str = DEFAULT_CHANNEL
-    qos_stream_id: int = DEFAULT_QOS_STREAM_ID
-    descriptor_channel: str = DEFAULT_CHANNEL
-    descriptor_stream_id: int = DEFAULT_DESCRIPTOR_STREAM_ID
-    metadata_channel: str = DEFAULT_CHANNEL
-    metadata_stream_id: int = DEFAULT_METADATA_STREAM_ID
     stream_id_range: IdRange | None = None
     descriptor_stream_id_range: IdRange | None = None
     control_stream_id_range: IdRange | None = None
+
+    def __post_init__(self) -> None:
+        check_endpoints(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,13 +251,13 @@ class DriverConfig:
     used in later error messages.
     """
 
-    driver: DriverEndpoints
+    driver: DriverSettings
     shm: ShmConfig
     policies: PoliciesConfig
     profiles: Mapping[str, ProfileConfig]
-    streams: tuple[StreamConfig, ...] = ()
+    streams: tuple[ProvisionedStream, ...] = ()
     source: str = "<memory>"
-    _by_stream_id: Mapping[int, StreamConfig] = field(
+    _by_stream_id: Mapping[int, ProvisionedStream] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -259,7 +267,7 @@ class DriverConfig:
             self, "_by_stream_id", MappingProxyType({s.stream_id: s for s in self.streams})
         )
 
-    def stream_by_id(self, stream_id: int) -> StreamConfig | None:
+    def stream_by_id(self, stream_id: int) -> ProvisionedStream | None:
         """The statically configured stream with this id, if any."""
         return self._by_stream_id.get(stream_id)
 
@@ -337,42 +345,25 @@ def parse_driver_config(
     )
 
 
-def _aeron_stream_id(sec: Section, key: str, default: int) -> int:
-    return sec.opt_int(key, default, lo=1, hi=INT32_MAX, env=True)
-
-
-def _channel(sec: Section, key: str, default: str) -> str:
-    value = sec.opt_str(key, default, env=True)
-    return sec.checked(key, value, check_aeron_channel(value))
-
-
-def _parse_driver(sec: Section) -> DriverEndpoints:
+def _parse_driver(sec: Section) -> DriverSettings:
     instance_id = sec.opt_str("instance_id", DEFAULT_INSTANCE_ID, env=True)
     sec.checked("instance_id", instance_id, check_path_component(instance_id))
-    control_channel = _channel(sec, "control_channel", DEFAULT_CHANNEL)
-    control_stream_id = _aeron_stream_id(sec, "control_stream_id", DEFAULT_CONTROL_STREAM_ID)
-    endpoints = DriverEndpoints(
+    shared = read_endpoints(sec)  # #14.1: the deployment's endpoints, one validator
+    endpoints = DriverSettings(
         instance_id=instance_id,
         aeron_dir=sec.opt_str("aeron_dir", "", env=True),
         embedded_media_driver=sec.opt_bool("embedded_media_driver", True, env=True),
-        control_channel=control_channel,
-        control_stream_id=control_stream_id,
-        announce_channel=_channel(sec, "announce_channel", control_channel),
-        announce_stream_id=_aeron_stream_id(sec, "announce_stream_id", control_stream_id),
-        qos_channel=_channel(sec, "qos_channel", DEFAULT_CHANNEL),
-        qos_stream_id=_aeron_stream_id(sec, "qos_stream_id", DEFAULT_QOS_STREAM_ID),
-        descriptor_channel=_channel(sec, "descriptor_channel", DEFAULT_CHANNEL),
-        descriptor_stream_id=_aeron_stream_id(
-            sec, "descriptor_stream_id", DEFAULT_DESCRIPTOR_STREAM_ID
+        **shared,
+        announce_channel=read_channel(sec, "announce_channel", shared["control_channel"]),
+        announce_stream_id=read_aeron_stream_id(
+            sec, "announce_stream_id", shared["control_stream_id"]
         ),
-        metadata_channel=_channel(sec, "metadata_channel", DEFAULT_CHANNEL),
-        metadata_stream_id=_aeron_stream_id(sec, "metadata_stream_id", DEFAULT_METADATA_STREAM_ID),
         stream_id_range=sec.opt_range("stream_id_range", lo=1, hi=_MAX_STREAM_ID, env=True),
         descriptor_stream_id_range=sec.opt_range(
-            "descriptor_stream_id_range", lo=1, hi=INT32_MAX, env=True
+            "descriptor_stream_id_range", lo=1, hi=MAX_AERON_STREAM_ID, env=True
         ),
         control_stream_id_range=sec.opt_range(
-            "control_stream_id_range", lo=1, hi=INT32_MAX, env=True
+            "control_stream_id_range", lo=1, hi=MAX_AERON_STREAM_ID, env=True
         ),
     )
     if endpoints.aeron_dir and not os.path.isabs(endpoints.aeron_dir):
@@ -524,7 +515,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
         pool_secs = psec.array_of_tables("payload_pools", required=True)
         if not pool_secs:
             psec.fail("payload_pools", "must contain at least one pool")
-        pools: list[PoolConfig] = []
+        pools: list[ProfilePool] = []
         seen: set[int] = set()
         for pool_sec in pool_secs:
             pool_id = pool_sec.req_int("pool_id", hi=UINT16_MAX)
@@ -544,7 +535,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
                     f"must equal header_nslots ({nslots}): pools share the header's slot index",
                 )
             pool_sec.finish()
-            pools.append(PoolConfig(pool_id, stride))
+            pools.append(ProfilePool(pool_id, stride))
         psec.finish()
         profiles[name] = ProfileConfig(name=name, header_nslots=nslots, payload_pools=tuple(pools))
     sec.finish()
@@ -561,8 +552,10 @@ def _stride_problem(stride: int, page_size: int) -> str | None:
     return None
 
 
-def _parse_streams(sec: Section, profiles: Mapping[str, ProfileConfig]) -> tuple[StreamConfig, ...]:
-    streams: list[StreamConfig] = []
+def _parse_streams(
+    sec: Section, profiles: Mapping[str, ProfileConfig]
+) -> tuple[ProvisionedStream, ...]:
+    streams: list[ProvisionedStream] = []
     by_id: dict[int, str] = {}
     for name, ssec in sec.tables():
         stream_id = ssec.req_int("stream_id", lo=1, hi=_MAX_STREAM_ID)
@@ -575,14 +568,14 @@ def _parse_streams(sec: Section, profiles: Mapping[str, ProfileConfig]) -> tuple
         if profile not in profiles:
             ssec.fail("profile", f"profile {profile!r} is not defined")
         ssec.finish()
-        streams.append(StreamConfig(name=name, stream_id=stream_id, profile=profile))
+        streams.append(ProvisionedStream(name=name, stream_id=stream_id, profile=profile))
     sec.finish()
     return tuple(streams)
 
 
 def _check_stream_ids(
-    driver: DriverEndpoints,
-    streams: tuple[StreamConfig, ...],
+    driver: DriverSettings,
+    streams: tuple[ProvisionedStream, ...],
     driver_sec: Section,
 ) -> None:
     """Driver Model §11: ranges are well-formed and overlap nothing else."""

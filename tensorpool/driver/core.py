@@ -824,8 +824,25 @@ class DriverCore:
             actions += self._finish_shutdown(now_ns)
         return actions
 
+    def stop_now(
+        self, now_ns: int, reason: ShutdownReason = ShutdownReason.NORMAL, message: str = ""
+    ) -> list[Action]:
+        """Skip the drain (a second signal): end every lease and send the notice now."""
+        if self.state is DriverState.STOPPED:
+            return []
+        if self.state is DriverState.RUNNING:
+            self._shutdown_reason = reason
+            self._shutdown_message = cap_error_message(message)
+        return self._finish_shutdown(now_ns)
+
     def _finish_shutdown(self, now_ns: int) -> list[Action]:
-        """STOPPED: the shutdown notice invalidates every lease at once (§4.13)."""
+        """STOPPED: every live lease ends REVOKED, then the shutdown notice (§4.9, §4.13).
+
+        §4.9: "For any lease invalidation event (DETACHED, EXPIRED, or REVOKED), the driver
+        MUST publish a ``ShmLeaseRevoked`` notice" -- shutdown is such an event, so each live
+        lease gets its own notice (reason REVOKED) before the ``ShmDriverShutdown`` that
+        tells every client at once (#14.3). No new epoch is opened: the driver is stopping.
+        """
         self.state = DriverState.STOPPED
         actions: list[Action] = []
         for stream in self._streams.values():
@@ -844,6 +861,18 @@ class DriverCore:
             stream.consumers.clear()
         for lease in list(self._leases.live.values()):
             self._leases.close(lease, LeaseState.REVOKED, now_ns)
+            self.counters["lease_revoked"] += 1
+            actions.append(
+                PublishLeaseRevoked(
+                    timestamp_ns=now_ns,
+                    lease_id=lease.lease_id,
+                    stream_id=lease.stream_id,
+                    client_id=lease.client_id,
+                    role=lease.role,
+                    reason=LeaseRevokeReason.REVOKED,
+                    error_message="driver shut down",
+                )
+            )
         actions.append(PublishShutdown(now_ns, self._shutdown_reason, self._shutdown_message))
         return actions
 

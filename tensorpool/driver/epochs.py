@@ -1,4 +1,4 @@
-"""Per-stream epoch counter and epoch garbage collection (Driver Model §6, §10; EPOCH_GC_POLICY).
+"""Per-stream epoch counter and epoch garbage collection (Driver Model §6, §10; epoch GC).
 
 Epochs only go up. A stream's next epoch is ``max(current, floor) + 1`` where the
 *floor* is the highest epoch the agent found on disk for that stream when it
@@ -6,7 +6,8 @@ started (plus any epochs it reports). Because every epoch gets its own directory
 the floor survives a driver restart, so "the driver MUST increment epoch before
 reissuing leases" (§10) holds across restarts on the same base directory.
 
-GC policy (EPOCH_GC_POLICY.md): keep the newest ``keep`` epochs (current plus
+GC policy (the reference implementation's epoch-GC policy; docs/compliance/driver.md, row
+EPOCH_GC, maps it to tests): keep the newest ``keep`` epochs (current plus
 ``keep - 1`` previous) and any epoch a live lease still references; delete an older
 epoch only once it has been superseded for at least ``min_age_ns`` (default 3x the
 announce period), so a consumer that has not yet seen the epoch-bumped announce can

@@ -46,11 +46,17 @@ from tensorpool.driver.actions import CreateRegions, ReclaimStream, RetireEpoch
 from tensorpool.driver.config import DriverConfig
 from tensorpool.driver.streams import (
     instance_root,
-    parse_epoch_dirname,
     parse_stream_dirname,
     stream_root,
 )
 from tensorpool.shm.backend import HUGETLBFS_MAGIC, fstatfs_type_and_bsize
+from tensorpool.shm.epochs import (
+    LAST_EPOCH_FILE,
+    epochs_in,
+    parse_epoch_dirname,
+    read_last_epoch,
+    record_last_epoch,
+)
 from tensorpool.shm.errors import NoSpaceError, ShmError
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion, create_region
@@ -69,8 +75,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Per-stream high-water mark of epochs, kept next to the epoch directories.
-LAST_EPOCH_FILE = "last-epoch"
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -116,16 +120,6 @@ class DiskEpochs:
     known: dict[int, list[int]] = field(default_factory=dict)
 
 
-def read_last_epoch(stream_dir: str) -> int:
-    """The ``last-epoch`` marker of a stream directory (0 when absent or unreadable)."""
-    try:
-        with open(os.path.join(stream_dir, LAST_EPOCH_FILE), encoding="ascii") as f:
-            text = f.read(32).strip()
-    except (OSError, UnicodeDecodeError):
-        return 0
-    return int(text) if text.isdigit() else 0
-
-
 def scan_epochs(config: DriverConfig) -> DiskEpochs:
     """Walk ``<base>/<namespace>/<instance>/stream-*/`` for epoch dirs and markers."""
     root = instance_root(config)
@@ -139,17 +133,12 @@ def scan_epochs(config: DriverConfig) -> DiskEpochs:
         stream_id = parse_stream_dirname(entry.name)
         if stream_id is None or not entry.is_dir(follow_symlinks=False):
             continue
-        epochs: list[int] = []
-        with contextlib.suppress(OSError):
-            for sub in os.scandir(entry.path):
-                epoch = parse_epoch_dirname(sub.name)
-                if epoch is not None and sub.is_dir(follow_symlinks=False):
-                    epochs.append(epoch)
+        epochs = epochs_in(entry.path)
         floor = max([read_last_epoch(entry.path), *epochs])
         if floor:
             floors[stream_id] = floor
         if epochs:
-            known[stream_id] = sorted(epochs)
+            known[stream_id] = epochs
     return DiskEpochs(floors, known)
 
 
@@ -381,15 +370,7 @@ class RegionFiles:
                 os.chmod(d, self._dir_mode)
 
     def _record_last_epoch(self, stream_dir: str, epoch: int) -> None:
-        final = os.path.join(stream_dir, LAST_EPOCH_FILE)
-        tmp = final + ".tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | _O_CLOEXEC
-        fd = os.open(tmp, flags, self._file_mode)
-        try:
-            os.write(fd, f"{epoch}\n".encode("ascii"))
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        record_last_epoch(stream_dir, epoch, self._file_mode)
 
     # ------------------------------------------------------------------ keep alive
 

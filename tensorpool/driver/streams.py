@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from tensorpool.config_util import IdRange
 from tensorpool.driver.config import DriverConfig, ProfileConfig
+from tensorpool.shm.epochs import EPOCH_DIR_PREFIX, parse_epoch_dirname
 
 __all__ = [
     "EPOCH_DIR_PREFIX",
@@ -57,10 +58,8 @@ MAX_DIMS = 8
 
 HEADER_FILE = "header.ring"
 STREAM_DIR_PREFIX = "stream-"
-EPOCH_DIR_PREFIX = "epoch-"
 
 _STREAM_DIR = re.compile(r"^stream-([1-9][0-9]{0,9})$")
-_EPOCH_DIR = re.compile(r"^epoch-([1-9][0-9]{0,19})$")
 
 
 def pool_file_name(pool_id: int) -> str:
@@ -90,15 +89,6 @@ def parse_stream_dirname(name: str) -> int | None:
         return None
     value = int(match.group(1))
     return value if value < 0xFFFF_FFFF else None
-
-
-def parse_epoch_dirname(name: str) -> int | None:
-    """``"epoch-7"`` → 7; anything else → None. Used by the agent's start-up scan."""
-    match = _EPOCH_DIR.match(name)
-    if not match:
-        return None
-    value = int(match.group(1))
-    return value if value < 0xFFFF_FFFF_FFFF_FFFF else None
 
 
 def region_uri(path: str, *, hugepages: bool) -> str:

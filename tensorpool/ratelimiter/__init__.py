@@ -24,7 +24,7 @@ Sequence identity (§4): a destination frame carries its source's seq (descripto
 
 from tensorpool.ratelimiter.config import (
     ConfigError,
-    DriverEndpoints,
+    DriverAccess,
     MappingConfig,
     RateLimiterConfig,
     load_ratelimiter_config,
@@ -35,7 +35,7 @@ from tensorpool.ratelimiter.gate import GateStats, RateGate
 
 __all__ = [
     "ConfigError",
-    "DriverEndpoints",
+    "DriverAccess",
     "Forwarder",
     "GateStats",
     "MappingConfig",

@@ -20,9 +20,10 @@ channel/stream (``rate_limiter.descriptor_channel``/``descriptor_stream_id``). T
 limiter never publishes a ``FrameDescriptor`` for a source stream: its only producers are
 the destination ones.
 
-``do_work()`` follows Aeron's Agent contract (returns the work done; the only wait is the
-destination reattach after a source restart, see :mod:`~tensorpool.ratelimiter.relay`) and
-can be driven by an :class:`~tensorpool.transport.AgentRunner`; run it with
+``do_work()`` follows Aeron's Agent contract (returns the work done and never waits: the
+destination reattach after a source restart completes over later duty cycles, see
+:mod:`~tensorpool.ratelimiter.relay`, #14.3) and can be driven by an
+:class:`~tensorpool.transport.AgentRunner`; run it with
 :meth:`RateLimiterAgent.idle_strategy`, which sleeps until the next rate slot so the cost
 follows the output rate (:mod:`tensorpool.ratelimiter.idle`). Time comes from the injected
 clock; the same clock drives the consumers, producers and gates.
@@ -133,8 +134,8 @@ class RateLimiterAgent:
                 lease_timings=timings,
             )
 
-        def default_dest(m: MappingConfig) -> Producer:
-            return Producer(
+        def default_dest(m: MappingConfig, *, wait: bool = True) -> Producer:
+            producer = Producer(
                 ctx,
                 m.dest_stream_id,
                 dst_settings,
@@ -144,9 +145,22 @@ class RateLimiterAgent:
                 attach_timeout_s=attach_timeout_s,
                 instance_id=config.instance_id,
             )
+            if wait:  # at startup: a refused attach (§3) must stop us before anything runs
+                try:
+                    producer.wait_until_attached()
+                except BaseException:
+                    producer.close()
+                    raise
+            return producer
+
+        def reopen_dest(m: MappingConfig) -> Producer:
+            # a rollover after a source restart: the attach completes in later duty cycles
+            # (#14.3, §5 "MUST NOT block": the other mappings keep being served meanwhile)
+            return default_dest(m, wait=False)
 
         self._open_source = open_source or default_source
         self._open_dest = open_dest or default_dest
+        self._reopen_dest = open_dest or reopen_dest
         self.routes: list[Route] = []
         self.relays: list[MappingRelay] = []
         self._by_dest: dict[int, MappingRelay] = {}
@@ -179,7 +193,7 @@ class RateLimiterAgent:
                 first = [producer]
 
                 def open_dest(m: MappingConfig = m, first: list[Producer] = first) -> Producer:
-                    return first.pop() if first else self._open_dest(m)
+                    return first.pop() if first else self._reopen_dest(m)
 
                 relay = MappingRelay(
                     m,
@@ -393,11 +407,6 @@ class RateLimiterAgent:
             "forward_drops": fwd.counters.snapshot() if fwd else {},
             "counters": self.counters.snapshot(),
         }
-
-    @property
-    def all_attached(self) -> bool:
-        """Every destination holds a lease and every source is mapped."""
-        return all(r.dest_epoch and r.consumer.is_mapped for r in self.relays)
 
     def close(self) -> None:
         relays, self.relays = self.relays, []

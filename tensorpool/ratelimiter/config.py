@@ -20,7 +20,10 @@ A TOML file becomes one frozen, validated :class:`RateLimiterConfig`:
     ``SHM_BASE_DIR``, ``POLICIES_LEASE_KEEPALIVE_INTERVAL_MS``, ...) configures both.
     ``driver.config`` may name the driver's TOML file; the rate limiter then checks at load
     time that each mapping's ``profile`` exists there and is the profile the destination
-    stream will really get (the attach request carries no profile, Driver Model §4.2).
+    stream will really get (the attach request carries no profile, Driver Model §4.2). The
+    driver's file is read by a loader the caller passes (``load_driver``; the
+    ``tensorpool ratelimiter`` command passes the driver's own): agents do not import each
+    other (docs/architecture.md, #14.1), so this package never imports ``tensorpool.driver``.
 
 Fail-fast rules (§8): forwarding progress with a zero ``source_control_stream_id`` or
 ``dest_control_stream_id``, or QoS with a zero ``source_qos_stream_id`` or
@@ -39,19 +42,26 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tensorpool.client.settings import DEFAULT_SHM_BASE_DIR, IPC_CONTROL
 from tensorpool.config_util import (
-    INT32_MAX,
-    UINT32_MAX,
     ConfigError,
     EnvOverrides,
     Section,
-    check_aeron_channel,
     load_toml,
+)
+from tensorpool.endpoints import (
+    DEFAULT_SHM_BASE_DIR,
+    IPC_DESCRIPTORS,
+    MAX_AERON_STREAM_ID,
+    MAX_DATA_STREAM_ID,
+    Endpoints,
+    check_endpoints,
+    read_aeron_stream_id,
+    read_channel,
+    read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason
 
@@ -59,7 +69,7 @@ __all__ = [
     "DEFAULT_FORWARD_CHANNEL",
     "HOLD_MODES",
     "ConfigError",
-    "DriverEndpoints",
+    "DriverAccess",
     "MappingConfig",
     "RateLimiterConfig",
     "load_ratelimiter_config",
@@ -68,17 +78,15 @@ __all__ = [
 ]
 
 #: §8 default of ``rate_limiter.control_channel`` and ``rate_limiter.qos_channel``.
-DEFAULT_FORWARD_CHANNEL: Final = "aeron:ipc?term-length=16m"
+DEFAULT_FORWARD_CHANNEL: Final = IPC_DESCRIPTORS
 #: How the pending frame is held until its rate slot opens (tensorpool extension).
 HOLD_MODES: Final = ("auto", "descriptor", "copy")
 
-# Defaults of the [driver]/[shm]/[policies] tables: the client defaults every other tensorpool
-# process uses (tensorpool.client.settings), so publications on shared IPC streams agree on
-# their term length, and the driver's default base directory and lease cadence.
-_CONTROL_CHANNEL = IPC_CONTROL
-_DESCRIPTOR_CHANNEL = "aeron:ipc?term-length=16m"
+# Defaults of the [driver]/[shm]/[policies] tables: the endpoints every other tensorpool
+# process uses (tensorpool.endpoints), so publications on shared IPC streams agree on their
+# term length, and the driver's default base directory and lease cadence.
 _DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
-_MAX_STREAM_ID = UINT32_MAX - 1  # 0xFFFFFFFF is the SBE null value of a uint32 stream id
+_MAX_STREAM_ID = MAX_DATA_STREAM_ID  # 0xFFFFFFFF is the SBE null value of a uint32 stream id
 _MS = 1_000_000
 
 
@@ -100,26 +108,22 @@ class MappingConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class DriverEndpoints:
-    """How this process reaches the SHM driver and the deployment's shared streams."""
+class DriverAccess(Endpoints):
+    """How this process reaches the SHM driver: the deployment's shared
+    :class:`~tensorpool.endpoints.Endpoints` (#14.1), its media driver and base directories."""
 
     aeron_dir: str = ""
     """Media driver directory to join; "" = the tensorpool default (where ``tensorpool
     mediadriver`` and an embedded ``tensorpool driver`` serve), resolved by the command."""
-    control_channel: str = _CONTROL_CHANNEL
-    control_stream_id: int = 1000
-    descriptor_channel: str = _DESCRIPTOR_CHANNEL
-    descriptor_stream_id: int = 1100
-    qos_channel: str = _CONTROL_CHANNEL
-    qos_stream_id: int = 1200
-    metadata_channel: str = _CONTROL_CHANNEL
-    metadata_stream_id: int = 1300
     config: str = ""
     """The driver's TOML file, for profile checks ("" = not checked)."""
     shm_base_dir: str = _DEFAULT_BASE_DIR
     allowed_base_dirs: tuple[str, ...] = ()
     announce_period_ms: int = 1000
     lease_keepalive_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        check_endpoints(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,7 @@ class RateLimiterConfig:
     source_qos_stream_id: int = 0
     dest_qos_stream_id: int = 0
     hold: str = "auto"
-    driver: DriverEndpoints = field(default_factory=DriverEndpoints)
+    driver: DriverAccess = field(default_factory=DriverAccess)
     source: str = "<memory>"
 
     def __post_init__(self) -> None:
@@ -167,12 +171,6 @@ class RateLimiterConfig:
         if not self.mappings:
             raise ConfigError(self.source, "mappings", "at least one mapping is required")
         _check_topology(self.mappings, self.source)
-
-    def mapping_for_source(self, stream_id: int) -> MappingConfig | None:
-        for m in self.mappings:
-            if m.source_stream_id == stream_id:
-                return m
-        return None
 
 
 def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
@@ -217,19 +215,40 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
 # --------------------------------------------------------------------------- loading
 
 
+#: Reads the SHM driver's TOML file (``tensorpool.driver.config.load_driver_config``): takes the
+#: path, returns the driver config, raises ``ConfigError``.
+DriverConfigLoader = Callable[[str], Any]
+
+
 def load_ratelimiter_config(
-    path: str | os.PathLike[str], env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    load_driver: DriverConfigLoader | None = None,
 ) -> RateLimiterConfig:
-    """Load and validate a rate limiter TOML file (``env`` defaults to ``os.environ``)."""
+    """Load and validate a rate limiter TOML file (``env`` defaults to ``os.environ``).
+
+    With ``load_driver``, mappings are also checked against the file ``driver.config`` names.
+    """
     file = os.fspath(path)
     data = load_toml(file)
-    return parse_ratelimiter_config(data, source=file, env=os.environ if env is None else env)
+    return parse_ratelimiter_config(
+        data, source=file, env=os.environ if env is None else env, load_driver=load_driver
+    )
 
 
 def parse_ratelimiter_config(
-    data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
+    data: Mapping[str, Any],
+    *,
+    source: str = "<memory>",
+    env: Mapping[str, str] | None = None,
+    load_driver: DriverConfigLoader | None = None,
 ) -> RateLimiterConfig:
-    """Validate an already-parsed TOML document."""
+    """Validate an already-parsed TOML document.
+
+    ``load_driver`` reads the driver's config for the ``driver.config`` profile checks; without
+    it those checks are skipped (the command always passes one).
+    """
     overrides = EnvOverrides(env)
     root = Section(data, "", source, overrides)
     rl = root.opt_table("rate_limiter")
@@ -245,7 +264,7 @@ def parse_ratelimiter_config(
     if not instance_id.strip():
         rl.checked("instance_id", instance_id, "must not be empty")
     descriptor_channel = _channel(rl, "descriptor_channel", None)
-    descriptor_stream_id = rl.req_int("descriptor_stream_id", lo=1, hi=INT32_MAX, env=True)
+    descriptor_stream_id = read_aeron_stream_id(rl, "descriptor_stream_id", None)
     max_rate_hz = rl.opt_int("max_rate_hz", 0, env=True)
     forward_metadata = rl.opt_bool("forward_metadata", True, env=True)
     forward_progress = rl.opt_bool("forward_progress", False, env=True)
@@ -253,7 +272,7 @@ def parse_ratelimiter_config(
     control_channel = _channel(rl, "control_channel", DEFAULT_FORWARD_CHANNEL)
     qos_channel = _channel(rl, "qos_channel", DEFAULT_FORWARD_CHANNEL)
     ids = {
-        key: rl.opt_int(key, 0, hi=INT32_MAX, env=True)
+        key: rl.opt_int(key, 0, hi=MAX_AERON_STREAM_ID, env=True)
         for key in (
             "source_control_stream_id",
             "dest_control_stream_id",
@@ -287,14 +306,12 @@ def parse_ratelimiter_config(
         source=source,
         **ids,
     )
-    if driver.config:
-        _check_profiles(cfg, driver_sec)
+    if driver.config and load_driver is not None:
+        _check_profiles(cfg, driver_sec, load_driver)
     return cfg
 
 
-def _channel(sec: Section, key: str, default: str | None) -> str:
-    value = sec.req_str(key, env=True) if default is None else sec.opt_str(key, default, env=True)
-    return sec.checked(key, value, check_aeron_channel(value))
+_channel = read_channel
 
 
 def _parse_mapping(sec: Section, default_rate_hz: int) -> MappingConfig:
@@ -315,21 +332,14 @@ def _abs_dir(sec: Section, key: str, value: str) -> str:
     return posixpath.normpath(value)
 
 
-def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEndpoints:
-    d = DriverEndpoints()
+def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverAccess:
+    d = DriverAccess()
     aeron_dir = driver.opt_str("aeron_dir", d.aeron_dir, env=True)
     if aeron_dir and not os.path.isabs(aeron_dir):
         driver.checked("aeron_dir", aeron_dir, "must be an absolute path (or empty)")
     if aeron_dir:  # #13.1: never a system or shared root
         driver.checked("aeron_dir", aeron_dir, unsafe_root_reason(aeron_dir))
-    endpoints: dict[str, Any] = {"aeron_dir": aeron_dir}
-    for name in ("control", "descriptor", "qos", "metadata"):
-        endpoints[f"{name}_channel"] = _channel(
-            driver, f"{name}_channel", getattr(d, f"{name}_channel")
-        )
-        endpoints[f"{name}_stream_id"] = driver.opt_int(
-            f"{name}_stream_id", getattr(d, f"{name}_stream_id"), lo=1, hi=INT32_MAX, env=True
-        )
+    endpoints: dict[str, Any] = {"aeron_dir": aeron_dir, **read_endpoints(driver)}
     config_path = driver.opt_str("config", "", env=True)
     driver.finish()
     base_dir = _abs_dir(shm, "base_dir", shm.opt_str("base_dir", d.shm_base_dir, env=True))
@@ -344,7 +354,7 @@ def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEnd
         "lease_keepalive_interval_ms", d.lease_keepalive_interval_ms, lo=1, env=True
     )
     policies.finish()
-    return DriverEndpoints(
+    return DriverAccess(
         **endpoints,
         config=config_path,
         shm_base_dir=base_dir,
@@ -354,15 +364,15 @@ def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverEnd
     )
 
 
-def _check_profiles(cfg: RateLimiterConfig, driver_sec: Section) -> None:
+def _check_profiles(
+    cfg: RateLimiterConfig, driver_sec: Section, load_driver_config: DriverConfigLoader
+) -> None:
     """With ``driver.config``: each mapping's profile must be what its destination gets.
 
     A statically provisioned destination has its stream's profile; any other destination is
     created on attach (EXISTING_OR_CREATE) from ``policies.default_profile`` — if dynamic
     streams are allowed at all.
     """
-    from tensorpool.driver.config import load_driver_config
-
     try:
         dcfg = load_driver_config(cfg.driver.config)
     except ConfigError as exc:

@@ -35,10 +35,13 @@ Holding the pending frame (``hold``):
 
 Re-materialization (§5), for the frame chosen: validate the source slot again (epoch,
 seqlock, header: :meth:`~tensorpool.client.Consumer.reread`); claim the destination slot
-for the *source* seq in the smallest pool whose stride fits (no fit: ``no_pool_fits``); copy
-the payload; confirm the source slot did not change during the copy (else ``source_torn``
-and the claim is abandoned uncommitted); write the header with the source ``timestamp_ns``
-and ``meta_version`` and the destination's pool/slot; commit; publish the descriptor. Nothing
+for the *source* seq in the smallest pool whose stride holds the source's ``values_len_bytes``
+(no fit: ``no_pool_fits``); copy the payload; confirm the source slot did not change during
+the copy (§5.1 seqlock re-check; else ``source_torn`` and the claim is abandoned
+uncommitted); write the header with the source ``timestamp_ns``,
+``meta_version`` and ``values_len_bytes`` (kept as is, #14.3: also 0 for an empty payload with
+non-zero dims, or more than the tensor extent, whose extra bytes are zeroed) and the
+destination's pool/slot; commit; publish the descriptor. Nothing
 here waits: a destination without a lease (``dest_not_attached``) drops the frame at once.
 
 Sequence identity (§4): destination seq = source seq, so gaps stay gaps. A destination seq
@@ -47,8 +50,9 @@ epoch, seq from 0) would go below the destination's next seq, the relay gives up
 destination lease and attaches again: the driver opens a new destination epoch (a remap
 for destination consumers) and numbering continues from the source's seq. The frame that
 triggered it is dropped (``dest_seq_regression``) as an in-flight frame of the old mapping.
-This reattach is the one place the agent waits (one detach/attach round trip with the
-driver, once per source restart); frame handling itself never waits.
+The rollover does not wait (#14.3, §5 "MUST NOT block"): the detach goes out without
+waiting for its answer and the new attach completes in later duty cycles, so the other
+mappings (and their leases' keepalives) are served throughout; frame handling never waits.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from tensorpool.counters import LATE_REASONS, DropCounters
 from tensorpool.ratelimiter.config import MappingConfig
 from tensorpool.ratelimiter.gate import RateGate
 from tensorpool.shm.tensor import TensorLayout
+from tensorpool.specs.generated.wire import Dtype, MajorOrder
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +89,6 @@ SOURCE_NOT_MAPPED: Final = "source_not_mapped"
 SOURCE_OVERWRITTEN: Final = "source_overwritten"
 SOURCE_INVALID: Final = "source_invalid"
 SOURCE_TORN: Final = "source_torn"
-SOURCE_EMPTY_PAYLOAD: Final = "source_empty_payload_with_extent"
 NO_POOL_FITS: Final = "no_pool_fits"
 DEST_NOT_ATTACHED: Final = "dest_not_attached"
 DEST_SEQ_REGRESSION: Final = "dest_seq_regression"
@@ -387,21 +391,40 @@ class MappingRelay:
             if self._gen != self._gen_at_publish:
                 self._rollover_due = True  # a restarted source: new destination epoch
             return False
-        if not values_len and layout.extent_bytes:
-            # Wire §8.2 allows a header-only frame, but a claim always carries the extent.
-            drops.increment(SOURCE_EMPTY_PAYLOAD)
-            return False
-        claim = producer.claim(layout=layout, seq=seq)
+        extent = layout.extent_bytes
+        if values_len == extent:
+            claim = producer.claim(layout=layout, seq=seq)
+        else:
+            # #14.3: the source's values_len_bytes is kept (Wire §8.2 allows 0 with non-zero
+            # dims, or more than the extent): claim the payload length as raw bytes, so the
+            # pool is the smallest that holds it (§5 step 2), and write the tensor into it
+            claim = producer.claim(layout=raw_layout(values_len), seq=seq)
         if claim is None:
             drops.increment(NO_POOL_FITS if producer.attached else DEST_NOT_ATTACHED)
             return False
         if src is not None:
-            np.copyto(claim.array, src)
+            if values_len == extent:
+                np.copyto(claim.array, src)
+            else:  # bytes past the extent are not described by the header: zeros, not stale
+                raw = claim.array
+                np.copyto(layout.view(raw, 0), src)
+                raw[extent:] = 0
+                claim.layout = layout
             self.stats.copies += 1
+        elif values_len != extent:
+            claim.layout = layout  # an empty payload: the header still carries the dims
         if not confirm():
             drops.increment(SOURCE_TORN)
             return False  # the claim stays uncommitted; readers of that slot drop it
-        if producer.commit(claim, timestamp_ns=timestamp_ns, meta_version=meta_version) is None:
+        if (
+            producer.commit(
+                claim,
+                timestamp_ns=timestamp_ns,
+                meta_version=meta_version,
+                values_len_bytes=values_len,
+            )
+            is None
+        ):
             drops.increment(DEST_NOT_ATTACHED)
             return False
         stats = self.stats
@@ -433,13 +456,19 @@ class MappingRelay:
         return work
 
     def _rollover(self, now: int) -> None:
-        """Give up the destination epoch and attach again (the driver opens a new one)."""
+        """Give up the destination epoch and attach again (the driver opens a new one).
+
+        Asynchronous (#14.3, RateLimiter §5 "MUST NOT block"): the detach is sent without
+        waiting for its response, and ``open_dest`` returns a producer whose attach is still
+        in flight; later duty cycles (:meth:`_check_dest`) see it attach. Meanwhile this
+        mapping's frames drop as ``dest_not_attached`` and every other mapping is served.
+        """
         self._rollover_due = False
         self.stats.dest_rollovers += 1
         old = self.producer
         self.producer = None
         if old is not None:
-            old.close()
+            old.close(detach_timeout_ns=0)
         self._dest_epoch = 0
         if self._on_dest_epoch is not None:
             self._on_dest_epoch(self)
@@ -469,6 +498,21 @@ class MappingRelay:
 
 def _always() -> bool:
     return True
+
+
+_RAW_LAYOUTS: dict[int, TensorLayout] = {}
+
+
+def raw_layout(nbytes: int) -> TensorLayout:
+    """``nbytes`` plain bytes: the claim for a payload whose length is not the extent."""
+    layout = _RAW_LAYOUTS.get(nbytes)
+    if layout is None:
+        if len(_RAW_LAYOUTS) >= 64:
+            _RAW_LAYOUTS.clear()
+        layout = _RAW_LAYOUTS[nbytes] = TensorLayout(
+            int(Dtype.UINT8), int(MajorOrder.ROW), (nbytes,)
+        )
+    return layout
 
 
 def layout_view(layout: TensorLayout, buf: np.ndarray) -> np.ndarray:

@@ -226,7 +226,8 @@ class SlotWriter:
         stride = self._pool_stride.get(pool_id)
         if stride is None:
             raise ValueError(f"unknown pool_id {pool_id}")
-        if not layout.extent_bytes <= values_len_bytes <= stride:
+        # Wire §8.2: 0 (an empty payload, whatever the dims) or at least the extent
+        if values_len_bytes and not layout.extent_bytes <= values_len_bytes <= stride:
             raise TensorLayoutError(
                 Reason.VALUES_LEN_BELOW_EXTENT
                 if values_len_bytes < layout.extent_bytes

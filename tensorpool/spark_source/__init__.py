@@ -18,7 +18,8 @@ replay after a crash, admission control, ``Trigger.AvailableNow``, Kafka-style
 * :mod:`.offsets`  -- offset model, admission control, loss accounting (sans-IO);
 * :mod:`.attach`   -- the control-plane seam: standalone announces or SHM-driver leases;
 * :mod:`.ring`     -- mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
-* :mod:`.source`   -- the DataSource and its readers;
+* :mod:`.datasource` -- the ``DataSource`` (``format("tensorpool")``) and ``register``;
+* :mod:`.source`   -- the batch and micro-batch readers;
 * :mod:`.pulse`    -- ``batching=pulse``: one micro-batch = one pulse-aligned window across
   streams (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
 * :mod:`.sink` / :mod:`.publisher` -- the write path;
@@ -36,10 +37,10 @@ from tensorpool.spark_source.convert import column_to_numpy, stack, to_numpy, vi
 from tensorpool.spark_source.options import TensorPoolOptionError
 
 _LAZY = {
-    "TensorPoolDataSource": "tensorpool.spark_source.source",
+    "TensorPoolDataSource": "tensorpool.spark_source.datasource",
     "TensorPoolDataLossError": "tensorpool.spark_source.source",
     "SCHEMA_DDL": "tensorpool.spark_source.source",
-    "register": "tensorpool.spark_source.source",
+    "register": "tensorpool.spark_source.datasource",
     "lost_frames": "tensorpool.spark_source.progress",
     "stop_publisher": "tensorpool.spark_source.sink",
 }

@@ -22,15 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from tensorpool.client.settings import (
-    DEFAULT_CONTROL_STREAM_ID,
-    DEFAULT_DESCRIPTOR_STREAM_ID,
-    DEFAULT_METADATA_STREAM_ID,
-    DEFAULT_QOS_STREAM_ID,
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import (
     IPC_CONTROL,
     IPC_DESCRIPTORS,
-    Channels,
-    ClientSettings,
+    MAX_AERON_STREAM_ID,
+    MAX_DATA_STREAM_ID,
+    Endpoints,
+    channel_problem,
+    check_endpoints,
     default_aeron_dir,
     default_shm_base_dir,
 )
@@ -40,7 +40,10 @@ from tensorpool.transport.config import TransportConfig
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
 EMBEDDED: Final = "embedded"
-MAX_STREAM_ID: Final = 2**31 - 1
+#: Largest data stream id (``streams``, ``stream``). Wire stream ids go up to
+#: ``tensorpool.endpoints.MAX_DATA_STREAM_ID`` (2^32-2), but the schema's ``stream_id`` column is
+#: a Spark ``int`` (int32), so the Spark source and sink accept the ids that column can hold.
+MAX_STREAM_ID: Final = min(MAX_DATA_STREAM_ID, 2**31 - 1)
 MAX_SEQ: Final = 2**63 - 1
 #: ``batching`` values: ``none`` = micro-batches of whatever arrived (admission control);
 #: ``pulse`` = one closed pulse-aligned window per micro-batch (tensorpool.spark_source.pulse).
@@ -149,8 +152,9 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
 
 def _channel(opts: dict[str, str], name: str, default: str) -> str:
     raw = opts.get(name, default).strip()
-    if not raw.startswith("aeron:"):
-        raise _fail(name, f"must be an Aeron channel URI (aeron:ipc or aeron:udp?...), got {raw!r}")
+    problem = channel_problem(raw)  # the one channel validator (tensorpool.endpoints, #14.1)
+    if problem is not None:
+        raise _fail(name, problem)
     return raw
 
 
@@ -249,18 +253,23 @@ def parse_offset_spec(
 
 # --- connection ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Connection:
-    """How to reach the producer's control plane and which SHM paths may be mapped."""
+class Connection(Endpoints):
+    """How to reach the producer's control plane and which SHM paths may be mapped.
 
-    aeron_dir: str | None  # None = embedded media driver; "" = Aeron's default directory
-    control_channel: str = IPC_CONTROL
-    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
-    descriptor_channel: str = IPC_DESCRIPTORS
-    descriptor_stream_id: int = DEFAULT_DESCRIPTOR_STREAM_ID
+    The endpoints (and their defaults) are the deployment's
+    :class:`~tensorpool.endpoints.Endpoints` (#14.1); the options set control and descriptor,
+    QoS and metadata follow the control channel.
+    """
+
+    aeron_dir: str | None = field(default_factory=default_aeron_dir)
+    """None = embedded media driver; "" = Aeron's default directory."""
     shm_base_dir: str = field(default_factory=default_shm_base_dir)
     allowed_base_dirs: tuple[str, ...] = ()
     driver: bool = False
     attach_timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        check_endpoints(self)
 
     def client_settings(
         self, *, freshness_ms: int = 3000, announce_period_ms: int = 1000
@@ -269,16 +278,7 @@ class Connection:
         period = max(1, min(announce_period_ms, freshness_ms))
         return ClientSettings(
             transport=TransportConfig(aeron_dir=self.aeron_dir),
-            channels=Channels(
-                control_channel=self.control_channel,
-                control_stream_id=self.control_stream_id,
-                descriptor_channel=self.descriptor_channel,
-                descriptor_stream_id=self.descriptor_stream_id,
-                qos_channel=self.control_channel,
-                qos_stream_id=DEFAULT_QOS_STREAM_ID,
-                metadata_channel=self.control_channel,
-                metadata_stream_id=DEFAULT_METADATA_STREAM_ID,
-            ),
+            channels=self.endpoints,
             shm_base_dir=self.shm_base_dir,
             allowed_base_dirs=self.allowed_base_dirs,
             announce_period_ns=period * 1_000_000,
@@ -311,12 +311,15 @@ def _connection(opts: dict[str, str]) -> Connection:
         ("controlStreamId", "control_stream_id"),
         ("descriptorStreamId", "descriptor_stream_id"),
     ):
-        value = _int(opts, sid_name, None, 1, MAX_STREAM_ID)
+        value = _int(opts, sid_name, None, 1, MAX_AERON_STREAM_ID)
         if value is not None:
             kw[attr] = value
+    control_channel = _channel(opts, "controlChannel", IPC_CONTROL)
     conn = Connection(
         aeron_dir=aeron_dir,
-        control_channel=_channel(opts, "controlChannel", IPC_CONTROL),
+        control_channel=control_channel,
+        qos_channel=control_channel,
+        metadata_channel=control_channel,
         descriptor_channel=_channel(opts, "descriptorChannel", IPC_DESCRIPTORS),
         allowed_base_dirs=allowed,
         driver=_bool(opts, "driver", False),

@@ -33,7 +33,6 @@ import fcntl
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -171,7 +170,7 @@ def iter_rows(path: str) -> Iterator[tuple[memoryview, str, tuple[int, ...], Any
                 )
 
 
-class Publisher:
+class SinkPublisher:
     """The publisher's core loop (one process, one stream, one writer)."""
 
     def __init__(self, state_dir: str, cfg: PublisherConfig) -> None:
@@ -207,6 +206,11 @@ class Publisher:
             self.producer = Producer(
                 self.ctx, stream, settings, instance_id=cfg.instance_id, driver=cfg.driver
             )
+            try:
+                self.producer.wait_until_attached()  # #14.1: the constructor does not block
+            except BaseException:
+                self.producer.close()
+                raise
         except BaseException:
             self.ctx.close()
             raise
@@ -285,17 +289,13 @@ def serve(state_dir: str, cfg: PublisherConfig) -> int:
     except BlockingIOError:
         log.error("another publisher holds %s", state_dir)
         return 3
+    from tensorpool.transport.process import StopSignals
+
+    signals = StopSignals().install()
     stop = False
-
-    def on_term(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
     for sub in (QUEUE, DONE, STAGING):
         os.makedirs(os.path.join(state_dir, sub), mode=0o700, exist_ok=True)
-    pub = Publisher(state_dir, cfg)
+    pub = SinkPublisher(state_dir, cfg)
     atomic_write(
         os.path.join(state_dir, INFO),
         json.dumps({"pid": os.getpid(), "epoch": pub.producer.epoch, "config": asdict(cfg)}),
@@ -305,7 +305,7 @@ def serve(state_dir: str, cfg: PublisherConfig) -> int:
     done = os.path.join(state_dir, DONE)
     last_work = time.monotonic()
     try:
-        while not stop:
+        while not stop and not signals.requested:
             pub.producer.do_work()
             try:
                 names = sorted(n for n in os.listdir(queue) if n.endswith(".json"))

@@ -6,9 +6,9 @@ copy of the announce). Mappings are cached per process in a module-level LRU key
 re-mapping regions per task would dominate short micro-batches. An epoch is never reused, so a
 cached mapping can never describe another producer's regions; the cache only needs bounding.
 
-Driver side: :meth:`MappedStream.scan` reads every slot's ``seq_commit`` word (one aligned
-8-byte load each, racy but each value whole) and ``values_len_bytes``, and reports the seq each
-slot holds: the committed window ``[oldest, head)``, and the committed seqs themselves when they
+Driver side: :meth:`MappedStream.scan` uses the ring scan of ``shm/``
+(:class:`~tensorpool.shm.ring.HeaderRingView`, the only reader of raw ``seq_commit`` words besides
+the seqlock reader) and reports the seq each slot holds: the committed window ``[oldest, head)``, and the committed seqs themselves when they
 have gaps (a relay stream keeps its source's seq numbers). A normal producer's committed slots
 always hold one contiguous run.
 
@@ -35,20 +35,14 @@ import numpy as np
 from tensorpool.client.announce import CLOCK_MONOTONIC, StreamLayout
 from tensorpool.counters import Reason
 from tensorpool.shm.errors import ShmError, TensorLayoutError
-from tensorpool.shm.layout import (
-    HEADER_SLOT_BYTES,
-    SUPERBLOCK_SIZE,
-    TENSOR_BLOB_END,
-    TENSOR_BLOB_OFFSET,
-    TENSOR_BLOB_READ,
-)
+from tensorpool.shm.layout import SUPERBLOCK_SIZE, TENSOR_BLOB_READ
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion, map_region
+from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView
 from tensorpool.shm.seqlock import SlotReader
 from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.spark_source.offsets import REGIONS_GONE, RingState, iter_seq_chunks
-from tensorpool.specs.generated.wire import SlotHeaderDecoder as _SH
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -59,10 +53,6 @@ MAX_CACHED_MAPPINGS: Final = 16
 #: Arrow batches aim at this many payload bytes (Spark moves them as one Arrow IPC message).
 TARGET_BATCH_BYTES: Final = 32 << 20
 MAX_BATCH_ROWS: Final = 8192
-_SEQ_WORD_STEP: Final = HEADER_SLOT_BYTES // 8  # u64 words per header slot
-_LEN_STEP: Final = HEADER_SLOT_BYTES // 4  # u32 words per header slot
-_SEQ_WORD_FIRST: Final = SUPERBLOCK_SIZE // 8
-_LEN_FIRST: Final = (SUPERBLOCK_SIZE + 8) // 4  # values_len_bytes sits right after seq_commit
 
 #: Slot-read drop reasons that mean "the frame was there but is gone now" (lost to overrun).
 OVERRUN_REASONS: Final = frozenset(
@@ -70,41 +60,6 @@ OVERRUN_REASONS: Final = frozenset(
 )
 REGION_UNAVAILABLE: Final = REGIONS_GONE
 _SKIPPABLE: Final = frozenset({Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH})
-
-#: One header slot as a numpy record (offsets from the generated SlotHeader codec; the
-#: TensorHeader bytes as one opaque field). Used by the vectorized chunk read.
-SLOT_DTYPE: Final = np.dtype(
-    {
-        "names": [
-            "values_len",
-            "payload_slot",
-            "pool_id",
-            "payload_offset",
-            "timestamp_ns",
-            "meta_version",
-            "blob",
-        ],
-        "formats": [
-            "<u4",
-            "<u4",
-            "<u2",
-            "<u4",
-            "<u8",
-            "<u4",
-            f"V{TENSOR_BLOB_END - TENSOR_BLOB_OFFSET}",
-        ],
-        "offsets": [
-            _SH.VALUES_LEN_BYTES_OFFSET,
-            _SH.PAYLOAD_SLOT_OFFSET,
-            _SH.POOL_ID_OFFSET,
-            _SH.PAYLOAD_OFFSET_OFFSET,
-            _SH.TIMESTAMP_NS_OFFSET,
-            _SH.META_VERSION_OFFSET,
-            TENSOR_BLOB_OFFSET,
-        ],
-        "itemsize": HEADER_SLOT_BYTES,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +133,8 @@ class MappedStream:
         self.regions = regions
         self.mask = spec.nslots - 1
         self.max_stride = spec.max_stride
-        mm = header.mmap
-        self._seq_words = np.frombuffer(mm, np.uint64)[_SEQ_WORD_FIRST::_SEQ_WORD_STEP][
-            : spec.nslots
-        ]
-        self._lens = np.frombuffer(mm, np.uint32)[_LEN_FIRST::_LEN_STEP][: spec.nslots]
-        self.slots = np.frombuffer(mm, SLOT_DTYPE, spec.nslots, SUPERBLOCK_SIZE)
+        self.ring = HeaderRingView(header.mmap, spec.nslots)
+        self.slots = self.ring.slots
         self.pool_views = {r.pool_id: memoryview(r.mmap) for r in regions[1:]}
         self.pool_u8 = {r.pool_id: np.frombuffer(r.mmap, np.uint8) for r in regions[1:]}
         self.pool_strides = {r.pool_id: r.stride_bytes for r in regions[1:]}
@@ -191,7 +142,7 @@ class MappedStream:
 
     def seq_words(self, idx: np.ndarray) -> np.ndarray:
         """``seq_commit`` of the slots ``idx`` (element-wise aligned 8-byte loads)."""
-        return self._seq_words[idx]
+        return self.ring.seq_words(idx)
 
     def layout_of(self, blob: bytes) -> TensorLayout | None:
         """The validated layout of a TensorHeader's bytes (cached), None if invalid."""
@@ -209,27 +160,21 @@ class MappedStream:
     # --- driver side ------------------------------------------------------------------------
     def scan(self) -> RingState:
         """What every slot holds now (an upper bound on what is still readable later)."""
-        words = self._seq_words.copy()
-        lens = self._lens.copy()
-        slot_seq = (words >> np.uint64(1)).astype(np.int64)
-        slot_seq[words == 0] = -1  # never written
-        return RingState.from_slots(self.spec.epoch, slot_seq, (words & 1) == 1, lens)
+        scan = self.ring.scan()
+        return RingState.from_slots(
+            self.spec.epoch, scan.seq, scan.committed, scan.fields["values_len"]
+        )
 
     def sizes(self, first: int, count: int) -> list[int]:
         """``values_len_bytes`` per frame; frames already overwritten count as a full stride."""
-        if count <= 0:
-            return []
-        seqs = np.arange(first, first + count, dtype=np.uint64)
-        idx = (seqs & np.uint64(self.mask)).astype(np.intp)
-        ok = self._seq_words[idx] == ((seqs << np.uint64(1)) | np.uint64(1))
-        return np.where(ok, self._lens[idx], self.max_stride).astype(np.int64).tolist()
+        return self.ring.sizes(first, count, self.max_stride)
 
     def close(self) -> None:
         self.reader.close()
         for v in self.pool_views.values():
             v.release()
         self.pool_views = {}
-        self._seq_words = self._lens = np.empty(0, np.uint64)
+        self.ring.close()
         self.slots = np.empty(0, SLOT_DTYPE)
         self.pool_u8 = {}
         for r in self.regions:

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
@@ -82,13 +81,10 @@ from tensorpool.spark_source.offsets import (
     to_runs,
 )
 from tensorpool.spark_source.options import (
-    BATCHING_PULSE,
     EARLIEST,
     LATEST,
     SourceOptions,
     TensorPoolOptionError,
-    parse_sink_options,
-    parse_source_options,
 )
 
 if TYPE_CHECKING:
@@ -603,63 +599,6 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._spool = None
 
 
-# --- the data source -----------------------------------------------------------------------------
-class TensorPoolDataSource(DataSource):
-    """``format("tensorpool")``: live tensor streams from tensorpool SHM rings."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> str:
-        opts = parse_source_options(self.options)
-        if opts.batching == BATCHING_PULSE:
-            from tensorpool.spark_source.pulse import pulse_schema_ddl
-
-            return pulse_schema_ddl(opts.include_tensor_metadata)
-        return schema_ddl(opts.include_tensor_metadata)
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        opts = parse_source_options(self.options, streaming=False)
-        _check_user_schema(schema, opts.include_tensor_metadata)
-        if opts.starting.default == LATEST or any(s == LATEST for _, s in opts.starting.per_stream):
-            raise TensorPoolOptionError(
-                "startingOffsets: 'latest' is not allowed for batch queries (the result would "
-                "always be empty); use 'earliest' or JSON offsets"
-            )
-        return TensorPoolBatchReader(opts)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        opts = parse_source_options(self.options, streaming=True)
-        if opts.batching == BATCHING_PULSE:
-            from tensorpool.spark_source.pulse import PulseStreamReader
-
-            return PulseStreamReader.for_schema(opts, schema)
-        _check_user_schema(schema, opts.include_tensor_metadata)
-        return TensorPoolStreamReader(opts)
-
-    def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from tensorpool.spark_source.sink import TensorPoolBatchWriter
-
-        if overwrite:
-            raise TensorPoolOptionError(
-                "mode: a tensor stream cannot be overwritten; use mode('append')"
-            )
-        return TensorPoolBatchWriter(parse_sink_options(self.options), schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from tensorpool.spark_source.sink import TensorPoolStreamWriter
-
-        if overwrite:
-            raise TensorPoolOptionError("outputMode: only 'append' is supported")
-        return TensorPoolStreamWriter(parse_sink_options(self.options), schema)
-
-
-def register(spark: Any) -> None:
-    """Make ``format("tensorpool")`` available in ``spark`` (call once per session)."""
-    spark.dataSource.register(TensorPoolDataSource)
-
-
 __all__ = [
     "FORMAT",
     "SCHEMA_DDL",
@@ -667,9 +606,7 @@ __all__ = [
     "FramePartition",
     "TensorPoolBatchReader",
     "TensorPoolDataLossError",
-    "TensorPoolDataSource",
     "TensorPoolStreamReader",
     "arrow_schema",
     "read_partition",
-    "register",
 ]

@@ -673,9 +673,6 @@ class ModuleGen:
         self.writers[name] = fmt
         return name
 
-    def const_name(self, msg: Message | None, *parts: str) -> str:
-        return "_" + "_".join(upper_snake(p) for p in parts)
-
     # -------------------------------------------------------------- module
     def generate(self) -> str:
         body = Emitter()

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Final, Self
 
 import pyaeron
@@ -47,7 +46,7 @@ from tensorpool.fsafety import (
     remove_aeron_files,
 )
 from tensorpool.transport.config import TransportConfig
-from tensorpool.transport.process import stop_process
+from tensorpool.transport.process import StopSignals, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -207,26 +206,20 @@ def run_media_driver(
 
     Signal handlers are only installed when called from the main thread.
     """
-    stop_event = stop if stop is not None else threading.Event()
-    previous: dict[int, object] = {}
-    if handle_signals and threading.current_thread() is threading.main_thread():
-
-        def _on_signal(signum: int, _frame: FrameType | None) -> None:
-            stop_event.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, _on_signal)
+    signals = StopSignals()
+    if handle_signals:
+        signals.install()
     driver: EmbeddedMediaDriver | None = None
     try:
         driver = start_media_driver(aeron_dir, config)
         log.info("media driver serving %s", driver.dir)
-        while not stop_event.wait(0.2):
-            pass
+        # time.sleep, not Event.wait: a signal interrupts it, and the handler takes no lock
+        while not signals.requested and not (stop is not None and stop.is_set()):
+            time.sleep(0.05)
     finally:
         if driver is not None:
             close_media_driver(driver)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        signals.restore()
         log.info("media driver for %s stopped", aeron_dir)
 
 

@@ -1,9 +1,18 @@
-"""Stopping child processes the one way every tensorpool daemon expects.
+"""Stopping processes the one way every tensorpool daemon expects, from both ends.
 
 Daemons (media driver, SHM driver, rate limiter, bridge) clean up on SIGTERM: announce
 shutdown, release leases, remove their directories. So a stop is SIGTERM first and SIGKILL
 only when the child ignores it for ``timeout_s`` -- a kill skips that cleanup, and the
 caller must then clean up for it (e.g. remove an Aeron directory).
+
+On the receiving side, :class:`StopSignals` is the one way a process asks its main loop to
+stop. Two rules, both learnt from processes that outlived their parents (#13.6):
+
+* The handler only stores a flag. Python runs handlers in the main thread between bytecodes,
+  possibly while that thread holds a lock; a handler that takes one (``threading.Event.set``
+  does) can wait for itself forever, and then no later signal is handled either.
+* After the first signal the default action is restored, so a second SIGTERM or SIGINT ends
+  the process even when its cleanup is stuck: a signal handler never keeps a process alive.
 """
 
 from __future__ import annotations
@@ -11,6 +20,9 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import threading
+from types import FrameType
+from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -36,4 +48,33 @@ def stop_process(
         return proc.wait(), True
 
 
-__all__ = ["stop_process"]
+class StopSignals:
+    """``stop = StopSignals().install()`` then ``while not stop.requested: ...``."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        self.signals = signals
+        self.requested = False
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> Self:
+        """Install the handlers (only the main thread may; elsewhere this does nothing)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested = True  # a plain store: no lock, see the module docstring
+        self.signum = signum
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_DFL)  # the next one terminates
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+__all__ = ["StopSignals", "stop_process"]

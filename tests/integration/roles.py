@@ -70,6 +70,7 @@ def run_producer(a: argparse.Namespace) -> None:
         ctx.start()
         if a.driver:
             p = Producer(ctx, a.stream_id, s, driver=True)
+            p.wait_until_attached()  # #14.1: construction does not block
         else:
             p = Producer(ctx, stream, s, instance_id=a.instance_id)
         p.do_work()

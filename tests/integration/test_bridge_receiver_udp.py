@@ -72,6 +72,8 @@ class Seen:
     shape: tuple[int, ...]
     dtype: np.dtype
     data: bytes
+    values_len: int = -1
+    raw: bytes = b""
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Harness:
     # -- driving -------------------------------------------------------------------------
     def _take(self, f: Frame) -> None:
         data = f.array.tobytes(order="A") if f.values_len_bytes else b""
+        raw = bytes(f.raw_views()[1])
         if f.is_current():
             self.seen.append(
                 Seen(
@@ -100,6 +103,8 @@ class Harness:
                     f.shape,
                     WIRE_TO_NUMPY[f.dtype],
                     data,
+                    f.values_len_bytes,
+                    raw,
                 )
             )
 
@@ -438,3 +443,26 @@ def test_s7_2_udp_source_announce_is_not_republished_locally(h: Harness) -> None
     sub.poll()
     assert all(sid == DEST for sid, _ in seen)
     assert not any("nonexistent" in uri for _, uri in seen)
+
+
+def test_s6_9_udp_values_len_bytes_kept_as_the_source_wrote_it(h: Harness) -> None:
+    """#14.3, Bridge §6.9 / Wire §8.2: the local frame keeps the source's values_len_bytes:
+    1500 payload bytes over a 1000-byte tensor arrive as 1500 (all bytes, not cut to the
+    extent), and an empty payload (0) with non-zero dims arrives instead of being dropped."""
+    h.announce(1)
+    h.wait_open()
+    wide = TensorLayout.contiguous((500,), np.dtype("<u2"))  # extent 1000
+    body = bytes(range(256)) * 5 + bytes(range(220))  # 1500 bytes
+    empty = TensorLayout.contiguous((4, 5), np.dtype("<f4"))
+    for seq, layout, payload in ((1, wide, body), (2, empty, b"")):
+        hdr = header_slot(seq, layout, len(payload), 1_000_000 + seq)
+        h.inject(
+            Chunker(CHUNK).encode_frame(
+                stream_id=SRC, epoch=1, seq=seq, header=hdr, payload=payload
+            )
+        )
+    h.pump(until=lambda: len(h.seen) == 2)
+    a, b = h.seen
+    assert (a.seq, a.values_len, a.shape, a.data, a.raw) == (1, 1500, (500,), body[:1000], body)
+    assert (b.seq, b.values_len, b.shape, b.data, b.raw) == (2, 0, (4, 5), b"", b"")
+    assert h.rx()["frame_drops"] == {}

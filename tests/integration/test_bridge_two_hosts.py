@@ -268,12 +268,14 @@ def dep() -> Iterator[Deployment]:
         b.driver.wait_ready()
         # §4: the first allocated destination already has a producer: the bridge must remap
         squatter = Producer(b.ctx, RANGE[0], b.settings, driver=True)
+        squatter.wait_until_attached()  # #14.1: construction does not block
         ports = free_udp_ports(3)
         for host, role in ((b, "receiver"), (a, "sender")):
             path = os.path.join(host.work, "bridge.toml")
             Path(path).write_text(bridge_config(host, role, ports))
             bridges.append(BridgeProcess(path, os.path.join(host.work, "bridge.log")).start())
         producer = Producer(a.ctx, SRC, a.settings, driver=True)
+        producer.wait_until_attached()  # #14.1: construction does not block
         producer.set_metadata({"camera": "front", "gain": ("application/json", b"2.5")})
         consumer = Consumer(b.ctx, DEST, b.settings, driver=True)
         d = Deployment(a, b, bridges[1], bridges[0], producer, consumer, squatter)
@@ -410,6 +412,7 @@ def test_s4_s8_receiver_restart_fails_on_taken_destination_then_higher_epoch(
     source_epoch = d.producer.epoch
     d.bridge_b.stop()
     intruder = Producer(d.b.ctx, DEST, d.b.settings, driver=True)
+    intruder.wait_until_attached()  # #14.1: construction does not block
     try:
         d.bridge_b.start()
 

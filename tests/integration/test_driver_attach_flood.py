@@ -113,6 +113,7 @@ def _frames_flow(aeron_dir: str, base: str) -> int:
     )
     with AeronContext(settings.transport) as ctx:
         producer = Producer(ctx, CONFIGURED, settings, driver=True)
+        producer.wait_until_attached()  # #14.1: construction does not block
         consumer = Consumer(ctx, CONFIGURED, settings, driver=True)
         try:
             got: list[int] = []

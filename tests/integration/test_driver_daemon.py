@@ -551,6 +551,7 @@ def test_s2_client_driver_mode_frames_flow_through_driver_regions(shared, shared
     )
     with AeronContext(settings.transport) as ctx:
         producer = Producer(ctx, 10010, settings, driver=True)
+        producer.wait_until_attached()  # #14.1: construction does not block
         consumer = Consumer(ctx, 10010, settings, driver=True)
         try:
             epoch_dir = os.path.join(base, "default", INSTANCE, "stream-10010")

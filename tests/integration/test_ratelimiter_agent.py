@@ -19,7 +19,7 @@ from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.ratelimiter.agent import RateLimiterAgent
-from tensorpool.ratelimiter.config import DriverEndpoints, MappingConfig, RateLimiterConfig
+from tensorpool.ratelimiter.config import DriverAccess, MappingConfig, RateLimiterConfig
 from tensorpool.specs import decode_any
 from tensorpool.specs.generated import wire
 from tensorpool.transport.config import TransportConfig
@@ -67,7 +67,7 @@ class World:
             descriptor_channel="aeron:ipc?term-length=16m",
             descriptor_stream_id=self.dest_desc,
             mappings=(mapping,),
-            driver=DriverEndpoints(
+            driver=DriverAccess(
                 control_stream_id=base,
                 descriptor_stream_id=base + 1,
                 qos_stream_id=base + 2,

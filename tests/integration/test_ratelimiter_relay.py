@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 
 from tensorpool.client.consumer import Consumer, OwnedFrame
-from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+from tensorpool.client.producer import FrameClaim, PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.ratelimiter.config import MappingConfig
-from tensorpool.ratelimiter.relay import AUTO_SWITCH_LOSSES, MappingRelay
+from tensorpool.ratelimiter.relay import AUTO_SWITCH_LOSSES, MappingRelay, raw_layout
 from tensorpool.shm.layout import HEADER_SLOT_BYTES, SUPERBLOCK_SIZE
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import map_region
 from tensorpool.shm.seqlock import SlotReader, SlotWriter
 from tensorpool.shm.superblock import ExpectedRegion
+from tensorpool.shm.tensor import TensorLayout
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -96,6 +97,7 @@ def rig_factory(media_driver, shm_base) -> Iterator[Callable[..., Rig]]:
         src_nslots: int = 64,
         dst_nslots: int = 16,
         dst_pools: tuple[PoolConfig, ...] = (PoolConfig(1, 4096), PoolConfig(2, 65536)),
+        on_dest_claim: Callable[[], object] | None = None,
     ) -> Rig:
         src_id, dst_id = next(_ids), next(_ids)
         base = 7000 + 10 * src_id
@@ -130,12 +132,14 @@ def rig_factory(media_driver, shm_base) -> Iterator[Callable[..., Rig]]:
         opened: list[Producer] = []
 
         def open_dest() -> Producer:
-            p = Producer(
+            p = (ClaimHookProducer if on_dest_claim else Producer)(
                 ctx,
                 StreamConfig(dst_id, header_nslots=dst_nslots, pools=dst_pools),
                 dst,
                 instance_id=f"dst-{dst_id}",
             )
+            if on_dest_claim is not None:
+                p.on_claim = on_dest_claim  # type: ignore[attr-defined]
             opened.append(p)
             return p
 
@@ -445,3 +449,97 @@ def test_hold_auto_switches_to_copies_when_source_ring_wraps_first(rig_factory) 
     frames = rig.received(1)
     assert frames[-1].seq == seq
     assert int(np.frombuffer(frames[-1].array[:8].tobytes(), np.int64)[0]) == seq
+
+
+class ClaimHookProducer(Producer):
+    """A real destination producer that runs ``on_claim`` right after each claim, i.e. after
+    the relay read the source slot and before it copies and re-checks it: the only way to
+    make the source slot change *during* the copy on demand (otherwise a race)."""
+
+    on_claim: Callable[[], object] | None = None
+
+    def claim(self, *args: object, **kwargs: object) -> FrameClaim | None:
+        claim = super().claim(*args, **kwargs)  # type: ignore[arg-type]
+        if self.on_claim is not None:
+            self.on_claim()
+        return claim
+
+
+@pytest.mark.parametrize(("rate", "hold"), [(0, "descriptor"), (10, "descriptor")])
+def test_s5_1_source_slot_changed_during_copy_is_never_published(
+    rig_factory, rate: int, hold: str
+) -> None:
+    """#14.4, RateLimiter §5.1: after copying the payload the relay re-checks the source slot's
+    seqlock; a slot overwritten meanwhile is dropped (``source_torn``) with its destination
+    claim left uncommitted, so no torn frame is ever published."""
+    pending: list[Callable[[], None]] = []
+
+    def overwrite_once() -> None:
+        while pending:
+            pending.pop()()
+
+    rig = rig_factory(rate=rate, hold=hold, src_nslots=4, on_dest_claim=overwrite_once)
+    rig.publish(1)
+    rig.step(0)
+    assert [f.seq for f in rig.received(1)] == [0]
+    pending.append(lambda: _rogue_overwrite(rig, range(1000, 1004)))
+    rig.publish(1)  # seq 1: its slot is overwritten while the relay copies it
+    rig.step(100 * MS)
+    assert not pending  # the overwrite did happen, during the copy
+    assert rig.relay.stats.drops["source_torn"] == 1
+    assert rig.relay.stats.published == 1
+    assert rig.received(0) == []
+    rig.publish(1)  # seq 2 copies cleanly and goes out
+    rig.step(200 * MS)
+    frames = rig.received(1)
+    assert [f.seq for f in frames] == [2]
+    assert int(np.frombuffer(frames[0].array[:8].tobytes(), np.int64)[0]) == 2
+
+
+def write_frame(
+    producer: Producer, layout: TensorLayout, values_len: int, payload: bytes, ts: int
+) -> int:
+    """A source frame whose ``values_len_bytes`` is not the tensor extent (Wire §8.2 allows
+    more than the extent, and 0 for an empty payload with non-zero dims)."""
+    claim = producer.claim(layout=raw_layout(values_len))
+    assert claim is not None
+    claim.array[:] = np.frombuffer(payload, np.uint8)
+    claim.layout = layout
+    seq = producer.commit(claim, timestamp_ns=ts, meta_version=5, values_len_bytes=values_len)
+    assert seq is not None
+    return seq
+
+
+@pytest.mark.parametrize(
+    ("rate", "hold"), [(0, "descriptor"), (10, "descriptor"), (10, "copy")]
+)
+def test_s5_values_len_bytes_arrives_as_the_source_wrote_it(
+    rig_factory, rate: int, hold: str
+) -> None:
+    """#14.3, RateLimiter §5 / Wire §8.2: the relay keeps the source's ``values_len_bytes``:
+    1500 over a 1000-byte tensor arrives as 1500 (not the extent) with the tensor's bytes,
+    and an empty payload (0) with non-zero dims arrives as such instead of being dropped."""
+    rig = rig_factory(rate=rate, hold=hold)
+    wide = TensorLayout.contiguous((500,), np.dtype(np.uint16))  # extent 1000
+    assert wide.extent_bytes == 1000
+    body = bytes(range(256)) * 5 + bytes(220)  # 1500 bytes
+    a = write_frame(rig.source, wide, 1500, body, ts=111)
+    rig.step(0)
+    empty = TensorLayout.contiguous((4, 5), np.dtype(np.float32))
+    b = write_frame(rig.source, empty, 0, b"", ts=222)
+    rig.step(100 * MS)  # the next slot (rate 10): the empty frame goes out
+    got: list[tuple[int, int, tuple[int, ...], bytes, int]] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        rig.relay.do_work(rig.now)
+        rig.dest_consumer.poll(
+            lambda f: got.append(
+                (f.seq, f.values_len_bytes, f.shape, f.array.tobytes(), f.timestamp_ns)
+            )
+        )
+        time.sleep(0.002)
+    assert rig.relay.stats.drops.snapshot() == {}
+    assert got == [
+        (a, 1500, (500,), body[:1000], 111),
+        (b, 0, (4, 5), b"", 222),
+    ]

@@ -201,7 +201,7 @@ def test_truncated_region_is_unmapped_on_announce_and_the_producer_moves_on(
 
             # The producer announces the (still intact) epoch; before the consumer reads that
             # announce, another process truncates the payload file under both of them.
-            producer._announce_now = True
+            producer._core.request_announce()  # announce at the next do_work
             producer.do_work()
             pool = _pool_paths(producer)[0]
             subprocess.run(["truncate", "-s", "0", pool], check=True)

@@ -78,6 +78,7 @@ def main() -> None:
         ctx.start()
         if a.driver:  # the driver's profile decides the ring; we only name the stream
             p = Producer(ctx, a.stream_id, s, driver=True)
+            p.wait_until_attached()  # #14.1: construction does not block
         else:
             p = Producer(ctx, stream, s, instance_id=a.instance_id)
         p.do_work()

@@ -13,6 +13,7 @@ from tensorpool.client.driver_client import (
     LeaseMachine,
     LeaseState,
     LeaseTimings,
+    NoticeNotConfirmed,
     ProducerRevoked,
     SendAttach,
     SendDetach,
@@ -66,6 +67,12 @@ def _revoked(lease_id: int, role: int, stream: int = 5, reason: int = 2) -> obje
         error_message="",
     )
     return dp.ShmLeaseRevokedDecoder().wrap(buf)
+
+
+def _refusal(corr: int, message: str) -> dp.ShmAttachResponseDecoder:
+    return _response(
+        corr, code=dp.ResponseCode.REJECTED, lease_id=None, epoch=None, error_message=message
+    )
 
 
 def _attached(role: int = ROLE_CONSUMER) -> tuple[LeaseMachine, int]:
@@ -159,8 +166,13 @@ def test_s4_4_keepalive_send_failure_is_fatal_and_reattaches() -> None:
 
 
 def test_s4_9_own_lease_revoked_stops_and_reattaches() -> None:
+    """§4.9 (with the #14 §2 confirmation): a revoke the driver does not contradict ends the
+    lease once the confirmation window passes without an answer."""
     m, _ = _attached()
-    (lost,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
+    (probe,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
+    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
+    assert m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0) == []  # duplicates are harmless
+    lost, *_ = m.tick(T.confirm_timeout_ns)
     assert isinstance(lost, LeaseLost) and lost.reason == "revoked:expired"
     assert m.state is LeaseState.BACKOFF and m.layout is None
     assert m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0) == []  # duplicates are harmless
@@ -182,8 +194,14 @@ def test_s4_9_revoked_with_unknown_reason_rejected() -> None:
 
 
 def test_s4_13_driver_shutdown_invalidates_the_lease() -> None:
+    """§4.13 (with the #14 §2 confirmation): a draining driver answers the probe "shutting
+    down": the notice is confirmed at once, the lease is gone."""
     m, _ = _attached()
-    (lost,) = m.on_driver_shutdown(0)
+    (probe,) = m.on_driver_shutdown(0)
+    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
+    (lost,) = m.on_attach_response(
+        _refusal(probe.correlation_id, "driver is shutting down"), 1 * MS
+    )
     assert isinstance(lost, LeaseLost) and lost.reason == "driver_shutdown"
     assert m.state is LeaseState.BACKOFF
 
@@ -224,8 +242,8 @@ def test_s4_13_shutdown_notice_older_than_our_attach_is_ignored() -> None:
     m.on_attach_response(_response(req.correlation_id), 1000 * MS)
     assert m.on_driver_shutdown(1001 * MS, timestamp_ns=500 * MS) == []  # a previous driver's
     assert m.state is LeaseState.ATTACHED
-    (lost,) = m.on_driver_shutdown(1002 * MS, timestamp_ns=1001 * MS)
-    assert isinstance(lost, LeaseLost)
+    (probe,) = m.on_driver_shutdown(1002 * MS, timestamp_ns=1001 * MS)
+    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
 
 
 def test_s4_2_keepalives_adapt_to_a_short_lease() -> None:
@@ -287,3 +305,73 @@ def test_13_2_transport_reset_drops_the_lease_and_reattaches_at_once() -> None:
     assert m.state is LeaseState.BACKOFF
     assert m.on_transport_reset(5000 * MS) == []  # ...a reset does not wait it out
     assert isinstance(m.tick(5000 * MS)[0], SendAttach)
+
+
+# --- #14 §2: a revoke / shutdown notice for our lease is confirmed with the driver first ------
+
+_HELD = "client id 42 already holds lease 77 (CONSUMER on stream 5)"
+
+
+@pytest.mark.parametrize("role", [ROLE_PRODUCER, ROLE_CONSUMER])
+@pytest.mark.parametrize("notice", ["revoke", "shutdown"])
+def test_14_2_notice_contradicted_by_the_driver_keeps_the_lease(role: int, notice: str) -> None:
+    """#14 §2: a forged ShmLeaseRevoked / ShmDriverShutdown is answered by the driver's
+    "already holds lease 77" for our probe: no LeaseLost, same lease, counted."""
+    m, _ = _attached(role)
+    if notice == "revoke":
+        (probe,) = m.on_lease_revoked(_revoked(77, role), 10 * MS)
+    else:
+        (probe,) = m.on_driver_shutdown(10 * MS, timestamp_ns=5 * MS)
+    assert isinstance(probe, SendAttach) and probe.client_id == 42 and probe.role == role
+    assert m.state is LeaseState.CONFIRMING and m.holds_lease and m.lease_id == 77
+    (ok,) = m.on_attach_response(_refusal(probe.correlation_id, _HELD), 11 * MS)
+    assert isinstance(ok, NoticeNotConfirmed)
+    assert m.state is LeaseState.ATTACHED and m.lease_id == 77 and m.layout is not None
+    assert m.counters["notice_not_confirmed"] == 1
+    assert m.tick(10 * T.confirm_timeout_ns)[0] == SendKeepalive(77, 5, 42, role, 10 * 500 * MS)
+
+
+def test_14_2_held_lease_of_another_id_confirms_the_notice() -> None:
+    """#14 §2: "already holds lease 78" is not our lease 77: the notice stands."""
+    m, _ = _attached()
+    (probe,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
+    other = _HELD.replace("lease 77", "lease 78")
+    (lost,) = m.on_attach_response(_refusal(probe.correlation_id, other), 1 * MS)
+    assert isinstance(lost, LeaseLost) and m.state is LeaseState.BACKOFF
+
+
+def test_14_2_probe_granted_means_the_revoke_was_real_and_is_the_reattach() -> None:
+    """#14 §2: the driver grants the probe (our lease was really gone): LeaseLost, then the
+    new lease at once, with no backoff in between (a real revoke recovers as fast as before)."""
+    m, _ = _attached(ROLE_PRODUCER)
+    (probe,) = m.on_lease_revoked(_revoked(77, ROLE_PRODUCER), 0)
+    lost, att = m.on_attach_response(_response(probe.correlation_id, lease_id=80, epoch=4), 1)
+    assert isinstance(lost, LeaseLost) and lost.reason == "revoked:expired"
+    assert isinstance(att, Attached) and att.lease_id == 80 and att.layout.epoch == 4
+    assert m.state is LeaseState.ATTACHED and m.lease_id == 80
+
+
+def test_14_2_unanswered_probe_confirms_the_notice_after_the_window() -> None:
+    """#14 §2: a driver that really shut down does not answer: the lease is dropped when the
+    confirmation window ends, not before; keepalives continue meanwhile."""
+    m, _ = _attached()
+    (probe,) = m.on_driver_shutdown(0)
+    assert m.state is LeaseState.CONFIRMING
+    assert [type(e) for e in m.tick(T.confirm_timeout_ns - 1)] == [SendKeepalive]
+    lost, *rest = m.tick(T.confirm_timeout_ns)
+    assert isinstance(lost, LeaseLost) and lost.reason == "driver_shutdown" and rest == []
+    assert m.state is LeaseState.BACKOFF and m.lease_id is None
+    # the answer that comes too late is ignored
+    assert m.on_attach_response(_refusal(probe.correlation_id, _HELD), T.confirm_timeout_ns) == []
+
+
+def test_14_2_lease_loss_while_confirming_is_not_delayed() -> None:
+    """#14 §2: while a notice is confirmed, the other loss rules still act at once."""
+    m, _ = _attached()
+    m.on_driver_shutdown(0)
+    (lost,) = m.on_keepalive_failed(1)
+    assert isinstance(lost, LeaseLost) and lost.reason == "keepalive_send_failed"
+    m, _ = _attached()
+    m.on_driver_shutdown(0)
+    (lost,) = m.on_transport_reset(1)
+    assert isinstance(lost, LeaseLost) and lost.reason == "media_driver_restarted"

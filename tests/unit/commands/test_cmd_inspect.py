@@ -26,6 +26,7 @@ import pytest
 
 from tensorpool.cli import main
 from tensorpool.commands.inspect import build_report, magic_text, pid_alive
+from tensorpool.endpoints import DEFAULT_NAMESPACE
 from tensorpool.shm import (
     MAGIC,
     EpochLayout,
@@ -83,7 +84,7 @@ def make_epoch(
     layout_version: int = 1,
 ) -> Epoch:
     strides = strides or {1: 4096, 2: 16384}
-    layout = EpochLayout(base, "tensorpool", instance, epoch)
+    layout = EpochLayout(base, DEFAULT_NAMESPACE, instance, epoch)
     header = create_region(
         layout.header_path,
         SuperblockFields.header_ring(

@@ -240,3 +240,50 @@ def test_bad_options_exit_2_with_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], expect: str
 ) -> None:
     assert expect in tap_fails(capsys, *argv)
+
+
+# --- #14.2: the shutdown token is never printed ---------------------------------------------------
+TOKEN = "s3cret-shutdown-token"
+
+
+def shutdown_request(token: str | None = TOKEN) -> bytes:
+    buf = bytearray(512)
+    n = driver.ShmDriverShutdownRequestEncoder.encode(
+        buf,
+        0,
+        correlation_id=5,
+        reason=driver.ShutdownReason.ADMIN,
+        token=token,
+        error_message="maintenance",
+    )
+    return bytes(buf[:n])
+
+
+def test_shutdown_request_token_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    """#14.2: a tap (live or --hex) prints that a token was sent, never the token itself, so
+    its output and logs cannot be replayed as a shutdown request; the other fields stay."""
+    raw = shutdown_request()
+    record = tap_hex(capsys, "--hex", raw.hex())
+    assert record["message"] == "ShmDriverShutdownRequest"
+    assert record["fields"]["token"] == "<redacted>"
+    assert record["fields"]["correlation_id"] == 5
+    assert record["fields"]["error_message"] == "maintenance"
+    live = message_record(raw, ts_ns=1, stream_id=1000, session_id=1)
+    assert live["fields"] == record["fields"]
+    for text in (json.dumps(record), json.dumps(live)):
+        assert TOKEN not in text and TOKEN.encode().hex() not in text
+
+
+def test_shutdown_request_without_token_prints_empty() -> None:
+    record = message_record(shutdown_request(None), ts_ns=1, stream_id=1000, session_id=1)
+    assert record["fields"]["token"] == ""
+
+
+def test_undecodable_shutdown_request_preview_stops_before_the_token() -> None:
+    """#14.2: the hex preview of a shutdown request that fails to decode (here: truncated
+    inside its error message) shows its header and fixed block only, not the token bytes."""
+    raw = shutdown_request()[:-3]
+    record = message_record(raw, ts_ns=1, stream_id=1000, session_id=1)
+    assert "error" in record and "fields" not in record
+    assert TOKEN.encode().hex() not in record["hex"]
+    assert record["hex"] == raw[:17].hex()

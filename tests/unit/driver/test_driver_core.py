@@ -544,8 +544,39 @@ def test_s4_13_local_shutdown_with_zero_timeout_is_immediate() -> None:
     h = Harness(DriverCore(make_config(shutdown_timeout_ms=0), now_ns=0))
     h.attach_ok(1, CAM, 1, P)
     actions = h.run(h.core.begin_shutdown(0))
-    assert kinds(actions) == ["PublishAnnounce", "PublishShutdown"]
+    assert kinds(actions) == ["PublishAnnounce", "PublishLeaseRevoked", "PublishShutdown"]
     assert h.core.state is DriverState.STOPPED
+
+
+def test_s4_9_shutdown_revokes_each_lease_before_the_notice() -> None:
+    """#14.3, Driver §4.9: shutdown invalidates every lease, and "for any lease invalidation
+    event ... the driver MUST publish a ShmLeaseRevoked": one per live lease (producer and
+    consumers, every stream), reason REVOKED, all before ``ShmDriverShutdown``; no new epoch."""
+    harness = Harness(DriverCore(make_config(shutdown_timeout_ms=0), now_ns=0))
+    prod = harness.attach_ok(1, CAM, 1, P)
+    cons = harness.attach_ok(2, CAM, 2, C)
+    other = harness.attach_ok(3, CAM2, 3, C)
+    actions = harness.run(harness.core.begin_shutdown(harness.now))
+    assert kinds(actions)[-1] == "PublishShutdown"
+    assert "CreateRegions" not in kinds(actions)
+    revoked = only(actions, PublishLeaseRevoked)
+    assert {(r.lease_id, r.stream_id, r.client_id, r.role) for r in revoked} == {
+        (prod.lease_id, CAM, 1, Role.PRODUCER),
+        (cons.lease_id, CAM, 2, Role.CONSUMER),
+        (other.lease_id, CAM2, 3, Role.CONSUMER),
+    }
+    assert {r.reason for r in revoked} == {LeaseRevokeReason.REVOKED}
+    assert harness.core.status(harness.now).leases == ()
+
+
+def test_s4_9_forced_stop_also_revokes_each_lease(harness: Harness) -> None:
+    """#14.3: a second signal skips the drain, not the per-lease notices (§4.9)."""
+    prod = harness.attach_ok(1, CAM, 1, P)
+    actions = harness.run(harness.core.stop_now(harness.now, message="forced"))
+    assert kinds(actions) == ["PublishLeaseRevoked", "PublishShutdown"]
+    assert actions[0].lease_id == prod.lease_id  # type: ignore[union-attr]
+    assert harness.core.state is DriverState.STOPPED
+    assert harness.core.stop_now(harness.now) == []
 
 
 # --------------------------------------------------------------------------- §5 exclusive producer

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tensorpool import cli
+from tensorpool.driver.config import load_driver_config
 from tensorpool.ratelimiter.config import (
     DEFAULT_FORWARD_CHANNEL,
     ConfigError,
@@ -40,7 +41,9 @@ def doc(**rl: Any) -> dict[str, Any]:
 
 
 def parse(d: dict[str, Any], env: dict[str, str] | None = None) -> RateLimiterConfig:
-    return parse_ratelimiter_config(d, source="rl.toml", env=env or {})
+    return parse_ratelimiter_config(
+        d, source="rl.toml", env=env or {}, load_driver=load_driver_config
+    )
 
 
 def fails(d: dict[str, Any], key: str, env: dict[str, str] | None = None) -> ConfigError:

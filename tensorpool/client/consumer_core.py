@@ -1,0 +1,492 @@
+"""The consumer's protocol rules, sans-IO: decoded messages and ``now_ns`` in, actions out.
+
+:class:`ConsumerCore` decides; :class:`~tensorpool.client.consumer.Consumer` (the agent) owns
+the Aeron subscriptions, the mappings and the clock, and executes what the core returns. The
+shape is the driver's (``driver/core.py`` + ``driver/actions.py``, see docs/architecture.md):
+no Aeron, mmap, file or clock inside, so every rule below has a unit test in
+``tests/unit/client/test_consumer_core.py``.
+
+Announces (Wire §10.1.1, §15.1, §15.14, §15.21; Driver Model §2.3, §4.9)
+    :meth:`ConsumerCore.on_announce` filters through
+    :class:`~tensorpool.client.announce.AnnounceTracker` and answers ``None`` (ignored and
+    counted), :class:`CheckMapping` (same epoch: the agent re-validates the live mapping --
+    truncation, superblock ``magic``/``epoch`` (§15.1 "on every announce"), ``pid`` (§15.14),
+    activity -- and reports with :meth:`~ConsumerCore.on_mapping_checked`) or :class:`MapEpoch`
+    (a newer epoch). For :class:`MapEpoch` the agent maps and validates the *new* regions while
+    the current mapping keeps serving frames, then reports :meth:`~ConsumerCore.on_mapped` (and
+    only then swaps) or :meth:`~ConsumerCore.on_map_failed` (the current mapping stays): a
+    bogus announce costs no frame (#14 section 2).
+
+Descriptors (Wire §10.2.1, §15.2, §15.4, §11) -- the hot path
+    :meth:`~ConsumerCore.on_descriptor` returns a small int: ``READ`` (read the slot), ``SKIP``
+    (dropped and counted, or another stream's), or ``CHECK``: the seq is not the next one (the
+    first since the join, a gap, a regression), so before it may move any counter the agent
+    passes what the ring holds to :meth:`~ConsumerCore.on_slot_check`. The common case
+    (``seq == last + 1``) costs a few compares and no allocation. Rules:
+
+    * epoch filter: a descriptor whose epoch is not the mapped one is dropped (§10.2.1);
+    * join: descriptors of frames committed before the mapping (queued in the Aeron log while
+      the consumer was unmapped) are ``before_join``, not gaps: counting starts at the ring's
+      head at join time (§15.4 counts what *this* consumer missed);
+    * plausibility: a descriptor for a frame the ring has never held (its slot holds an older
+      seq: descriptors follow the commit, §10.2.1) is ``seq_implausible`` and changes nothing;
+      a gap is counted only for plausible seqs, so a forged ``seq = 2**62`` cannot push
+      ``drops_gap`` to 4.6e18;
+    * regression (§15.2): a lower or repeated seq forces a remap only when the ring proves it
+      (the slot of the last seen frame went backwards); otherwise it is a stale or forged
+      descriptor, dropped as ``seq_stale`` -- a forged ``seq = 0`` no longer costs a remap;
+    * ``max_outstanding_seq_gap`` resync (§15.4) and the local rate grid of ``RATE_LIMITED``
+      mode (§11), which is the rate limiter's :class:`~tensorpool.client.rate_gate.RateGate`.
+
+Lease (Driver Model §2.3, §4.9, §10)
+    :meth:`~ConsumerCore.on_lease_event` maps on ``Attached``, unmaps on ``LeaseLost``, and on
+    ``ProducerRevoked`` unmaps and waits for the epoch-bumped announce (the revoked epoch is
+    never mapped again).
+
+Cadence
+    :meth:`~ConsumerCore.tick` returns the announce-timeout unmap, ``ConsumerHello`` (after
+    each mapping, until sent) and ``QosConsumer`` (every ``qos_period_ns``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from tensorpool.client.announce import AnnounceTracker, StreamLayout, Verdict
+from tensorpool.client.driver_client import Attached, LeaseLost, ProducerRevoked
+from tensorpool.client.rate_gate import RateGate
+from tensorpool.counters import LATE_REASONS, DropCounters
+
+MODE_STREAM: Final = 1
+MODE_RATE_LIMITED: Final = 2
+DEFAULT_MAX_OUTSTANDING_SEQ_GAP: Final = 256
+
+# --- descriptor verdicts (plain ints: the hot path compares them) -----------------------------
+READ: Final = 0
+SKIP: Final = 1
+CHECK: Final = 2
+REMAP: Final = 3
+
+# --- reasons the consumer adds on top of the slot reader's --------------------------------------
+NOT_MAPPED: Final = "not_mapped"
+EPOCH_MISMATCH: Final = "epoch_mismatch"
+SEQ_REGRESSION: Final = "seq_regression"
+SEQ_STALE: Final = "seq_stale"
+SEQ_IMPLAUSIBLE: Final = "seq_implausible"
+BEFORE_JOIN: Final = "before_join"
+RESYNC: Final = "resync"
+RATE_LIMITED: Final = "rate_limited"
+AFTER_HANDLER_ERROR: Final = "after_handler_error"
+# mapping re-validation outcomes (control counters), see CheckMapping
+SUPERBLOCK_MAGIC_CHANGED: Final = "superblock_magic_changed"
+SUPERBLOCK_EPOCH_CHANGED: Final = "superblock_epoch_changed"
+SUPERBLOCK_PID_CHANGED: Final = "superblock_pid_changed"
+ACTIVITY_STALE: Final = "superblock_activity_stale"
+
+_NO_SEQ: Final = -2  # "no seq seen since the join": last + 1 never equals a real (u64) seq
+_SEC: Final = 1_000_000_000
+_NOTHING: Final[tuple[()]] = ()
+
+
+# --- actions ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MapEpoch:
+    """Map and validate ``layout``'s regions *beside* the current mapping, then report
+    ``on_mapped`` (and swap) or ``on_map_failed`` (keep the current mapping)."""
+
+    layout: StreamLayout
+
+
+@dataclass(frozen=True, slots=True)
+class CheckMapping:
+    """Re-validate the live mapping of ``epoch`` and report ``on_mapping_checked``: file
+    truncated (#13.4), superblock ``magic`` or ``epoch`` changed (§15.1, §15.14 recreation),
+    ``pid`` changed (§15.14 single writer), activity stale (§15.1)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unmap:
+    """Close the current mapping (the core already forgot it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSilent:
+    """No announce for a freshness window in driver mode: tell the lease machine (§10)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendHello:
+    """``ConsumerHello`` (§10.1.2); the agent calls ``hello_sent`` when the offer succeeded."""
+
+    stream_id: int
+    consumer_id: int
+    mode: int
+    max_rate_hz: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendQos:
+    """``QosConsumer`` (§10.4.1), field names as the encoder's keywords."""
+
+    stream_id: int
+    consumer_id: int
+    epoch: int
+    last_seq_seen: int
+    drops_gap: int
+    drops_late: int
+    mode: int
+
+
+type Action = MapEpoch | CheckMapping | Unmap | DriverSilent | SendHello | SendQos
+
+
+class AnnounceLike(Protocol):
+    """What the core reads from a ``ShmPoolAnnounce`` (the decoder flyweight is fine)."""
+
+    @property
+    def stream_id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def announce_timestamp_ns(self) -> int: ...
+    @property
+    def announce_clock_domain_raw(self) -> int: ...
+    @property
+    def header_slot_bytes(self) -> int: ...
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Frames delivered and what was missed (``drops_late`` is the sum of the late reasons in
+    ``drops``; ``control`` counts refused control-plane messages)."""
+
+    frames: int = 0
+    bytes: int = 0
+    drops_gap: int = 0
+    remaps: int = 0
+    drops: DropCounters = field(default_factory=DropCounters)
+    control: DropCounters = field(default_factory=DropCounters)
+
+
+class ConsumerCore:
+    """One consumer's decisions for one stream (use from one thread)."""
+
+    __slots__ = (
+        "_driver_mode",
+        "_gate",
+        "_hello_due",
+        "_join_floor",
+        "_max_gap_cfg",
+        "_next_qos_ns",
+        "_qos_period_ns",
+        "_rate_tolerance_ns",
+        "_tracker",
+        "consumer_id",
+        "drops",
+        "epoch",
+        "head_seq",
+        "last_seq",
+        "layout",
+        "mapped",
+        "mask",
+        "max_gap",
+        "max_rate_hz",
+        "meta_version",
+        "mode",
+        "resyncs",
+        "stats",
+        "stream_id",
+    )
+
+    def __init__(
+        self,
+        stream_id: int,
+        consumer_id: int,
+        *,
+        freshness_ns: int,
+        qos_period_ns: int,
+        mode: int = MODE_STREAM,
+        max_rate_hz: int = 0,
+        max_outstanding_seq_gap: int = DEFAULT_MAX_OUTSTANDING_SEQ_GAP,
+        driver_mode: bool = False,
+        tracker: AnnounceTracker | None = None,
+    ) -> None:
+        if mode not in (MODE_STREAM, MODE_RATE_LIMITED):
+            raise ValueError(f"mode must be STREAM or RATE_LIMITED, got {mode}")
+        if max_rate_hz < 0:
+            raise ValueError("max_rate_hz must be >= 0")
+        if max_outstanding_seq_gap < 1:
+            raise ValueError("max_outstanding_seq_gap must be >= 1")
+        self.stream_id = stream_id
+        self.consumer_id = consumer_id
+        self.mode = mode
+        self.max_rate_hz = max_rate_hz
+        self.stats = ConsumerStats()
+        self.drops = self.stats.drops
+        self._tracker = tracker or AnnounceTracker(stream_id, freshness_ns)
+        self._qos_period_ns = qos_period_ns
+        self._next_qos_ns = 0
+        self._hello_due = True
+        self._driver_mode = driver_mode
+        # §11: frames above max_rate_hz are dropped locally on the rate limiter's grid. Frames
+        # a little early for their slot still count (jitter): up to a quarter period.
+        limited = mode == MODE_RATE_LIMITED and max_rate_hz > 0
+        self._gate: RateGate[object] | None = (
+            RateGate(max_rate_hz, name="consumer.rate") if limited else None
+        )
+        self._rate_tolerance_ns = (_SEC // max_rate_hz) // 4 if limited else 0
+        self._max_gap_cfg = max_outstanding_seq_gap
+        self.max_gap = max_outstanding_seq_gap
+        self.layout: StreamLayout | None = None
+        self.mapped = False
+        self.epoch = -1
+        self.mask = 0
+        self.last_seq = _NO_SEQ
+        self.head_seq = -1
+        self._join_floor = 0
+        self.resyncs = 0
+        self.meta_version: int | None = None
+
+    # --- announces ------------------------------------------------------------------------------
+    def on_announce(
+        self,
+        dec: AnnounceLike,
+        join_time_ns: int | None,
+        now_ns: int,
+        *,
+        lease_held: bool = True,
+    ) -> MapEpoch | CheckMapping | None:
+        """Decide about one ``ShmPoolAnnounce`` (may raise the decoder's ``CodecError``)."""
+        if dec.stream_id != self.stream_id:
+            return None
+        if self._driver_mode and not lease_held:
+            # Driver Model §2.3: the lease is the licence to map; announces only refresh or
+            # move an attached consumer to the epoch the driver bumped.
+            self.stats.control.increment("announce_without_lease")
+            return None
+        decision = self._tracker.on_announce(
+            dec.stream_id,
+            dec.epoch,
+            dec.announce_timestamp_ns,
+            dec.announce_clock_domain_raw,
+            dec.header_slot_bytes,
+            join_time_ns,
+            now_ns,
+        )
+        if decision.verdict is Verdict.IGNORE:
+            self.stats.control.increment(decision.reason)
+            return None
+        if decision.verdict is Verdict.REFRESH:
+            return CheckMapping(self.epoch)
+        return MapEpoch(StreamLayout.from_announce(dec))
+
+    def on_mapping_checked(self, problem: str | None) -> Unmap | None:
+        """The agent re-validated the live mapping after a same-epoch announce."""
+        if problem is None or not self.mapped:
+            return None
+        self.stats.control.increment(problem)
+        # §15.14: a foreign writer (pid changed) means "unmap and wait for a new epoch"; a
+        # recreated or truncated file maps again on the next valid announce of any epoch.
+        return self._unmap(problem, await_newer=problem == SUPERBLOCK_PID_CHANGED)
+
+    def on_mapped(self, layout: StreamLayout, head_seq: int, now_ns: int) -> None:
+        """The agent mapped and validated ``layout``'s regions (and now swaps to them).
+
+        ``head_seq``: the newest committed seq in the new ring at that moment (-1 if none);
+        descriptors of frames before it were queued before this consumer joined.
+        """
+        self.layout = layout
+        self.epoch = layout.epoch
+        self.mapped = True
+        self.mask = layout.header_nslots - 1
+        self.last_seq = _NO_SEQ
+        self.head_seq = head_seq
+        self._join_floor = max(head_seq, 0)
+        # more than nslots-1 behind the head means overwritten for sure: skip without reading
+        self.max_gap = max(1, min(self._max_gap_cfg, layout.header_nslots - 1))
+        self._tracker.on_mapped(layout.epoch, now_ns)
+        if self._gate is not None:
+            self._gate.reset(now_ns)  # remap boundary: the next frame is eligible at once
+        self.stats.remaps += 1
+        self._hello_due = True
+
+    def on_map_failed(self, reason: str) -> None:
+        """Mapping a newer epoch failed: counted; the current mapping (if any) stays."""
+        self.stats.control.increment(reason)
+
+    def unmapped(self, reason: str) -> None:
+        """The agent dropped the mapping on its own (close, truncation found elsewhere)."""
+        if self.mapped:
+            self._unmap(reason)
+
+    def _unmap(self, reason: str, *, await_newer: bool = False) -> Unmap:
+        self.mapped = False
+        self._tracker.on_unmapped(await_newer=await_newer)
+        return Unmap(reason)
+
+    # --- descriptors (hot path) -----------------------------------------------------------------
+    def on_descriptor(self, stream_id: int, epoch: int, seq: int, now_ns: int) -> int:
+        """``READ``, ``SKIP`` or ``CHECK`` for one ``FrameDescriptor`` (``now_ns`` is only
+        used in ``RATE_LIMITED`` mode)."""
+        if stream_id != self.stream_id:
+            return SKIP
+        if not self.mapped:
+            self.drops.increment(NOT_MAPPED)
+            return SKIP
+        if epoch != self.epoch:  # §10.2.1: not the mapped regions' epoch
+            self.drops.increment(EPOCH_MISMATCH)
+            return SKIP
+        if seq != self.last_seq + 1:
+            return CHECK
+        # _accept inlined: this is the per-frame path (one call fewer per frame)
+        self.last_seq = seq
+        if seq > self.head_seq:
+            self.head_seq = seq
+        elif self.head_seq - seq > self.max_gap:
+            return self._resync()
+        if self._gate is not None:
+            return self._rate(now_ns)
+        return READ
+
+    def on_slot_check(self, seq: int, slot_seq: int, last_slot_seq: int, now_ns: int) -> int:
+        """Decide a ``CHECK``ed descriptor from what the ring holds now (a hint, not a read):
+        ``slot_seq`` is the seq in the slot of ``seq`` (``seq & mask``), ``last_slot_seq`` the
+        one in the slot of :attr:`last_seq` (anything when no seq was seen yet).
+        Returns ``READ``, ``SKIP`` or ``REMAP`` (the core already unmapped: close the regions).
+        """
+        last = self.last_seq
+        if last == _NO_SEQ:  # the first descriptor since the join
+            if seq < self._join_floor:
+                self.drops.increment(BEFORE_JOIN)
+                return SKIP
+            if slot_seq < seq:
+                self.drops.increment(SEQ_IMPLAUSIBLE)
+                return SKIP
+        elif seq > last:
+            if slot_seq < seq:  # the ring never held it: no gap to count
+                self.drops.increment(SEQ_IMPLAUSIBLE)
+                return SKIP
+            self.stats.drops_gap += seq - last - 1
+        elif last_slot_seq < last:
+            # §15.2: the ring itself went back (the slot of our last frame now holds an older
+            # seq): the stream was recreated under us, remap.
+            self.drops.increment(SEQ_REGRESSION)
+            self._unmap(SEQ_REGRESSION)
+            return REMAP
+        else:
+            # the ring still holds our last frame or newer: a stale or replayed descriptor
+            self.drops.increment(SEQ_STALE)
+            return SKIP
+        return self._accept(seq, now_ns)
+
+    def _accept(self, seq: int, now_ns: int) -> int:
+        self.last_seq = seq
+        if seq > self.head_seq:
+            self.head_seq = seq
+        elif self.head_seq - seq > self.max_gap:
+            return self._resync()
+        if self._gate is not None:
+            return self._rate(now_ns)
+        return READ
+
+    def _resync(self) -> int:
+        # §15.4 resync: so far behind that the slot is surely reused; skip without reading
+        self.stats.drops_gap += 1
+        self.resyncs += 1
+        self.drops.increment(RESYNC)
+        return SKIP
+
+    def _rate(self, now_ns: int) -> int:
+        # §11: at most one frame per slot of the RateGate grid (early by <= the tolerance ok)
+        if self._gate.take(now_ns, self._rate_tolerance_ns):  # type: ignore[union-attr]
+            return READ
+        self.drops.increment(RATE_LIMITED)
+        return SKIP
+
+    def on_read_miss(self, seq: int, slot_seq: int, reason: str) -> None:
+        """The slot read of an accepted ``seq`` failed with ``reason`` (``seq_mismatch`` or
+        ``not_committed``) and the slot holds ``slot_seq``.
+
+        A slot ahead of ``seq`` teaches how far the producer got (§15.4 resync). A slot
+        *behind* it means the frame was never written: the descriptor was forged (a plausible
+        ``last + 1``); it is re-counted as ``seq_implausible`` rather than late, and the seq is
+        forgotten so the real descriptor with that seq is still read.
+        """
+        if slot_seq >= seq:
+            if slot_seq > self.head_seq:
+                self.head_seq = slot_seq
+            return
+        if self.last_seq == seq:
+            self.last_seq = seq - 1 if seq > 0 else _NO_SEQ
+            self.drops.increment(reason, -1)
+            self.drops.increment(SEQ_IMPLAUSIBLE)
+
+    @property
+    def drops_gap(self) -> int:
+        return self.stats.drops_gap
+
+    @property
+    def drops_late(self) -> int:
+        return self.drops.sum_of(LATE_REASONS)
+
+    # --- lease ----------------------------------------------------------------------------------
+    def on_lease_event(self, event: object) -> MapEpoch | Unmap | None:
+        """React to a ``DriverClient`` event (Driver Model §2.3, §4.9)."""
+        if isinstance(event, Attached):
+            return MapEpoch(event.layout)
+        if isinstance(event, LeaseLost):
+            self.stats.control.increment("lease_lost")
+            return self._unmap(event.reason) if self.mapped else None
+        if isinstance(event, ProducerRevoked):
+            self.stats.control.increment("producer_revoked")
+            # §4.9: the revoked epoch is dead; remap only on the epoch-bumped announce
+            if self.mapped:
+                return self._unmap("producer_revoked", await_newer=True)
+            self._tracker.on_unmapped(await_newer=True)
+        return None
+
+    # --- metadata and config --------------------------------------------------------------------
+    def accept_meta_version(self, version: int) -> bool:
+        """§10.3.2: a ``DataSourceMeta`` replaces the current one unless it is older."""
+        if self.meta_version is None or version >= self.meta_version:
+            self.meta_version = version
+            return True
+        return False
+
+    # --- cadence --------------------------------------------------------------------------------
+    def tick(self, now_ns: int) -> tuple[Action, ...] | list[Action]:
+        """Timers: announce timeout (§15.21), pending hello, QoS period. Usually empty."""
+        out: list[Action] | None = None
+        decision = self._tracker.tick(now_ns)
+        if decision is not None:
+            self.stats.control.increment(decision.reason)
+            self.mapped = False
+            out = [Unmap(decision.reason)]
+            if self._driver_mode:  # the driver went quiet: it may have crashed (§10)
+                out.append(DriverSilent())
+        if self._hello_due:
+            out = out if out is not None else []
+            out.append(SendHello(self.stream_id, self.consumer_id, self.mode, self.max_rate_hz))
+        if now_ns >= self._next_qos_ns:
+            self._next_qos_ns = now_ns + self._qos_period_ns
+            out = out if out is not None else []
+            out.append(
+                SendQos(
+                    self.stream_id,
+                    self.consumer_id,
+                    max(self.epoch, 0),
+                    max(self.last_seq, 0),
+                    self.stats.drops_gap,
+                    self.drops_late,
+                    self.mode,
+                )
+            )
+        return _NOTHING if out is None else out
+
+    def hello_sent(self) -> None:
+        self._hello_due = False

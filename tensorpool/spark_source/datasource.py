@@ -1,0 +1,85 @@
+"""``format("tensorpool")``: the Spark ``DataSource`` and ``register``.
+
+The entry point that picks a reader or writer for the options: the plain readers of
+:mod:`~tensorpool.spark_source.source`, the pulse-window reader of
+:mod:`~tensorpool.spark_source.pulse` (``batching=pulse``) or the sink. It lives in its own module
+so the imports go one way (#14.1): ``datasource`` → ``pulse`` → ``source``; ``source`` imports
+neither. The sink is imported when a write is planned, so a read never loads the producer side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from tensorpool.spark_source.options import (
+    BATCHING_PULSE,
+    LATEST,
+    TensorPoolOptionError,
+    parse_sink_options,
+    parse_source_options,
+)
+from tensorpool.spark_source.pulse import PulseStreamReader, pulse_schema_ddl
+from tensorpool.spark_source.source import (
+    FORMAT,
+    TensorPoolBatchReader,
+    TensorPoolStreamReader,
+    _check_user_schema,
+    schema_ddl,
+)
+
+__all__ = ["TensorPoolDataSource", "register"]
+
+
+class TensorPoolDataSource(DataSource):
+    """``format("tensorpool")``: live tensor streams from tensorpool SHM rings."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        opts = parse_source_options(self.options)
+        if opts.batching == BATCHING_PULSE:
+            return pulse_schema_ddl(opts.include_tensor_metadata)
+        return schema_ddl(opts.include_tensor_metadata)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = parse_source_options(self.options, streaming=False)
+        _check_user_schema(schema, opts.include_tensor_metadata)
+        if opts.starting.default == LATEST or any(s == LATEST for _, s in opts.starting.per_stream):
+            raise TensorPoolOptionError(
+                "startingOffsets: 'latest' is not allowed for batch queries (the result would "
+                "always be empty); use 'earliest' or JSON offsets"
+            )
+        return TensorPoolBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = parse_source_options(self.options, streaming=True)
+        if opts.batching == BATCHING_PULSE:
+            return PulseStreamReader.for_schema(opts, schema)
+        _check_user_schema(schema, opts.include_tensor_metadata)
+        return TensorPoolStreamReader(opts)
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from tensorpool.spark_source.sink import TensorPoolBatchWriter
+
+        if overwrite:
+            raise TensorPoolOptionError(
+                "mode: a tensor stream cannot be overwritten; use mode('append')"
+            )
+        return TensorPoolBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from tensorpool.spark_source.sink import TensorPoolStreamWriter
+
+        if overwrite:
+            raise TensorPoolOptionError("outputMode: only 'append' is supported")
+        return TensorPoolStreamWriter(parse_sink_options(self.options), schema)
+
+
+def register(spark: Any) -> None:
+    """Make ``format("tensorpool")`` available in ``spark`` (call once per session)."""
+    spark.dataSource.register(TensorPoolDataSource)

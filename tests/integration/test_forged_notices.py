@@ -1,0 +1,161 @@
+"""#14 §2: forged `ShmDriverShutdown` / `ShmLeaseRevoked` do not take clients out.
+
+Aeron IPC has no sender identity: any process that can write the Aeron directory can publish
+on the driver's control stream. The default deployment runs here: the `tensorpool driver`
+daemon hosting its embedded media driver, as a real subprocess; a producer and a consumer in
+driver mode attach through it in this process. A third Aeron client (the forger) publishes a
+validly encoded `ShmDriverShutdown`, then a `ShmLeaseRevoked` naming the producer's lease.
+Each client confirms the notice with the driver before acting on it (client/driver_client.py):
+the driver still holds both leases, so the producer keeps producing, without a gap, at the
+same epoch and lease, and the consumer keeps its lease.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from driver_fixtures import ControlClient, DriverProcess, driver_toml, read_status
+
+from tensorpool.client.consumer import Consumer, Frame
+from tensorpool.client.producer import Producer
+from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.specs.generated import driver as dp
+from tensorpool.transport.clock import now_ns
+from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.context import AeronContext
+
+pytestmark = pytest.mark.slow
+
+SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
+CONTROL = "aeron:ipc?term-length=4m"
+CONTROL_STREAM = 1000
+STREAM = 10000
+WAIT = 30.0
+
+
+@pytest.fixture
+def work() -> Iterator[dict[str, str]]:
+    root = tempfile.mkdtemp(prefix="tp-forged-", dir=SHM_ROOT)
+    paths = {
+        "root": root,
+        "aeron": os.path.join(root, "aeron"),
+        "base": os.path.join(root, "shm"),
+        "config": os.path.join(root, "driver.toml"),
+    }
+    text = driver_toml(paths["base"], paths["aeron"], embedded=True)
+    Path(paths["config"]).write_text(text.replace('"aeron:ipc?term-length=1m"', f'"{CONTROL}"'))
+    yield paths
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _forged_shutdown() -> bytes:
+    buf = bytearray(256)
+    n = dp.ShmDriverShutdownEncoder.encode(
+        buf, 0, timestamp_ns=now_ns(), reason=dp.ShutdownReason.ADMIN, error_message="forged"
+    )
+    return bytes(buf[:n])
+
+
+def _forged_revoke(lease_id: int, client_id: int) -> bytes:
+    buf = bytearray(256)
+    n = dp.ShmLeaseRevokedEncoder.encode(
+        buf,
+        0,
+        timestamp_ns=now_ns(),
+        lease_id=lease_id,
+        stream_id=STREAM,
+        client_id=client_id,
+        role=dp.Role.PRODUCER,
+        reason=dp.LeaseRevokeReason.REVOKED,
+        error_message="forged",
+    )
+    return bytes(buf[:n])
+
+
+def _driver_leases(base: str) -> set[int]:
+    """The lease ids in the daemon's status file, once it was rewritten after this call."""
+    first = read_status(base)
+    assert first is not None
+    deadline = time.monotonic() + WAIT
+    while True:
+        doc = read_status(base)
+        if doc is not None and doc["written_unix_ns"] > first["written_unix_ns"]:
+            return {int(row["lease_id"]) for row in doc["leases"]}
+        assert time.monotonic() < deadline, "the driver stopped writing its status file"
+        time.sleep(0.05)
+
+
+def test_14_2_forged_shutdown_and_revoke_cost_no_frame_and_no_lease(work: dict[str, str]) -> None:
+    """#14 §2: after a forged ShmDriverShutdown and a forged ShmLeaseRevoked (producer lease),
+    the producer wrote every frame (consecutive seqs, no `no_lease` drop) at its first epoch
+    and lease, the consumer kept its lease and received frames after each forgery, and each
+    client counted the contradicted notice."""
+    daemon = DriverProcess(work["config"], work["base"], os.path.join(work["root"], "d.log"))
+    daemon.start().wait_ready(WAIT)
+    settings = ClientSettings(
+        transport=TransportConfig(aeron_dir=work["aeron"]),
+        channels=Channels(control_channel=CONTROL, control_stream_id=CONTROL_STREAM),
+        shm_base_dir=work["base"],
+        announce_period_ns=200_000_000,
+    )
+    ctx = AeronContext(settings.transport)
+    forger: ControlClient | None = None
+    try:
+        ctx.start()
+        producer = Producer(ctx, STREAM, settings, driver=True)
+        producer.wait_until_attached(WAIT)
+        consumer = Consumer(ctx, STREAM, settings, driver=True)
+        forger = ControlClient(work["aeron"], channel=CONTROL, stream_id=CONTROL_STREAM)
+        got: list[tuple[int, int]] = []
+
+        def on_frame(frame: Frame) -> None:
+            got.append((frame.epoch, frame.seq))
+
+        frame = np.arange(64, dtype=np.uint8)
+        seqs: list[int | None] = []
+
+        def run(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                seqs.append(producer.offer(frame))
+                producer.do_work()
+                consumer.poll(on_frame)
+                time.sleep(0.002)
+
+        deadline = time.monotonic() + WAIT
+        while not got and time.monotonic() < deadline:  # the consumer is attached and mapped
+            run(0.05)
+        assert got, consumer.stats.control.snapshot()
+        epoch, lease = producer.epoch, producer.lease_id
+        assert lease is not None
+        leases = _driver_leases(work["base"])
+        assert len(leases) == 2 and lease in leases  # the producer's and the consumer's
+
+        forger.send(_forged_shutdown())
+        n_before = len(got)
+        run(1.5)  # three confirmation windows
+        assert len(got) > n_before, "the consumer stopped receiving after a forged shutdown"
+
+        forger.send(_forged_revoke(lease, producer.producer_id))
+        run(1.5)
+
+        assert producer.epoch == epoch and producer.lease_id == lease
+        assert _driver_leases(work["base"]) == leases  # the driver's view: the same two leases
+        assert None not in seqs, "the producer dropped frames (no lease) after a forged notice"
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a gap in the producer's seqs"
+        assert producer.stats.drops.snapshot().get("no_lease", 0) == 0
+        assert producer.lease_counters.get("notice_not_confirmed") == 2
+        assert consumer.stats.control.snapshot().get("lease_lost", 0) == 0
+        assert all(e == epoch for e, _ in got)
+    finally:
+        if forger is not None:
+            forger.close()
+        ctx.close()  # before the daemon takes its media driver away
+        daemon.stop()

@@ -1,0 +1,261 @@
+"""#14.1 import layering: imports point downward only (docs/architecture.md, "Layers").
+
+``specs`` <- ``shm`` <- ``client`` <- agents (``driver``, ``ratelimiter``, ``bridge``) and
+``spark_source``; ``ingest`` and ``batching`` import nothing of tensorpool's I/O; agents do not
+import each other; no module imports itself back through a chain (no cycles). Read statically from
+the source (every ``import``, function-level ones included: a lazy import is a dependency too; only
+``if TYPE_CHECKING:`` blocks are left out, they never run), so a new module is covered the day it
+is added.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tensorpool
+
+ROOT = Path(tensorpool.__file__).resolve().parent
+
+#: Rank of each top-level part of the package: a module may import only parts of a lower rank,
+#: its own part, or a host-agnostic leaf (``LEAVES``). Same-rank parts are peers and must not
+#: import each other (two agents, or shm and transport).
+RANK: dict[str, int] = {
+    "specs": 0,
+    # foundation: small pure helpers every layer may use
+    "config_util": 1,
+    "fsafety": 1,
+    "counters": 1,
+    "endpoints": 1,
+    # SHM and Aeron, side by side
+    "shm": 2,
+    "transport": 2,
+    # the client library: Producer/Consumer/DriverClient and their sans-IO cores
+    "client": 3,
+    # agents and the Spark source, built on the client
+    "driver": 4,
+    "ratelimiter": 4,
+    "bridge": 4,
+    "spark_source": 4,
+    # the command line composes everything
+    "commands": 5,
+    "cli": 5,
+    "__main__": 5,
+}
+#: Host-agnostic primitives (seed 003 and seed 000): usable from the client up, importing nothing
+#: of tensorpool but themselves.
+LEAVES = frozenset({"ingest", "batching"})
+#: Ranks whose parts may import each other: the foundation helpers, and the command line.
+PEERS_ALLOWED = frozenset({1, 5})
+#: Pairs ruled out although the ranks would allow them: the driver is the server its clients
+#: talk to, so code both sides need lives below both (``shm``, ``endpoints``), not in ``client``.
+FORBIDDEN = {("driver", "client"): "the driver serves the client layer; share code via shm/"}
+#: ``pyaeron`` is the transport layer's business (plus the agents and commands that run a media
+#: driver or decode raw Aeron fragments); never below it.
+NO_AERON = frozenset({"specs", "shm", "client", "ingest", "batching", "config_util", "endpoints"})
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: dict[str, Path] = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node except those under ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for orelse in child.orelse:
+                yield orelse
+                yield from _walk_runtime(orelse)
+            continue
+        yield child
+        yield from _walk_runtime(child)
+
+
+def imports_of(module: str) -> dict[str, int]:
+    """The tensorpool modules ``module`` imports, with the line of the first import of each.
+
+    ``from pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg``.
+    External packages are reported under their top-level name (``pyaeron``).
+    """
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    found: dict[str, int] = {}
+
+    def add(name: str, line: int) -> None:
+        if name != module:
+            found.setdefault(name, line)
+
+    for node in _walk_runtime(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("tensorpool."):
+                    add(alias.name, node.lineno)
+                else:
+                    add(alias.name.split(".")[0], node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if not target.startswith("tensorpool"):
+                add(target.split(".")[0], node.lineno)
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                add(sub if sub in MODULES else target, node.lineno)
+    return found
+
+
+GRAPH: dict[str, dict[str, int]] = {m: imports_of(m) for m in sorted(MODULES)}
+
+
+def part(module: str) -> str:
+    """``tensorpool.client.consumer`` -> ``client``."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else ""
+
+
+def layering_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    out: list[str] = []
+    for module, targets in graph.items():
+        src = part(module)
+        if not src:
+            continue
+        for target, line in targets.items():
+            where = f"{module}:{line} imports {target}"
+            if target == "pyaeron":
+                if src in NO_AERON:
+                    out.append(f"{where}: {src} must not touch Aeron")
+                continue
+            if not target.startswith("tensorpool.") or target not in MODULES:
+                continue
+            dst = part(target)
+            if dst == src:
+                continue
+            if src in LEAVES:
+                out.append(f"{where}: {src} is host-agnostic and imports nothing of tensorpool")
+                continue
+            if dst in LEAVES:
+                if RANK.get(src, 0) < RANK["client"]:
+                    out.append(f"{where}: {dst} is for the client layer and above")
+                continue
+            if (src, dst) in FORBIDDEN:
+                out.append(f"{where}: {src} may not import {dst}: {FORBIDDEN[src, dst]}")
+                continue
+            if src not in RANK or dst not in RANK:
+                out.append(f"{where}: {src or dst!r} has no layer: add it to docs/architecture.md")
+                continue
+            if RANK[dst] > RANK[src] or (RANK[dst] == RANK[src] and RANK[src] not in PEERS_ALLOWED):
+                out.append(
+                    f"{where}: {src} (layer {RANK[src]}) may not import {dst} (layer {RANK[dst]})"
+                )
+    return out
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_14_1_every_part_has_a_layer() -> None:
+    """#14.1: a new top-level package or module gets a place in the layering (and the docs)."""
+    parts = {part(m) for m in MODULES} - {""}
+    assert parts <= set(RANK) | LEAVES, sorted(parts - set(RANK) - LEAVES)
+
+
+def test_14_1_imports_point_downward_only() -> None:
+    """#14.1: specs <- shm <- client <- agents and spark_source; agents never import each other
+    (the rate limiter does not import ``driver.config``; driver and rate limiter configs take
+    their defaults from ``tensorpool.endpoints``, not ``client.settings``); ingest and batching
+    import nothing of tensorpool; pyaeron stays out of specs, shm, client and the leaves."""
+    assert layering_violations(GRAPH) == []
+
+
+def test_14_1_no_import_cycles() -> None:
+    """#14.1: no chain of imports leads back to its start (spark_source pulse <-> source was
+    one: the data source now lives in ``spark_source.datasource``)."""
+    assert cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "target", "fragment"),
+    [
+        ("tensorpool.ratelimiter.config", "tensorpool.driver.config", "may not import driver"),
+        ("tensorpool.driver.config", "tensorpool.client.settings", "may not import client"),
+        ("tensorpool.shm.ring", "tensorpool.client.settings", "may not import client"),
+        ("tensorpool.ingest.buffer", "tensorpool.shm.ring", "host-agnostic"),
+        ("tensorpool.batching.batcher", "tensorpool.client.settings", "host-agnostic"),
+        ("tensorpool.client.settings", "pyaeron", "must not touch Aeron"),
+        ("tensorpool.shm.ring", "tensorpool.transport.channels", "may not import transport"),
+    ],
+)
+def test_14_1_the_checker_sees_a_forbidden_import(module: str, target: str, fragment: str) -> None:
+    """#14.1: the rules bite — an import the issue forbids, added to the real graph, is reported
+    (so an empty violation list is not the checker seeing nothing)."""
+    graph = {m: dict(t) for m, t in GRAPH.items()}
+    graph[module][target] = 1
+    problems = layering_violations(graph)
+    assert any(module in p and fragment in p for p in problems), problems
+
+
+def test_14_1_the_checker_sees_a_cycle() -> None:
+    """#14.1: a lazy import back from ``source`` to ``pulse`` (the cycle that existed) is found."""
+    graph = {m: dict(t) for m, t in GRAPH.items()}
+    graph["tensorpool.spark_source.source"]["tensorpool.spark_source.pulse"] = 1
+    assert any("tensorpool.spark_source.pulse" in c for c in cycles(graph))
