@@ -238,61 +238,49 @@ def scan_header_ring(buf: Any, nslots: int) -> Report:
     """Classify every slot of a header ring mapping (§8.3) and summarise what it holds.
 
     ``buf`` is the read-only mapping of the ring (superblock included) holding at least
-    ``nslots`` complete slots. Per slot: ``seq_commit`` load, header fields, second load; a
-    committed slot whose word changed in between, or whose sequence does not belong to this
-    index (``seq & (nslots-1)``, §15.18) is not counted as committed.
+    ``nslots`` complete slots. The ring scan of ``shm/`` (``HeaderRingView.scan``): every
+    ``seq_commit``, the header fields, every ``seq_commit`` again; a committed slot whose word
+    changed in between, or whose sequence does not belong to this index (``seq & (nslots-1)``,
+    §15.18) is not counted as committed.
     """
-    from tensorpool.shm.layout import (
-        HEADER_SLOT_BYTES,
-        SLOT_FIELDS_OFFSET,
-        SLOT_FIELDS_READ,
-        SUPERBLOCK_SIZE,
-    )
+    import numpy as np
 
-    view = memoryview(buf)
-    words = view[: SUPERBLOCK_SIZE + nslots * HEADER_SLOT_BYTES].cast("Q")
-    unpack = SLOT_FIELDS_READ.unpack_from
-    stride_words = HEADER_SLOT_BYTES >> 3
+    from tensorpool.shm.ring import HeaderRingView
+
     committed = in_progress = empty = misplaced = 0
     newest: tuple[int, int, int, int] | None = None  # seq, index, timestamp_ns, meta_version
     oldest: tuple[int, int] | None = None
     newest_writing: int | None = None
     pools: dict[int, list[int]] = {}
-    try:
-        for index in range(nslots):
-            q = (SUPERBLOCK_SIZE >> 3) + index * stride_words
-            w1 = words[q]
-            if w1 == 0:
-                empty += 1
-                continue
-            seq = w1 >> 1
-            if not w1 & 1:
-                in_progress += 1
-                newest_writing = seq if newest_writing is None else max(newest_writing, seq)
-                continue
-            values_len, _slot, pool_id, _off, timestamp_ns, meta_version = unpack(
-                buf, SUPERBLOCK_SIZE + index * HEADER_SLOT_BYTES + SLOT_FIELDS_OFFSET
-            )
-            if words[q] != w1:
-                in_progress += 1  # rewritten while we looked
-                continue
-            if seq % nslots != index:
-                misplaced += 1
-                continue
-            committed += 1
-            usage = pools.get(pool_id)
-            if usage is None:
-                pools[pool_id] = [1, values_len]
-            else:
-                usage[0] += 1
-                usage[1] += values_len
-            if newest is None or seq > newest[0]:
-                newest = (seq, index, timestamp_ns, meta_version)
-            if oldest is None or seq < oldest[0]:
-                oldest = (seq, index)
-    finally:
-        words.release()
-        view.release()
+    if nslots > 0:
+        ring = HeaderRingView(buf, nslots)  # the one ring scan of shm/ (no raw seq_commit here)
+        try:
+            scan = ring.scan()
+        finally:
+            ring.close()
+        seq = (scan.word1 >> np.uint64(1)).astype(np.int64)
+        stable = scan.committed
+        wrong = scan.misplaced(nslots)
+        good = stable & ~wrong
+        committed = int(good.sum())
+        misplaced = int(wrong.sum())
+        empty = int(scan.empty.sum())
+        in_progress = nslots - committed - misplaced - empty  # writing, or rewritten meanwhile
+        writing = (scan.word1 != 0) & ((scan.word1 & np.uint64(1)) == 0)
+        if writing.any():
+            newest_writing = int(seq[writing].max())
+        if committed:
+            at = np.flatnonzero(good)
+            hi = int(at[np.argmax(seq[at])])
+            lo = int(at[np.argmin(seq[at])])
+            rec = scan.fields[hi]
+            newest = (int(seq[hi]), hi, int(rec["timestamp_ns"]), int(rec["meta_version"]))
+            oldest = (int(seq[lo]), lo)
+            pool_ids = scan.fields["pool_id"][good]
+            lens = scan.fields["values_len"][good].astype(np.int64)
+            for pid in np.unique(pool_ids).tolist():
+                mine = pool_ids == pid
+                pools[int(pid)] = [int(mine.sum()), int(lens[mine].sum())]
     return {
         "slots_scanned": nslots,
         "occupancy": {

@@ -830,9 +830,8 @@ class DriverCore:
         """Skip the drain (a second signal): end every lease and send the notice now."""
         if self.state is DriverState.STOPPED:
             return []
-        if self.state is DriverState.RUNNING:
-            self._shutdown_reason = reason
-            self._shutdown_message = cap_error_message(message)
+        self._shutdown_reason = reason
+        self._shutdown_message = cap_error_message(message)
         return self._finish_shutdown(now_ns)
 
     def _finish_shutdown(self, now_ns: int) -> list[Action]:

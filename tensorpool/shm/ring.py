@@ -172,9 +172,10 @@ class RingScan:
         return (self.word1 != 0) & ~self.committed
 
     def misplaced(self, nslots: int) -> np.ndarray:
-        """Committed slots whose seq does not belong at their index (§15.18: ``seq & mask``)."""
+        """Committed slots whose seq does not belong at their index (§15.18: ``seq & mask``;
+        computed as ``seq % nslots`` so a corrupt, non-power-of-two ring is judged too)."""
         seq = (self.word1 >> _ONE).astype(np.int64)
-        return self.committed & ((seq & (nslots - 1)) != self.index)
+        return self.committed & ((seq % nslots) != self.index)
 
     def head_seq(self) -> int:
         """The newest committed seq in the scan, -1 if none."""
@@ -237,7 +238,7 @@ class HeaderRingView:
         seqs = np.arange(first, first + count, dtype=np.uint64)
         idx = (seqs & np.uint64(self.mask)).astype(np.intp)
         ok = self._words[idx] == ((seqs << _ONE) | _ONE)
-        return np.where(ok, self._lens[idx], missing).astype(np.int64).tolist()
+        return np.where(ok, self._lens[idx].astype(np.int64), missing).tolist()
 
     def close(self) -> None:
         """Drop the numpy views so the mapping can be closed."""

@@ -515,17 +515,15 @@ def pulse_loss_message(losses: Sequence[Loss]) -> str:
 def scan_stream(m: ring.MappedStream) -> StreamScan:
     """Committed frames of a mapped ring with their timestamps, seqlock-checked as a whole.
 
-    ``seq_commit`` of every slot is loaded, then the timestamps, then ``seq_commit`` again; a
-    slot whose two loads differ (the producer rewrote it meanwhile) is left out, exactly as if
-    it had been overwritten before the scan.
+    The ring scan of ``shm/`` (:meth:`~tensorpool.shm.ring.HeaderRingView.scan`): ``seq_commit``
+    of every slot, then the slot fields, then ``seq_commit`` again; a slot whose two loads
+    differ (the producer rewrote it meanwhile) is left out, exactly as if it had been
+    overwritten before the scan.
     """
-    idx = np.arange(m.spec.nslots, dtype=np.intp)
-    w1 = m.seq_words(idx)
-    stamps = m.slots["timestamp_ns"][idx]
-    w2 = m.seq_words(idx)
-    ok = ((w1 & np.uint64(1)) == np.uint64(1)) & (w1 == w2)
-    seqs = (w1[ok] >> np.uint64(1)).astype(np.int64)
-    ts = stamps[ok].astype(np.int64)
+    scan = m.ring.scan()
+    ok = scan.committed
+    seqs = scan.seq[ok]
+    ts = scan.fields["timestamp_ns"][ok].astype(np.int64)
     order = np.argsort(seqs, kind="stable")
     seqs, ts = seqs[order], ts[order]
     head = int(seqs[-1]) + 1 if seqs.size else 0

@@ -7,10 +7,10 @@ re-mapping regions per task would dominate short micro-batches. An epoch is neve
 cached mapping can never describe another producer's regions; the cache only needs bounding.
 
 Driver side: :meth:`MappedStream.scan` uses the ring scan of ``shm/``
-(:class:`~tensorpool.shm.ring.HeaderRingView`, the only reader of raw ``seq_commit`` words besides
-the seqlock reader) and reports the seq each slot holds: the committed window ``[oldest, head)``, and the committed seqs themselves when they
-have gaps (a relay stream keeps its source's seq numbers). A normal producer's committed slots
-always hold one contiguous run.
+(:class:`~tensorpool.shm.ring.HeaderRingView`, the only reader of raw ``seq_commit`` words
+besides the seqlock reader) and reports the seq each slot holds: the committed window
+``[oldest, head)``, and the committed seqs themselves when they have gaps (a relay stream keeps
+its source's seq numbers). A normal producer's committed slots always hold one contiguous run.
 
 Executor side: :func:`read_range` reads ``[first, end)`` -- or exactly the planned seq ``runs``
 -- with the seqlock of §8.3 through
@@ -162,7 +162,10 @@ class MappedStream:
         """What every slot holds now (an upper bound on what is still readable later)."""
         scan = self.ring.scan()
         return RingState.from_slots(
-            self.spec.epoch, scan.seq, scan.committed, scan.fields["values_len"]
+            self.spec.epoch,
+            scan.seq,
+            scan.committed,
+            np.ascontiguousarray(scan.fields["values_len"]),
         )
 
     def sizes(self, first: int, count: int) -> list[int]:

@@ -8,6 +8,8 @@ Layout (one job per module):
 - ``subscription`` Subscriber: whole messages to a handler, image events, join times.
 - ``agent``       Agent protocol, AgentRunner, CompositeAgent.
 - ``idle``        idle strategies (busy spin, yield, sleep, backoff; native wrappers).
+- ``wakeup``      SemaphoreIdleStrategy / WakePoster: an idle consumer blocks on its own POSIX
+                  named semaphore; the producer posts it after each descriptor (posix-ipc).
 - ``channels``    Aeron URI builders and parsers.
 - ``clock``       now_ns (CLOCK_MONOTONIC) and a ManualClock for tests.
 
@@ -47,6 +49,8 @@ _EXPORTS: dict[str, str] = {
     "TransportConfig": "tensorpool.transport.config",
     "TransportConfigError": "tensorpool.transport.config",
     "YieldingIdleStrategy": "tensorpool.transport.idle",
+    "SemaphoreIdleStrategy": "tensorpool.transport.wakeup",
+    "WakePoster": "tensorpool.transport.wakeup",
     "idle_strategy": "tensorpool.transport.idle",
     "ipc_channel": "tensorpool.transport.channels",
     "now_ns": "tensorpool.transport.clock",
@@ -83,11 +87,13 @@ __all__ = [
     "OfferCounters",
     "OfferRejected",
     "Publisher",
+    "SemaphoreIdleStrategy",
     "SleepingIdleStrategy",
     "Subscriber",
     "TransportClosed",
     "TransportConfig",
     "TransportConfigError",
+    "WakePoster",
     "YieldingIdleStrategy",
     "idle_strategy",
     "ipc_channel",

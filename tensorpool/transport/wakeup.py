@@ -42,6 +42,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Final
 
+from tensorpool.config_util import check_path_component
+
 SEM_DIR: Final = Path("/dev/shm")
 """Where glibc keeps named semaphores: ``/name`` is the file ``/dev/shm/sem.name``."""
 WAKE_PREFIX: Final = "tensorpool-wake-"
@@ -49,17 +51,21 @@ DEFAULT_MAX_WAIT_NS: Final = 10_000_000
 """Longest block per idle cycle: control duties run at least every 10 ms (keepalives and QoS
 are 1 s periods; the consumer's control poll is rate-limited to every 100 us anyway)."""
 DEFAULT_RESCAN_NS: Final = 1_000_000_000
-_NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_.]+")
+_OWNER_RE: Final = re.compile(r"(\d+)-[0-9a-f]{8}")
+"""What follows a stream's prefix in a consumer's name: ``<pid>-<token>``, nothing else (so a
+namespace with ``-`` in it cannot pass for another namespace's stream: ``a`` + stream 1 vs
+``a-1`` + stream 5)."""
 
 
 def wake_prefix(namespace: str, stream_id: int) -> str:
     """Name prefix (without the leading ``/``) of every wake semaphore of one stream.
 
-    The namespace may not contain ``-`` or ``/``: ``-`` separates the fields, so ``a`` and
-    ``a-1`` would otherwise share prefixes.
+    The namespace follows the SHM directory rule (one path component: letters, digits, ``.``,
+    ``_``, ``-``); the producer matches what follows the prefix exactly (:data:`_OWNER_RE`).
     """
-    if not _NAMESPACE_RE.fullmatch(namespace):
-        raise ValueError(f"wake semaphore namespace must match [A-Za-z0-9_.]+, got {namespace!r}")
+    reason = check_path_component(namespace)
+    if reason is not None:
+        raise ValueError(f"wake semaphore namespace {reason}")
     if not 0 <= stream_id < 2**32:
         raise ValueError(f"stream_id must be a uint32, got {stream_id}")
     return f"{WAKE_PREFIX}{namespace}-{stream_id}-"
@@ -166,8 +172,10 @@ class WakePoster:
         for entry in names:
             if not entry.startswith(self._prefix):
                 continue
-            pid = entry[len(self._prefix) :].split("-", 1)[0]
-            if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
+            owner = _OWNER_RE.fullmatch(entry[len(self._prefix) :])
+            if owner is None:
+                continue  # another stream whose namespace ends in "-<our stream id>"
+            if not os.path.exists(f"/proc/{owner.group(1)}"):
                 continue  # creator gone (SIGKILL): nothing to wake; its entry is not ours
             found.add(entry)
             if entry not in self._sems:

@@ -744,3 +744,38 @@ def test_s17_invalid_config_exits_2_names_key_and_creates_nothing(
     assert cfg in result.stderr and key in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not os.path.exists(base) and not os.path.exists(aeron_dir)
+
+
+REVOKED_REVOKED = int(drv.LeaseRevokeReason.REVOKED)
+LONG_LEASES = {"lease_expiry_grace_intervals": 100}  # 10 s: nothing expires during the test
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["drain", "second_signal"])
+def test_s4_9_shutdown_revokes_every_lease_before_the_notice(
+    shared_md: MediaDriverProcess, work: str, forced: bool
+) -> None:
+    """#14.3, Driver §4.9: shutdown invalidates the leases, and every invalidation publishes a
+    ShmLeaseRevoked: each live lease (producer and consumer) gets one with reason REVOKED, as
+    received by a client, before ShmDriverShutdown; also when a second signal skips the drain."""
+    policies = {**LONG_LEASES, "shutdown_timeout_ms": 60_000 if forced else 200}
+    daemon = _daemon(work, shared_md.dir, policies=policies).start().wait_ready()
+    with _client(work, shared_md.dir) as c:
+        c.wait_connected()
+        prod = _ok(c.attach(10000, 51, PRODUCER))
+        cons = _ok(c.attach(10000, 52, CONSUMER))
+        start = len(c.messages)
+        daemon.signal(signal.SIGTERM)
+        if forced:  # the drain has begun (final announce); the second signal ends it now
+            c.wait_for(lambda m: m.kind == "announce", start=start)
+            daemon.signal(signal.SIGTERM)
+        notice = c.wait_for(lambda m: m.kind == "shutdown", start=start, timeout=20)
+        if forced:
+            assert notice["error_message"] == "forced"
+        revoked = [m for m in c.messages[start : notice.index] if m.kind == "revoked"]
+        assert sorted((m["lease_id"], m["role"], m["reason"]) for m in revoked) == sorted(
+            [
+                (prod["lease_id"], PRODUCER, REVOKED_REVOKED),
+                (cons["lease_id"], CONSUMER, REVOKED_REVOKED),
+            ]
+        )
+        assert daemon.wait() == 0

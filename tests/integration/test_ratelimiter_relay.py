@@ -510,9 +510,7 @@ def write_frame(
     return seq
 
 
-@pytest.mark.parametrize(
-    ("rate", "hold"), [(0, "descriptor"), (10, "descriptor"), (10, "copy")]
-)
+@pytest.mark.parametrize(("rate", "hold"), [(0, "descriptor"), (10, "descriptor"), (10, "copy")])
 def test_s5_values_len_bytes_arrives_as_the_source_wrote_it(
     rig_factory, rate: int, hold: str
 ) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from driver_fixtures import CONTROL_CHANNEL, CONTROL_STREAM, DriverProcess, driver_toml
 
-from tensorpool.client.consumer import Consumer, Frame
+from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import Producer
 from tensorpool.client.settings import Channels, ClientSettings
 from tensorpool.ratelimiter.agent import RateLimiterAgent
@@ -132,8 +132,11 @@ def test_s5_source_restart_rollover_does_not_stall_other_mappings(deployment) ->
     relay_a, relay_b = agent.relays
     got_a: list[tuple[int, int]] = []
     got_b: list[tuple[int, int]] = []
+    hold_a: list[bool] = []  # set: the restarted source A waits until the relay mapped it
 
     def offer(p: Producer) -> None:
+        if p is src_a and hold_a and relay_a.source_epoch != p.epoch:
+            return  # A's new frames (seq from 0) wait until the relay mapped A's new epoch
         if p.attached:
             p.offer(np.full(64, p.next_seq & 0xFF, np.uint8))
 
@@ -146,10 +149,14 @@ def test_s5_source_restart_rollover_does_not_stall_other_mappings(deployment) ->
         dst_b.poll(lambda f: got_b.append((f.epoch, f.seq)))
         time.sleep(0.001)
 
+    def state() -> str:
+        a = relay_a.consumer
+        return repr((agent.snapshot()["mappings"], a.epoch, a.stats))
+
     def spin(until: Any, what: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while not until():
-            assert time.monotonic() < deadline, (what, agent.snapshot())
+            assert time.monotonic() < deadline, (what, state())
             cycle()
 
     try:
@@ -161,11 +168,14 @@ def test_s5_source_restart_rollover_does_not_stall_other_mappings(deployment) ->
         b_lease = relay_b.producer._driver.lease_id  # type: ignore[union-attr]
         b_before = len(got_b)
 
-        src_a.close()  # source A restarts: new source epoch, seq from 0
+        # source A restarts: new source epoch, seq from 0, below what A's destination has
+        # published, so the destination needs a new epoch (Wire §15.2: no seq regression)
+        hold_a.append(True)
+        src_a.close()
         src_a = source(dep, SRC_A)
         deadline = time.monotonic() + 20
         while relay_a.stats.dest_rollovers == 0:
-            assert time.monotonic() < deadline, repr((agent.snapshot()["mappings"], relay_a.consumer.stats, relay_a.consumer.epoch))
+            assert time.monotonic() < deadline, state()
             cycle()
         # the cycle that rolled A over returned before A's new destination was attached
         assert relay_a.dest_epoch == 0
@@ -173,7 +183,7 @@ def test_s5_source_restart_rollover_does_not_stall_other_mappings(deployment) ->
         published_b = relay_b.stats.published
         waiting_cycles = 0
         while relay_a.dest_epoch == 0:
-            assert time.monotonic() < deadline, repr((agent.snapshot()["mappings"], relay_a.consumer.stats, relay_a.consumer.epoch))
+            assert time.monotonic() < deadline, state()
             cycle()
             waiting_cycles += 1
         assert waiting_cycles >= 1

@@ -579,6 +579,19 @@ def test_s4_9_forced_stop_also_revokes_each_lease(harness: Harness) -> None:
     assert harness.core.stop_now(harness.now) == []
 
 
+def test_s4_9_second_signal_during_the_drain_revokes_and_says_forced(harness: Harness) -> None:
+    """#14.3: a drain cut short by a second signal still ends each lease with its own notice,
+    and the shutdown notice says "forced" (NORMAL)."""
+    cons = harness.attach_ok(1, CAM, 1, C)
+    harness.run(harness.core.begin_shutdown(harness.now, ShutdownReason.ADMIN, "maint"))
+    assert harness.core.state is DriverState.DRAINING
+    actions = harness.run(harness.core.stop_now(harness.now, message="forced"))
+    assert kinds(actions) == ["PublishLeaseRevoked", "PublishShutdown"]
+    revoked, notice = actions
+    assert revoked.lease_id == cons.lease_id  # type: ignore[union-attr]
+    assert (notice.reason, notice.error_message) == (ShutdownReason.NORMAL, "forced")  # type: ignore[union-attr]
+
+
 # --------------------------------------------------------------------------- §5 exclusive producer
 
 

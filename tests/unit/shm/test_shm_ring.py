@@ -114,3 +114,50 @@ def test_s15_5_pools_must_share_header_nslots(shm_base: str) -> None:
     finally:
         h.close()
         p.close()
+
+
+# --- the one ring scan (#14 section 1) ------------------------------------------------------------
+def _ring_bytes(nslots: int, words: dict[int, int]) -> bytearray:
+    from tensorpool.shm.layout import HEADER_SLOT_BYTES, SUPERBLOCK_SIZE
+
+    buf = bytearray(SUPERBLOCK_SIZE + nslots * HEADER_SLOT_BYTES)
+    for index, word in words.items():
+        off = SUPERBLOCK_SIZE + index * HEADER_SLOT_BYTES
+        buf[off : off + 8] = word.to_bytes(8, "little")
+        buf[off + 8 : off + 12] = (100 + index).to_bytes(4, "little")  # values_len_bytes
+    return buf
+
+
+def test_s8_3_ring_scan_classifies_slots_and_finds_the_head() -> None:
+    """#14: one ring scan in shm/ (consumer join head, Spark scans, inspect occupancy)."""
+    from tensorpool.shm.ring import HeaderRingView
+
+    committed = lambda seq: (seq << 1) | 1  # noqa: E731
+    buf = _ring_bytes(8, {0: committed(8), 1: committed(9), 2: 10 << 1, 5: committed(4)})
+    ring = HeaderRingView(buf, 8)
+    scan = ring.scan()
+    assert scan.seq.tolist() == [8, 9, 10, -1, -1, 4, -1, -1]
+    assert scan.committed.tolist() == [True, True, False, False, False, True, False, False]
+    assert scan.in_progress.tolist() == [False, False, True] + [False] * 5
+    assert int(scan.empty.sum()) == 4
+    assert scan.misplaced(8).tolist() == [False] * 5 + [True, False, False]  # 4 is not slot 5
+    assert scan.head_seq() == 9 and ring.head_seq() == 9
+    assert ring.sizes(8, 3, missing=-7) == [100, 101, -7]  # seq 10 is not committed
+    ring.close()
+    assert HeaderRingView(_ring_bytes(4, {}), 4).head_seq() == -1
+
+
+def test_no_raw_seq_commit_loads_outside_shm() -> None:
+    """#14: only shm/ reads ``seq_commit`` words (the seqlock reader and the ring scan)."""
+    import pathlib
+
+    import tensorpool
+
+    root = pathlib.Path(tensorpool.__file__).parent
+    offenders = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.parts[len(root.parts)] not in ("shm", "specs")
+        and any(p in path.read_text() for p in ('cast("Q")', "np.uint64)[", "_SEQ_WORD"))
+    ]
+    assert offenders == []
