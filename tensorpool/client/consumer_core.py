@@ -177,6 +177,7 @@ class ConsumerCore:
     """One consumer's decisions for one stream (use from one thread)."""
 
     __slots__ = (
+        "_announced_since_ns",
         "_driver_mode",
         "_gate",
         "_hello_due",
@@ -251,6 +252,9 @@ class ConsumerCore:
         self._join_floor = 0
         self.resyncs = 0
         self.meta_version: int | None = None
+        # (epoch, driver time of the announce that made us map it): a producer revocation
+        # older than that concerns an earlier epoch (Driver Model §4.9)
+        self._announced_since_ns: tuple[int, int] = (-1, 0)
 
     # --- announces ------------------------------------------------------------------------------
     def on_announce(
@@ -283,6 +287,7 @@ class ConsumerCore:
             return None
         if decision.verdict is Verdict.REFRESH:
             return CheckMapping(self.epoch)
+        self._announced_since_ns = (dec.epoch, dec.announce_timestamp_ns)
         return MapEpoch(StreamLayout.from_announce(dec))
 
     def on_mapping_checked(self, problem: str | None) -> Unmap | None:
@@ -443,6 +448,13 @@ class ConsumerCore:
             self.stats.control.increment("lease_lost")
             return self._unmap(event.reason) if self.mapped else None
         if isinstance(event, ProducerRevoked):
+            epoch, since_ns = self._announced_since_ns
+            if event.timestamp_ns and event.timestamp_ns < since_ns and epoch >= self.epoch:
+                # The revoke and the bumped announce travel on different subscriptions, so
+                # the new epoch may be mapped before the old producer's revoke is read: that
+                # revoke is about an older epoch and must not unmap the new one.
+                self.stats.control.increment("producer_revoked_older_epoch")
+                return None
             self.stats.control.increment("producer_revoked")
             # §4.9: the revoked epoch is dead; remap only on the epoch-bumped announce
             if self.mapped:

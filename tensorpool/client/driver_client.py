@@ -123,6 +123,8 @@ class ProducerRevoked:
     """The producer of the stream we consume lost its lease: await the new epoch (§4.9)."""
 
     stream_id: int
+    timestamp_ns: int = 0
+    """The driver's clock at the revocation (the clock of its announces); 0 if unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +389,7 @@ class LeaseMachine:
             and r.stream_id == self.stream_id
             and self.holds_lease
         ):
-            return [ProducerRevoked(r.stream_id)]
+            return [ProducerRevoked(r.stream_id, int(r.timestamp_ns))]
         return []
 
     def on_driver_shutdown(self, now: int, timestamp_ns: int | None = None) -> list[Action]:

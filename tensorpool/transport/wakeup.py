@@ -5,7 +5,10 @@ back off into sleeps (``BackoffIdleStrategy``: near-zero CPU, but a frame that a
 is parked waits for the rest of the park, up to ``max_park_ns`` = 1 ms plus the kernel's timer
 slack). A semaphore gives both: the idle consumer blocks in ``sem_timedwait`` (a futex wait, no
 CPU) and the producer's ``sem_post`` after each descriptor wakes it within the kernel's wakeup
-latency. Measured in ``bench/bench_wakeup.py`` (docs/benchmarks/wakeup.md).
+latency. Measured (``bench/bench_wakeup.py``, docs/benchmarks/wakeup.md, loaded 2-vCPU VM) at
+100 Hz / 1 kHz / 10 kHz: p50 65 / 23 / 15 us at 0.5 / 1.6 / 7.9 % of a core, against backoff's
+552 / 151 / 27 us at 3.2 / 14.5 / 32.7 %; the producer pays ~6 us per post to a blocked
+consumer (0.2 us to a busy one).
 
 Model:
 

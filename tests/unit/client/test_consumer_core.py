@@ -319,6 +319,21 @@ def test_driver_4_9_after_producer_revoke_waits_for_the_epoch_bumped_announce() 
     assert isinstance(core.on_announce(_announce(6), None, T0), MapEpoch)
 
 
+def test_driver_4_9_revoke_read_after_the_bumped_epoch_was_mapped_keeps_the_new_mapping() -> None:
+    """Driver Model §4.9 with two subscriptions: the revoke of the old producer can be read
+    after the announce of the bumped epoch was already mapped. A revoke stamped before that
+    announce concerns the old epoch and must not unmap the new one (it would then wait for
+    an epoch that never comes); one stamped after it still unmaps."""
+    core = _core(driver_mode=True)
+    action = core.on_announce(_announce(3, ts=T0 + 200), None, T0 + 200)
+    assert isinstance(action, MapEpoch)
+    core.on_mapped(action.layout, -1, T0 + 200)
+    assert core.on_lease_event(ProducerRevoked(STREAM, T0 + 150)) is None
+    assert core.mapped and core.epoch == 3
+    assert core.stats.control["producer_revoked_older_epoch"] == 1
+    assert core.on_lease_event(ProducerRevoked(STREAM, T0 + 300)) == Unmap("producer_revoked")
+
+
 def _revoked(lease_id: int, role: int, reason: int) -> dp.ShmLeaseRevokedDecoder:
     """A ShmLeaseRevoked as it arrives on the wire. The encoder refuses unknown enum values,
     so a valid message is encoded and the raw role/reason bytes are patched afterwards (what
@@ -373,7 +388,9 @@ def test_driver_4_9_producer_revoke_with_unknown_reason_is_rejected() -> None:
     m = _attached_consumer()
     with pytest.raises(CodecError):
         m.on_lease_revoked(_revoked(12, ROLE_PRODUCER, reason=99), 0)
-    assert m.on_lease_revoked(_revoked(12, ROLE_PRODUCER, reason=2), 0) == [ProducerRevoked(STREAM)]
+    assert m.on_lease_revoked(_revoked(12, ROLE_PRODUCER, reason=2), 0) == [
+        ProducerRevoked(STREAM, 1)
+    ]
 
 
 def test_driver_4_9_revoke_of_our_lease_with_unknown_role_is_rejected() -> None:
