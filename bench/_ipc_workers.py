@@ -44,7 +44,8 @@ import numpy as np
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer, StreamConfig
-from tensorpool.client.settings import IPC_CONTROL, IPC_DESCRIPTORS, Channels, ClientSettings
+from tensorpool.client.settings import IPC_CONTROL, IPC_DESCRIPTORS, ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy, BusySpinIdleStrategy, IdleStrategy
@@ -124,7 +125,7 @@ class ConsumerResult:
 
 def settings_for(sc: Scenario, shm_base_dir: str, aeron_dir: str) -> ClientSettings:
     base = 20_000 + 10 * sc.key
-    channels = Channels(
+    channels = Endpoints(
         control_channel=IPC_CONTROL,
         control_stream_id=base,
         descriptor_channel=IPC_DESCRIPTORS,

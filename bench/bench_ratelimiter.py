@@ -42,7 +42,8 @@ from typing import Any, Final
 import numpy as np
 
 from tensorpool.client.consumer import Consumer, Frame
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy
@@ -249,7 +250,7 @@ class Bench:
         ctx = AeronContext(TransportConfig(aeron_dir=self.aeron)).start()
         settings = ClientSettings(
             transport=ctx.config,
-            channels=Channels(control_channel=CONTROL, descriptor_stream_id=descriptors),
+            channels=Endpoints(control_channel=CONTROL, descriptor_stream_id=descriptors),
             shm_base_dir=self.base,
             announce_period_ns=500_000_000,
         )
@@ -352,7 +353,7 @@ def per_frame_cost(frames: int, frame_bytes: int = 64 * 1024) -> dict[str, float
             src = ClientSettings(transport=ctx.config, shm_base_dir=base)
             dst = ClientSettings(
                 transport=ctx.config,
-                channels=Channels(descriptor_stream_id=2101),
+                channels=Endpoints(descriptor_stream_id=2101),
                 shm_base_dir=base,
             )
             producer = Producer(

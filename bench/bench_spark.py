@@ -110,7 +110,7 @@ def _prebuilt(rows: int, frame_bytes: int) -> Any:
 
 
 def _emit(count: int, frame_bytes: int) -> Iterator[Any]:
-    from tensorpool.spark_source.ring import rows_per_batch
+    from tensorpool.spark_source.mapped_rings import rows_per_batch
 
     step = rows_per_batch(frame_bytes)
     full = _prebuilt(step, frame_bytes)

@@ -59,6 +59,7 @@ __all__ = [
     "Endpoints",
     "aeron_stream_id_problem",
     "channel_problem",
+    "config_aeron_dir",
     "data_stream_id_problem",
     "default_aeron_dir",
     "default_shm_base_dir",
@@ -102,6 +103,19 @@ def default_aeron_dir() -> str:
     """Where `tensorpool mediadriver` / the SHM driver serve by default, and clients look."""
     root = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
     return os.path.join(root, f"tensorpool-aeron-{os.getuid()}")
+
+
+def config_aeron_dir(value: str) -> str:
+    """The media driver directory a config's ``aeron_dir`` names: ``value``, or when it is empty
+    :func:`default_aeron_dir`.
+
+    #14.1: ``aeron_dir = ""`` has one meaning in every TOML config -- the driver's and the rate
+    limiter's ``[driver]``, the bridge's ``[local]`` (and Spark's blank ``aeronDir``): the
+    tensorpool default, where ``tensorpool mediadriver``, an embedded ``tensorpool driver`` and
+    the client commands serve and look. Aeron's own library default (``/dev/shm/aeron-<user>``,
+    where a stock ``aeronmd`` listens) is reached by naming it.
+    """
+    return value or default_aeron_dir()
 
 
 # --------------------------------------------------------------------------- the validator

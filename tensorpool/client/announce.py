@@ -102,6 +102,7 @@ _STALE = Decision(Verdict.IGNORE, "announce_stale")
 _OLD_EPOCH = Decision(Verdict.IGNORE, "announce_old_epoch")
 _REFRESH = Decision(Verdict.REFRESH)
 _MAP = Decision(Verdict.MAP)
+_REVOKE_CONTRADICTED = Decision(Verdict.MAP, "producer_revoke_contradicted")
 _STALE_UNMAP = Decision(Verdict.UNMAP, "announce_timeout")
 
 
@@ -112,6 +113,7 @@ class AnnounceTracker:
         "_await_newer",
         "_last_fresh_ns",
         "_realtime",
+        "_revoked_at_ns",
         "epoch",
         "freshness_ns",
         "mapped",
@@ -131,6 +133,7 @@ class AnnounceTracker:
         self.epoch: int | None = None
         self.mapped = False
         self._await_newer = False
+        self._revoked_at_ns = 0
         self._last_fresh_ns = 0
 
     def on_announce(
@@ -161,6 +164,18 @@ class AnnounceTracker:
         if self.epoch is not None and (
             epoch < self.epoch or (epoch == self.epoch and self._await_newer)
         ):
+            if (
+                epoch == self.epoch
+                and self._revoked_at_ns
+                and clock_domain == CLOCK_MONOTONIC
+                and announce_timestamp_ns > self._revoked_at_ns
+            ):
+                # Driver §4.9: the driver moves a revoked producer's stream to a new epoch at
+                # once, so it never announces the old epoch after the revocation. This announce
+                # says the epoch is alive: the revoke did not come from the driver.
+                self._await_newer = False
+                self._revoked_at_ns = 0
+                return _REVOKE_CONTRADICTED
             return _OLD_EPOCH
         if epoch == self.epoch and self.mapped:
             self._last_fresh_ns = now_ns
@@ -175,11 +190,16 @@ class AnnounceTracker:
         self._await_newer = False
         self._last_fresh_ns = now_ns
 
-    def on_unmapped(self, *, forget_epoch: bool = False, await_newer: bool = False) -> None:
+    def on_unmapped(
+        self, *, forget_epoch: bool = False, await_newer: bool = False, revoked_at_ns: int = 0
+    ) -> None:
         """``await_newer``: the mapped epoch is dead for good (revoked producer §4.9, foreign
-        writer §15.14); announces of it are ignored until a higher epoch maps."""
+        writer §15.14); announces of it are ignored until a higher epoch maps.
+        ``revoked_at_ns``: the driver time of the producer revocation behind it; an announce
+        of the same epoch stamped later contradicts the revocation (it was forged)."""
         self.mapped = False
         self._await_newer = await_newer and self.epoch is not None
+        self._revoked_at_ns = revoked_at_ns if self._await_newer else 0
         if forget_epoch:
             self.epoch = None
 

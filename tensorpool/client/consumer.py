@@ -70,6 +70,7 @@ from tensorpool.specs.generated import driver as driver_schema
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.wakeup import DEFAULT_MAX_WAIT_NS, SemaphoreIdleStrategy
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +250,7 @@ class Consumer:
         self.source_name = ""
         self.config_declined: bool | None = None
         self._buf = bytearray(4096)
+        self._wake_strategies: list[SemaphoreIdleStrategy] = []
 
         self._ctx = ctx
         ch = self.settings.channels
@@ -365,6 +367,18 @@ class Consumer:
                 return
             if idle is not None:
                 idle()
+
+    def wake_idle_strategy(self, max_wait_ns: int = DEFAULT_MAX_WAIT_NS) -> SemaphoreIdleStrategy:
+        """An idle strategy that blocks until this stream's producer posts (see
+        :mod:`tensorpool.transport.wakeup`): ``idle.idle(consumer.poll(handler))`` in the loop.
+
+        Owned by this consumer: :meth:`close` closes it (unlinking its semaphore), so a loop
+        that forgets to cannot leave ``/dev/shm/sem.tensorpool-wake-*`` behind. It blocks for
+        at most ``max_wait_ns`` per empty poll, so the consumer's duties still run that often.
+        """
+        strategy = SemaphoreIdleStrategy(self.settings.namespace, self.stream_id, max_wait_ns)
+        self._wake_strategies.append(strategy)
+        return strategy
 
     # --- relay hooks (rate limiter, bridge) ------------------------------------------------------
     def reread(self, epoch: int, seq: int, header_index: int) -> SlotRead | None:
@@ -661,6 +675,9 @@ class Consumer:
     def close(self) -> None:
         """Unmap, detach (driver mode) and release the Aeron resources: an abandoned
         subscription would hold back the publishers' logs for everyone else."""
+        strategies, self._wake_strategies = self._wake_strategies, []
+        for strategy in strategies:  # first: producers stop posting at their next rescan
+            strategy.close()
         self._close_mapping("close")
         if self._driver is not None:
             self._driver.close()

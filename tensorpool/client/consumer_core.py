@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tensorpool.client.announce import AnnounceTracker, StreamLayout, Verdict
+from tensorpool.client.announce import CLOCK_MONOTONIC, AnnounceTracker, StreamLayout, Verdict
 from tensorpool.client.driver_client import Attached, LeaseLost, ProducerRevoked
 from tensorpool.client.rate_gate import RateGate
 from tensorpool.counters import LATE_REASONS, DropCounters
@@ -183,6 +183,7 @@ class ConsumerCore:
         "_hello_due",
         "_join_floor",
         "_max_gap_cfg",
+        "_newest_announce_ns",
         "_next_qos_ns",
         "_qos_period_ns",
         "_rate_tolerance_ns",
@@ -255,6 +256,7 @@ class ConsumerCore:
         # (epoch, driver time of the announce that made us map it): a producer revocation
         # older than that concerns an earlier epoch (Driver Model §4.9)
         self._announced_since_ns: tuple[int, int] = (-1, 0)
+        self._newest_announce_ns = 0  # newest MONOTONIC announce stamp seen (driver clock)
 
     # --- announces ------------------------------------------------------------------------------
     def on_announce(
@@ -273,6 +275,9 @@ class ConsumerCore:
             # move an attached consumer to the epoch the driver bumped.
             self.stats.control.increment("announce_without_lease")
             return None
+        if dec.announce_clock_domain_raw == CLOCK_MONOTONIC:  # same host, same clock as now_ns
+            stamp = min(dec.announce_timestamp_ns, now_ns)  # a stamp from the future is forged
+            self._newest_announce_ns = max(self._newest_announce_ns, stamp)
         decision = self._tracker.on_announce(
             dec.stream_id,
             dec.epoch,
@@ -287,6 +292,8 @@ class ConsumerCore:
             return None
         if decision.verdict is Verdict.REFRESH:
             return CheckMapping(self.epoch)
+        if decision.reason:  # a MAP with a story (a contradicted revoke)
+            self.stats.control.increment(decision.reason)
         self._announced_since_ns = (dec.epoch, dec.announce_timestamp_ns)
         return MapEpoch(StreamLayout.from_announce(dec))
 
@@ -329,9 +336,9 @@ class ConsumerCore:
         if self.mapped:
             self._unmap(reason)
 
-    def _unmap(self, reason: str, *, await_newer: bool = False) -> Unmap:
+    def _unmap(self, reason: str, *, await_newer: bool = False, revoked_at_ns: int = 0) -> Unmap:
         self.mapped = False
-        self._tracker.on_unmapped(await_newer=await_newer)
+        self._tracker.on_unmapped(await_newer=await_newer, revoked_at_ns=revoked_at_ns)
         return Unmap(reason)
 
     # --- descriptors (hot path) -----------------------------------------------------------------
@@ -449,17 +456,25 @@ class ConsumerCore:
             return self._unmap(event.reason) if self.mapped else None
         if isinstance(event, ProducerRevoked):
             epoch, since_ns = self._announced_since_ns
+            revoked_at = event.timestamp_ns or self._newest_announce_ns
             if event.timestamp_ns and event.timestamp_ns < since_ns and epoch >= self.epoch:
                 # The revoke and the bumped announce travel on different subscriptions, so
                 # the new epoch may be mapped before the old producer's revoke is read: that
                 # revoke is about an older epoch and must not unmap the new one.
                 self.stats.control.increment("producer_revoked_older_epoch")
                 return None
+            if revoked_at > self._newest_announce_ns + self._tracker.freshness_ns:
+                # Stamped beyond anything the driver's clock can have reached: forged (a
+                # real revoke falls between two announces of the driver).
+                self.stats.control.increment("producer_revoke_implausible")
+                return None
             self.stats.control.increment("producer_revoked")
-            # §4.9: the revoked epoch is dead; remap only on the epoch-bumped announce
+            # §4.9: the revoked epoch is dead; remap only on the epoch-bumped announce -- or
+            # on an announce of the same epoch stamped after the revoke, which the driver never
+            # sends after a real one (AnnounceTracker: the revoke was forged)
             if self.mapped:
-                return self._unmap("producer_revoked", await_newer=True)
-            self._tracker.on_unmapped(await_newer=True)
+                return self._unmap("producer_revoked", await_newer=True, revoked_at_ns=revoked_at)
+            self._tracker.on_unmapped(await_newer=True, revoked_at_ns=revoked_at)
         return None
 
     # --- metadata and config --------------------------------------------------------------------

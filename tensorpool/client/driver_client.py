@@ -65,7 +65,10 @@ ROLE_CONSUMER = int(dp.Role.CONSUMER)
 _OK = int(dp.ResponseCode.OK)
 
 
-class LeaseState(enum.Enum):
+class AttachPhase(enum.Enum):
+    """Where this client stands in attaching to the driver (not the driver's
+    ``driver.leases.LeaseState``, which is a lease's lifecycle inside the driver)."""
+
     UNATTACHED = "unattached"
     ATTACHING = "attaching"
     ATTACHED = "attached"
@@ -204,7 +207,7 @@ class LeaseMachine:
         self.expected_layout_version = expected_layout_version
         self.publish_mode = publish_mode
         self.require_hugepages = require_hugepages
-        self.state = LeaseState.UNATTACHED
+        self.state = AttachPhase.UNATTACHED
         self.lease_id: int | None = None
         self.lease_expiry_ns: int | None = None
         self._lease_duration_ns = 0
@@ -233,11 +236,11 @@ class LeaseMachine:
 
     # --- commands -----------------------------------------------------------------------------
     def attach(self, now: int) -> list[Action]:
-        if self.state not in (LeaseState.UNATTACHED, LeaseState.BACKOFF):
+        if self.state not in (AttachPhase.UNATTACHED, AttachPhase.BACKOFF):
             return []
         corr = self._next_corr()
         self._pending = corr
-        self.state = LeaseState.ATTACHING
+        self.state = AttachPhase.ATTACHING
         self._attach_sent_ns = now
         self._deadline = now + self.timings.attach_timeout_ns
         return [
@@ -255,26 +258,26 @@ class LeaseMachine:
     @property
     def holds_lease(self) -> bool:
         """The lease is usable: attached, or attached with a notice being confirmed."""
-        return self.state in (LeaseState.ATTACHED, LeaseState.CONFIRMING)
+        return self.state in (AttachPhase.ATTACHED, AttachPhase.CONFIRMING)
 
     def detach(self, now: int) -> list[Action]:
         if not self.holds_lease or self.lease_id is None:
-            self.state = LeaseState.CLOSED
+            self.state = AttachPhase.CLOSED
             return []
         corr = self._next_corr()
         self._pending = corr
-        self.state = LeaseState.DETACHING
+        self.state = AttachPhase.DETACHING
         self._deadline = now + self.timings.attach_timeout_ns
         return [SendDetach(corr, self.lease_id, self.stream_id, self.client_id, self.role)]
 
     # --- inputs -------------------------------------------------------------------------------
     def on_attach_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
         if r.correlation_id != self._pending or self.state not in (
-            LeaseState.ATTACHING,
-            LeaseState.CONFIRMING,
+            AttachPhase.ATTACHING,
+            AttachPhase.CONFIRMING,
         ):
             return []  # someone else's response on the shared control stream
-        if self.state is LeaseState.CONFIRMING:
+        if self.state is AttachPhase.CONFIRMING:
             return self._on_probe_response(r, now)
         self._pending = None
         code = r.code_raw
@@ -292,7 +295,7 @@ class LeaseMachine:
         except (ValueError, CodecError, ShmError) as exc:
             self._count("attach_protocol_error")
             return [*self._to_backoff(now), AttachFailed(None, f"protocol error: {exc}")]
-        self.state = LeaseState.ATTACHED
+        self.state = AttachPhase.ATTACHED
         self.lease_id = lease_id
         self.lease_expiry_ns = expiry
         # The driver extends the lease by the same duration on every keepalive (§4.4); the
@@ -316,13 +319,13 @@ class LeaseMachine:
         The probe is an attach with our client id: the driver answers "already holds lease L"
         while our lease lives (§4.8), and grants a new lease if it does not.
         """
-        if self.state is LeaseState.CONFIRMING:
+        if self.state is AttachPhase.CONFIRMING:
             return []  # a duplicate notice (§4.9: tolerated idempotently)
         self._count("notice_confirming")
         corr = self._next_corr()
         self._pending = corr
         self._notice = notice
-        self.state = LeaseState.CONFIRMING
+        self.state = AttachPhase.CONFIRMING
         self._deadline = now + self.timings.confirm_timeout_ns
         return [
             SendAttach(
@@ -346,13 +349,13 @@ class LeaseMachine:
                 self._count("notice_not_confirmed")
                 self._pending = None
                 self._notice = None
-                self.state = LeaseState.ATTACHED
+                self.state = AttachPhase.ATTACHED
                 return [NoticeNotConfirmed(notice)]
             return self._confirmed(now)
         # OK: our lease was really gone and the probe got a new one; report the loss first
         self._count(f"notice_confirmed:{notice}")
         lost = LeaseLost(notice)
-        self.state = LeaseState.ATTACHING
+        self.state = AttachPhase.ATTACHING
         self.lease_id = None
         self._notice = None
         return [lost, *self.on_attach_response(r, now)]
@@ -364,9 +367,9 @@ class LeaseMachine:
         return [LeaseLost(notice), *self._to_backoff(now)]
 
     def on_detach_response(self, r: dp.ShmDetachResponseDecoder, now: int) -> list[Action]:
-        if self.state is LeaseState.DETACHING and r.correlation_id == self._pending:
+        if self.state is AttachPhase.DETACHING and r.correlation_id == self._pending:
             self._pending = None
-            self.state = LeaseState.CLOSED
+            self.state = AttachPhase.CLOSED
             self.lease_id = None
         return []
 
@@ -379,7 +382,7 @@ class LeaseMachine:
             if self.holds_lease:
                 self._count("lease_revoked")
                 return self._begin_confirm(reason, now)  # #14 §2: the driver's word first
-            if self.state is LeaseState.DETACHING:  # we are leaving anyway
+            if self.state is AttachPhase.DETACHING:  # we are leaving anyway
                 self._count("lease_revoked")
                 return [LeaseLost(reason), *self._to_backoff(now)]
             return []
@@ -401,7 +404,7 @@ class LeaseMachine:
         if self.holds_lease:
             self._count("driver_shutdown")
             return self._begin_confirm("driver_shutdown", now)  # #14 §2: the driver's word first
-        if self.state in (LeaseState.ATTACHING, LeaseState.DETACHING):
+        if self.state in (AttachPhase.ATTACHING, AttachPhase.DETACHING):
             self._count("driver_shutdown")
             return self._to_backoff(now)
         return []
@@ -421,7 +424,7 @@ class LeaseMachine:
         drop the lease and attach again at once, with the backoff reset."""
         self._count("transport_reset")
         lost = [LeaseLost("media_driver_restarted")] if self.holds_lease else []
-        if self.state in (LeaseState.CLOSED, LeaseState.DETACHING, LeaseState.UNATTACHED):
+        if self.state in (AttachPhase.CLOSED, AttachPhase.DETACHING, AttachPhase.UNATTACHED):
             return lost
         self._to_backoff(now)
         self._deadline = now
@@ -437,9 +440,9 @@ class LeaseMachine:
 
     def tick(self, now: int) -> list[Action]:
         st = self.state
-        if st is LeaseState.CONFIRMING and now >= self._deadline:
+        if st is AttachPhase.CONFIRMING and now >= self._deadline:
             return self._confirmed(now)  # the driver did not answer: it is gone (#14 §2)
-        if st is LeaseState.ATTACHED or st is LeaseState.CONFIRMING:
+        if st is AttachPhase.ATTACHED or st is AttachPhase.CONFIRMING:
             assert self.lease_id is not None
             if self.lease_expiry_ns is not None and now >= self.lease_expiry_ns:
                 # §4.2: a hard deadline; we stalled past it without a keepalive.
@@ -453,17 +456,17 @@ class LeaseMachine:
                 return [
                     SendKeepalive(self.lease_id, self.stream_id, self.client_id, self.role, now)
                 ]
-        elif st is LeaseState.ATTACHING and now >= self._deadline:
+        elif st is AttachPhase.ATTACHING and now >= self._deadline:
             self._count("attach_timeout")
             return [*self._to_backoff(now), AttachFailed(None, "attach timed out")]
-        elif st is LeaseState.DETACHING and now >= self._deadline:
-            self.state = LeaseState.CLOSED
-        elif st is LeaseState.BACKOFF and now >= self._deadline:
+        elif st is AttachPhase.DETACHING and now >= self._deadline:
+            self.state = AttachPhase.CLOSED
+        elif st is AttachPhase.BACKOFF and now >= self._deadline:
             return self.attach(now)
         return []
 
     def _to_backoff(self, now: int) -> list[Action]:
-        self.state = LeaseState.BACKOFF
+        self.state = AttachPhase.BACKOFF
         self.lease_id = None
         self.lease_expiry_ns = None
         self.layout = None
@@ -574,7 +577,7 @@ class DriverClient:
         return self.machine.client_id
 
     @property
-    def state(self) -> LeaseState:
+    def state(self) -> AttachPhase:
         return self.machine.state
 
     @property
@@ -618,7 +621,7 @@ class DriverClient:
             self._unsent_attach = None
             self._events += m.on_transport_reset(now)
         self._sub.poll()
-        if m.state is LeaseState.UNATTACHED:
+        if m.state is AttachPhase.UNATTACHED:
             self._events += m.attach(now)
         self._events += m.tick(now)
         unsent = self._unsent_attach
@@ -628,7 +631,7 @@ class DriverClient:
             self._unsent_attach = None
             pending = m.pending_correlation_id
             if (
-                m.state in (LeaseState.ATTACHING, LeaseState.CONFIRMING)
+                m.state in (AttachPhase.ATTACHING, AttachPhase.CONFIRMING)
                 and pending == unsent.correlation_id
             ):
                 self._events.append(unsent)
@@ -710,9 +713,9 @@ class DriverClient:
             if isinstance(ev, SendDetach):
                 self._send(ev)
         deadline = now + timeout_ns
-        while self.machine.state is LeaseState.DETACHING and self._clock() < deadline:
+        while self.machine.state is AttachPhase.DETACHING and self._clock() < deadline:
             self._sub.poll()
             self.machine.tick(self._clock())
-        self.machine.state = LeaseState.CLOSED
+        self.machine.state = AttachPhase.CLOSED
         self._ctx.release(self._sub)
         self._ctx.release(self._pub)

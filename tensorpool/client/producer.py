@@ -82,6 +82,7 @@ from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import PublishMode
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.wakeup import WakePoster
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ class Producer:
         wait_for_held_lease: bool = True,
         file_mode: int = PRIVATE_FILE_MODE,
         takeover: bool = False,
+        wake_consumers: bool = True,
     ) -> None:
         self.settings = settings or ClientSettings()
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
@@ -251,6 +253,9 @@ class Producer:
         self._desc_buf = bytearray(wire.FrameDescriptorEncoder.encoded_length())
         self._encode_desc = wire.FrameDescriptorEncoder.encode
         self._offer_desc = self._pub_desc.offer
+        # #14 wakeup: post each SemaphoreIdleStrategy consumer of the stream after a descriptor
+        # went out (nothing to post, one /dev/shm listing a second, when none uses it)
+        self._wake = WakePoster(s.namespace, self.stream_id) if wake_consumers else None
         # claim() layouts by (shape, dtype, order): building one costs more than the write
         self._claim_layouts: dict[tuple[object, ...], TensorLayout] = {}
         self._ctl_buf = bytearray(64 * 1024)
@@ -660,6 +665,8 @@ class Producer:
         stats.bytes += nbytes
         if not self._offer_desc(buf):
             stats.descriptors_not_sent += 1
+        elif self._wake is not None:  # after the offer (no lost wakeup), only if it went out
+            self._wake.post()
 
     # --- metadata -----------------------------------------------------------------------------
     def set_metadata(
@@ -731,6 +738,8 @@ class Producer:
         now = self._clock() if now_ns is None else now_ns
         core = self._core
         work = self._sub_control.poll()
+        if self._wake is not None:
+            self._wake.maybe_rescan(now)
         if self._driver is not None:
             events = self._driver.do_work(now)
             if events:
@@ -865,6 +874,8 @@ class Producer:
         self._closed = True
         self._core.closed()
         self._uninstall()
+        if self._wake is not None:
+            self._wake.close()
         if self._driver is not None:
             if detach_timeout_ns is None:
                 self._driver.close()

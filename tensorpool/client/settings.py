@@ -39,7 +39,6 @@ __all__ = [
     "IPC_CONTROL",
     "IPC_DESCRIPTORS",
     "SEC",
-    "Channels",
     "ClientSettings",
     "Endpoints",
     "default_aeron_dir",
@@ -48,10 +47,6 @@ __all__ = [
 
 IPC = "aeron:ipc"
 SEC = 1_000_000_000
-
-#: The former name of :class:`tensorpool.endpoints.Endpoints` — the same class, kept so
-#: existing callers (``Channels(control_stream_id=...)``) work unchanged.
-Channels = Endpoints
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from tensorpool.client.consumer import Consumer
+    from tensorpool.transport.idle import IdleStrategy
+    from tensorpool.transport.wakeup import SemaphoreIdleStrategy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,9 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--idle",
-        choices=("backoff", "busy-spin", "yield", "sleep"),
+        choices=("backoff", "busy-spin", "yield", "sleep", "semaphore"),
         default="backoff",
-        help="idle strategy between empty polls",
+        help="idle strategy between empty polls; semaphore: block until the producer posts "
+        "(needs a producer of this version; at most --idle-max-wait-ms otherwise)",
+    )
+    p.add_argument(
+        "--idle-max-wait-ms",
+        type=float,
+        default=10.0,
+        help="with --idle semaphore: longest block per empty poll (%(default)s ms); "
+        "the consumer's duties run at least this often",
     )
     add_transport_args(p)
     add_shm_args(p)
@@ -54,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from tensorpool.transport.clock import now_ns
     from tensorpool.transport.idle import idle_strategy
 
+    max_wait_ns = int(args.idle_max_wait_ms * 1e6) if args.idle_max_wait_ms < 1e9 else 0
+    if max_wait_ns <= 0:  # also NaN (False < 1e9) and inf
+        raise UserError(f"--idle-max-wait-ms must be > 0 and finite, got {args.idle_max_wait_ms}")
     settings = client_settings(args)
     mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
     stop = StopSignals((signal.SIGTERM,)).install()
@@ -71,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         ctx.close()
         raise UserError(str(exc)) from None
-    idle = idle_strategy(args.idle.replace("-", "_"))
+    if args.idle == "semaphore":  # owned by the consumer: consumer.close() unlinks it
+        idle: IdleStrategy | SemaphoreIdleStrategy = consumer.wake_idle_strategy(max_wait_ns)
+    else:
+        idle = idle_strategy(args.idle.replace("-", "_"))
     lat = np.zeros(1 << 16, np.int64)
     n_lat = 0
     touched = 0
@@ -100,14 +116,20 @@ def run(args: argparse.Namespace) -> int:
             if now >= next_report:
                 next_report += interval
                 last = _report(
-                    consumer, lat, min(n_lat, lat.size), last, args.json, interval=interval
+                    consumer,
+                    lat,
+                    min(n_lat, lat.size),
+                    last,
+                    args.json,
+                    interval=interval,
+                    idle=idle,
                 )
                 n_lat = 0
     except KeyboardInterrupt:
         pass
     finally:
         try:  # a closed stdout (`| head`) must not skip closing the consumer
-            _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True)
+            _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True, idle=idle)
         finally:
             consumer.close()
             ctx.close()
@@ -122,6 +144,7 @@ def _report(
     as_json: bool,
     final: bool = False,
     interval: float = 1.0,
+    idle: object = None,
 ) -> tuple[int, int, int, int]:
     import numpy as np
 
@@ -142,6 +165,8 @@ def _report(
         "control_drops": st.control.snapshot(),
         "latency_us_p50": None if p50 is None else round(p50, 1),
         "latency_us_p99": None if p99 is None else round(p99, 1),
+        # --idle semaphore: empty polls that ended by the producer's post, not the timeout
+        "idle_wakeups": getattr(idle, "wakeups", None),
         "final": final,
     }
     if as_json:

@@ -46,8 +46,8 @@ import sys
 from collections.abc import Buffer
 from typing import Any, Final
 
-from tensorpool.client.settings import Channels
 from tensorpool.commands._common import add_transport_args
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.process import StopSignals
 
 HEX_PREVIEW_BYTES: Final = 64
@@ -56,7 +56,7 @@ _INT32_MAX: Final = 2**31 - 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = Channels()
+    d = Endpoints()
     p.add_argument(
         "--channel", default=d.control_channel, help="Aeron channel to tap (%(default)s)"
     )
@@ -208,7 +208,7 @@ def _validate(args: argparse.Namespace) -> list[int]:
     if not args.channel.startswith("aeron:"):
         raise UserError(f"--channel: not an Aeron channel URI: {args.channel!r}")
     stream_ids: list[int] = []
-    for sid in args.stream_id or [Channels().control_stream_id]:
+    for sid in args.stream_id or [Endpoints().control_stream_id]:
         if not _INT32_MIN <= sid <= _INT32_MAX:
             raise UserError(f"--stream-id: {sid} is not a 32-bit stream id")
         if sid not in stream_ids:

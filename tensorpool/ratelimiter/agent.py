@@ -38,8 +38,9 @@ from typing import Any, Final
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.driver_client import LeaseTimings
 from tensorpool.client.producer import Producer
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import DropCounters
+from tensorpool.endpoints import Endpoints
 from tensorpool.ratelimiter.config import MappingConfig, RateLimiterConfig, pool_fit_problem
 from tensorpool.ratelimiter.forward import Forwarder, Route
 from tensorpool.ratelimiter.gate import idle_hint_ns
@@ -72,7 +73,7 @@ def client_settings(
 ) -> ClientSettings:
     """Client settings for the source side, or (``destination``) the destination side."""
     d = config.driver
-    channels = Channels(
+    channels = Endpoints(
         control_channel=d.control_channel,
         control_stream_id=d.control_stream_id,
         descriptor_channel=config.descriptor_channel if destination else d.descriptor_channel,

@@ -17,7 +17,7 @@ replay after a crash, admission control, ``Trigger.AvailableNow``, Kafka-style
 * :mod:`.options`  -- option parsing and validation (fails ``load()`` naming the option);
 * :mod:`.offsets`  -- offset model, admission control, loss accounting (sans-IO);
 * :mod:`.attach`   -- the control-plane seam: standalone announces or SHM-driver leases;
-* :mod:`.ring`     -- mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
+* :mod:`.mapped_rings` -- mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
 * :mod:`.datasource` -- the ``DataSource`` (``format("tensorpool")``) and ``register``;
 * :mod:`.source`   -- the batch and micro-batch readers;
 * :mod:`.pulse`    -- ``batching=pulse``: one micro-batch = one pulse-aligned window across

@@ -41,6 +41,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from tensorpool.endpoints import Endpoints
+
 LOCK: Final = "publisher.lock"
 INFO: Final = "publisher.json"
 COMMITTED: Final = "committed.json"
@@ -60,10 +62,9 @@ class PublisherConfig:
     stride_bytes: int
     instance_id: str
     aeron_dir: str | None
-    control_channel: str
-    control_stream_id: int
-    descriptor_channel: str
-    descriptor_stream_id: int
+    endpoints: Endpoints
+    """The sink's endpoints as the Spark options resolved them (#14.1: the one endpoints type,
+    so QoS and metadata travel where the options say, not where a second copy guesses)."""
     shm_base_dir: str
     driver: bool
     announce_period_ms: int
@@ -74,21 +75,32 @@ class PublisherConfig:
 
     @classmethod
     def from_json(cls, text: str) -> PublisherConfig:
-        return cls(**json.loads(text))
+        d = json.loads(text)
+        d["endpoints"] = Endpoints(**d["endpoints"])
+        return cls(**d)
 
 
-#: fields two writers of one stream must agree on (field -> option name, for error messages)
+#: fields two writers of one stream must agree on (dotted path into the config's JSON -> option
+#: name, for error messages)
 MUST_MATCH: Final = {
     "stream": "stream",
     "header_nslots": "headerNslots",
     "stride_bytes": "maxFrameBytes",
     "aeron_dir": "aeronDir",
-    "control_channel": "controlChannel",
-    "control_stream_id": "controlStreamId",
-    "descriptor_channel": "descriptorChannel",
-    "descriptor_stream_id": "descriptorStreamId",
+    "endpoints.control_channel": "controlChannel",
+    "endpoints.control_stream_id": "controlStreamId",
+    "endpoints.descriptor_channel": "descriptorChannel",
+    "endpoints.descriptor_stream_id": "descriptorStreamId",
     "driver": "driver",
 }
+
+
+def config_value(config: dict[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of a config's JSON form (None where it is missing)."""
+    value: Any = config
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def atomic_write(path: str, text: str) -> None:
@@ -175,7 +187,7 @@ class SinkPublisher:
 
     def __init__(self, state_dir: str, cfg: PublisherConfig) -> None:
         from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-        from tensorpool.client.settings import Channels, ClientSettings
+        from tensorpool.client.settings import ClientSettings
         from tensorpool.transport.config import TransportConfig
         from tensorpool.transport.context import AeronContext
 
@@ -184,14 +196,7 @@ class SinkPublisher:
         self.layouts = _Layouts()
         settings = ClientSettings(
             transport=TransportConfig(aeron_dir=cfg.aeron_dir),
-            channels=Channels(
-                control_channel=cfg.control_channel,
-                control_stream_id=cfg.control_stream_id,
-                descriptor_channel=cfg.descriptor_channel,
-                descriptor_stream_id=cfg.descriptor_stream_id,
-                qos_channel=cfg.control_channel,
-                metadata_channel=cfg.control_channel,
-            ),
+            channels=cfg.endpoints,
             shm_base_dir=cfg.shm_base_dir,
             announce_period_ns=cfg.announce_period_ms * 1_000_000,
         )

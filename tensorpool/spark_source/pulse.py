@@ -57,7 +57,7 @@ from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from tensorpool.batching import DEFAULT_TIMEOUT_FACTOR, RateAwareMessageBatcher
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source import ring, spool
+from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.attach import Attachment
 from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
 from tensorpool.spark_source.offsets import loss_message as _loss_message
@@ -267,7 +267,7 @@ def _cursor(key: str, value: object) -> StreamCursor:
 def to_runs(frames: Iterable[Sequence[int]]) -> tuple[Run, ...]:
     """``(epoch, seq)`` pairs -> sorted runs of consecutive seqs ``(epoch, first, end)``.
 
-    One run is one :func:`~tensorpool.spark_source.ring.read_range` call on the executor; a
+    One run is one :func:`~tensorpool.spark_source.mapped_rings.read_range` call on the executor; a
     dense stream's window is a single run, a relay with sequence gaps gives one per gap.
     """
     out: list[list[int]] = []
@@ -512,7 +512,7 @@ def pulse_loss_message(losses: Sequence[Loss]) -> str:
 
 
 # --- driver-side ring scan -----------------------------------------------------------------------
-def scan_stream(m: ring.MappedStream) -> StreamScan:
+def scan_stream(m: mapped_rings.MappedStream) -> StreamScan:
     """Committed frames of a mapped ring with their timestamps, seqlock-checked as a whole.
 
     The ring scan of ``shm/`` (:meth:`~tensorpool.shm.ring.HeaderRingView.scan`): ``seq_commit``
@@ -535,7 +535,7 @@ def scan_stream(m: ring.MappedStream) -> StreamScan:
 class PulsePartition(InputPartition):
     """One stream's frames (one epoch) of one window: all an executor needs (picklable)."""
 
-    region: ring.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
+    region: mapped_rings.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
     stream_id: int
     epoch: int
     runs: tuple[tuple[int, int], ...]  # (first, end) in ``epoch``
@@ -565,13 +565,13 @@ def read_pulse_partition(
         if part.region is None:
             for first, end in part.runs:
                 for seq in range(first, end):
-                    rec(seq, ring.REGION_UNAVAILABLE)
+                    rec(seq, mapped_rings.REGION_UNAVAILABLE)
             return
         ws_us = (part.window_start_ns + part.wall_offset_ns) // 1000
         we_us = (part.window_end_ns + part.wall_offset_ns) // 1000
         ts_type = pa.timestamp("us", tz="UTC")
         for first, end in part.runs:
-            for batch in ring.read_range(
+            for batch in mapped_rings.read_range(
                 part.region,
                 part.base_dirs,
                 first,
@@ -612,7 +612,7 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._schema = pulse_arrow_schema(opts.include_tensor_metadata)
         self._planner = PulsePlanner(opts.streams, opts.gated_streams, opts.batch_length_ns)
         self._att: Attachment | None = None
-        self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
+        self._specs: dict[tuple[int, int], mapped_rings.RegionSpec] = {}
         self._target: dict[int, tuple[int, int]] | None = None
         self._spool: str | None = None
         self._heads: dict[tuple[int, int], int] = {}  # (stream, epoch) -> highest head seen
@@ -677,7 +677,7 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             scans,
             target=self._target,
             late=late,
-            wall_offset_ns=ring.wall_clock_offset_ns(self._clock_domain),
+            wall_offset_ns=mapped_rings.wall_clock_offset_ns(self._clock_domain),
             heads=self._heads,
         )
         if adv.losses and self.opts.fail_on_data_loss:

@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -48,6 +48,7 @@ from tensorpool.spark_source.publisher import (
     STAGING,
     PublisherConfig,
     atomic_write,
+    config_value,
     lock_is_held,
     read_json,
 )
@@ -92,10 +93,7 @@ def publisher_config(opts: SinkOptions) -> PublisherConfig:
         stride_bytes=stride,
         instance_id=opts.instance_id,
         aeron_dir=c.aeron_dir,
-        control_channel=c.control_channel,
-        control_stream_id=c.control_stream_id,
-        descriptor_channel=c.descriptor_channel,
-        descriptor_stream_id=c.descriptor_stream_id,
+        endpoints=c.endpoints,
         shm_base_dir=c.shm_base_dir,
         driver=c.driver,
         announce_period_ms=opts.announce_period_ms,
@@ -278,12 +276,14 @@ def ensure_publisher(opts: SinkOptions, timeout_s: float = 30.0) -> dict[str, An
     finally:
         os.close(spawn_fd)
     running = info.get("config", {})
-    for field_name, option in MUST_MATCH.items():
-        if running.get(field_name) != getattr(cfg, field_name):
+    wanted = asdict(cfg)
+    for path, option in MUST_MATCH.items():
+        have, want = config_value(running, path), config_value(wanted, path)
+        if have != want:
             raise TensorPoolOptionError(
                 f"{option}: the publisher of stream {opts.stream} (instanceId "
-                f"{opts.instance_id}) runs with {running.get(field_name)!r}, this write asks "
-                f"for {getattr(cfg, field_name)!r}; use the same value or stop_publisher() it"
+                f"{opts.instance_id}) runs with {have!r}, this write asks "
+                f"for {want!r}; use the same value or stop_publisher() it"
             )
     return info
 

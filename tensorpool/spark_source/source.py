@@ -54,7 +54,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tensorpool.spark_source import ring, spool
+from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.attach import (
     AnnounceProbe,
     AttachError,
@@ -155,7 +155,7 @@ class FramePartition(InputPartition):
     one run for a normal stream); None reads every committed seq of ``[first, end)``.
     """
 
-    region: ring.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
+    region: mapped_rings.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
     stream_id: int
     epoch: int
     first: int
@@ -196,7 +196,7 @@ class LossRecorder:
         p = self.part
         if p.fail_on_data_loss:
             nslots = p.region.nslots if p.region is not None else 0
-            kind = REGIONS_GONE if reason == ring.REGION_UNAVAILABLE else OVERWRITTEN
+            kind = REGIONS_GONE if reason == mapped_rings.REGION_UNAVAILABLE else OVERWRITTEN
             raise TensorPoolDataLossError(
                 self.message([Loss(p.stream_id, p.epoch, seq, None, kind, nslots)])
                 + f" ({self.where}; detected while reading: {reason})"
@@ -232,9 +232,9 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
                 else (s for a, b in runs.tolist() for s in range(a, b))
             )
             for seq in seqs:
-                rec(seq, ring.REGION_UNAVAILABLE)
+                rec(seq, mapped_rings.REGION_UNAVAILABLE)
             return
-        yield from ring.read_range(
+        yield from mapped_rings.read_range(
             partition.region,
             partition.base_dirs,
             partition.first,
@@ -272,18 +272,18 @@ class TensorPoolBatchReader(DataSourceReader):
         else:
 
             def validate(layout: Any) -> None:
-                ring.mapped(ring.RegionSpec.from_layout(layout), conn.base_dirs)
+                mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
 
             with AnnounceProbe(opts.streams, _settings(opts), map_layout=validate) as probe:
                 layouts = probe.wait_for_layouts(timeout)
         ranges: list[Range] = []
-        specs: dict[int, ring.RegionSpec] = {}
+        specs: dict[int, mapped_rings.RegionSpec] = {}
         losses: list[Loss] = []
         possible: list[Loss] = []
         for sid in opts.streams:
-            spec = ring.RegionSpec.from_layout(layouts[sid])
+            spec = mapped_rings.RegionSpec.from_layout(layouts[sid])
             specs[sid] = spec
-            st = ring.mapped(spec, conn.base_dirs).scan()
+            st = mapped_rings.mapped(spec, conn.base_dirs).scan()
             starting = opts.starting.for_stream(sid)
             first = _resolve_batch(starting, st, sid, "startingOffsets")
             end = max(first, _resolve_batch(opts.ending.for_stream(sid), st, sid, "endingOffsets"))
@@ -330,8 +330,8 @@ class TensorPoolBatchReader(DataSourceReader):
 def scan_streams[T](
     att: Attachment,
     opts: SourceOptions,
-    specs: dict[tuple[int, int], ring.RegionSpec],
-    scan: Callable[[ring.MappedStream], T],
+    specs: dict[tuple[int, int], mapped_rings.RegionSpec],
+    scan: Callable[[mapped_rings.MappedStream], T],
 ) -> dict[int, T | None]:
     """``scan`` of every stream's mapped ring (None: not announced / not mappable right now).
 
@@ -344,10 +344,10 @@ def scan_streams[T](
         if layout is None:
             out[sid] = None
             continue
-        spec = ring.RegionSpec.from_layout(layout)
+        spec = mapped_rings.RegionSpec.from_layout(layout)
         specs[(sid, spec.epoch)] = spec
         try:
-            out[sid] = scan(ring.mapped(spec, opts.connection.base_dirs))
+            out[sid] = scan(mapped_rings.mapped(spec, opts.connection.base_dirs))
         except Exception as exc:  # regions vanished between announce and map
             log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
             out[sid] = None
@@ -395,7 +395,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._schema = arrow_schema(opts.include_tensor_metadata)
         self._att: Attachment | None = None
         self._planner: StreamPlanner | None = None
-        self._specs: dict[tuple[int, int], ring.RegionSpec] = {}
+        self._specs: dict[tuple[int, int], mapped_rings.RegionSpec] = {}
         self._states: dict[int, RingState | None] = {}
         self._spool: str | None = None
         self._late_extra: dict[int, int] = {}  # loss found by partitions() (replays)
@@ -416,7 +416,9 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return att
 
     def _scan(self) -> dict[int, RingState | None]:
-        states = scan_streams(self._attach(), self.opts, self._specs, ring.MappedStream.scan)
+        states = scan_streams(
+            self._attach(), self.opts, self._specs, mapped_rings.MappedStream.scan
+        )
         self._states = states
         return states
 
@@ -546,7 +548,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ]
 
     def _replay_runs(
-        self, r: Range, spec: ring.RegionSpec | None, losses: list[Loss]
+        self, r: Range, spec: mapped_rings.RegionSpec | None, losses: list[Loss]
     ) -> np.ndarray | None:
         """The frames of a logged batch still in the ring; what is gone goes to ``losses``."""
         sid, epoch = r.stream_id, r.epoch
@@ -563,7 +565,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             losses.append(Loss(sid, epoch, r.first, n, REGIONS_GONE, 0, r.end - 1))
             return None
         try:
-            st = ring.mapped(spec, self.opts.connection.base_dirs).scan()
+            st = mapped_rings.mapped(spec, self.opts.connection.base_dirs).scan()
         except Exception as exc:  # regions vanished since the announce
             log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, epoch, exc)
             losses.append(Loss(sid, epoch, r.first, r.expect, REGIONS_GONE, 0, r.end - 1))

@@ -19,7 +19,8 @@ import numpy as np
 
 from tensorpool.client.consumer import MODE_STREAM, Consumer, Frame
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -45,7 +46,7 @@ def check(u8: np.ndarray, seq: int) -> bool:
 
 
 def settings(a: argparse.Namespace) -> ClientSettings:
-    channels = Channels(control_stream_id=a.control_stream_id) if a.control_stream_id else None
+    channels = Endpoints(control_stream_id=a.control_stream_id) if a.control_stream_id else None
     return ClientSettings(
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,

@@ -34,7 +34,8 @@ from driver_fixtures import (
 
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import Producer
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -107,7 +108,7 @@ def _frames_flow(aeron_dir: str, base: str) -> int:
     """The project's producer and consumer, in driver mode, on the configured stream."""
     settings = ClientSettings(
         transport=TransportConfig(aeron_dir=aeron_dir),
-        channels=Channels(control_channel=CONTROL_CHANNEL),
+        channels=Endpoints(control_channel=CONTROL_CHANNEL),
         shm_base_dir=base,
         announce_period_ns=200_000_000,
     )

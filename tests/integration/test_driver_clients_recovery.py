@@ -19,7 +19,8 @@ import pytest
 from driver_fixtures import DriverProcess, driver_toml
 
 from tensorpool.client.consumer import Consumer, Frame
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.mediadriver import MediaDriverProcess
@@ -89,7 +90,7 @@ def _consumer(ctx: AeronContext, media_driver, base: str, control: int) -> Consu
     settings = ClientSettings(
         transport=TransportConfig(aeron_dir=media_driver.dir),
         shm_base_dir=base,
-        channels=Channels(control_stream_id=control),
+        channels=Endpoints(control_stream_id=control),
         announce_period_ns=200_000_000,
     )
     return Consumer(ctx, STREAM, settings, driver=True)

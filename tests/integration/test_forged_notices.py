@@ -25,7 +25,8 @@ from driver_fixtures import ControlClient, DriverProcess, driver_toml, read_stat
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.specs.generated import driver as dp
 from tensorpool.transport.clock import now_ns
 from tensorpool.transport.config import TransportConfig
@@ -101,7 +102,7 @@ def test_14_2_forged_shutdown_and_revoke_cost_no_frame_and_no_lease(work: dict[s
     daemon.start().wait_ready(WAIT)
     settings = ClientSettings(
         transport=TransportConfig(aeron_dir=work["aeron"]),
-        channels=Channels(control_channel=CONTROL, control_stream_id=CONTROL_STREAM),
+        channels=Endpoints(control_channel=CONTROL, control_stream_id=CONTROL_STREAM),
         shm_base_dir=work["base"],
         announce_period_ns=200_000_000,
     )

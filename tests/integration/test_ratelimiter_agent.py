@@ -17,7 +17,8 @@ import pytest
 
 from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.ratelimiter.agent import RateLimiterAgent
 from tensorpool.ratelimiter.config import DriverAccess, MappingConfig, RateLimiterConfig
 from tensorpool.specs import decode_any
@@ -98,7 +99,7 @@ class World:
     def settings(self, shm_base: str, desc: int) -> ClientSettings:
         return ClientSettings(
             transport=self.ctx.config,
-            channels=Channels(
+            channels=Endpoints(
                 control_stream_id=self.ids["control"],
                 descriptor_stream_id=desc,
                 qos_stream_id=self.ids["qos"],

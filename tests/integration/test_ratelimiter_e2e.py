@@ -24,7 +24,8 @@ from driver_fixtures import DriverProcess, driver_toml
 from jsonlines_proc import JsonLinesProcess
 
 from tensorpool.client.consumer import Consumer, Frame
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.process import stop_process
@@ -141,7 +142,7 @@ class RateLimiterProcess(JsonLinesProcess):
 def consumer(dep: dict[str, Any], stream_id: int, descriptors: int) -> Consumer:
     settings = ClientSettings(
         transport=dep["ctx"].config,
-        channels=Channels(control_channel=CONTROL, descriptor_stream_id=descriptors),
+        channels=Endpoints(control_channel=CONTROL, descriptor_stream_id=descriptors),
         shm_base_dir=dep["base"],
     )
     return Consumer(dep["ctx"], stream_id, settings, driver=True)

@@ -18,7 +18,8 @@ import pytest
 
 from tensorpool.client.consumer import Consumer, OwnedFrame
 from tensorpool.client.producer import FrameClaim, PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.ratelimiter.config import MappingConfig
 from tensorpool.ratelimiter.relay import AUTO_SWITCH_LOSSES, MappingRelay, raw_layout
 from tensorpool.shm.layout import HEADER_SLOT_BYTES, SUPERBLOCK_SIZE
@@ -103,7 +104,7 @@ def rig_factory(media_driver, shm_base) -> Iterator[Callable[..., Rig]]:
         base = 7000 + 10 * src_id
         src = ClientSettings(
             transport=ctx.config,
-            channels=Channels(
+            channels=Endpoints(
                 control_stream_id=base,
                 descriptor_stream_id=base + 1,
                 qos_stream_id=base + 2,
@@ -114,7 +115,7 @@ def rig_factory(media_driver, shm_base) -> Iterator[Callable[..., Rig]]:
         )
         dst = ClientSettings(
             transport=ctx.config,
-            channels=Channels(
+            channels=Endpoints(
                 control_stream_id=base,
                 descriptor_stream_id=base + 5,
                 qos_stream_id=base + 2,

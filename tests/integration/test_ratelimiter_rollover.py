@@ -26,7 +26,8 @@ from driver_fixtures import CONTROL_CHANNEL, CONTROL_STREAM, DriverProcess, driv
 
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import Producer
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.ratelimiter.agent import RateLimiterAgent
 from tensorpool.ratelimiter.config import load_ratelimiter_config
 from tensorpool.transport.config import TransportConfig
@@ -63,7 +64,7 @@ def deployment(media_driver) -> Iterator[dict[str, Any]]:
 def settings(dep: dict[str, Any], descriptors: int) -> ClientSettings:
     return ClientSettings(
         transport=dep["ctx"].config,
-        channels=Channels(
+        channels=Endpoints(
             control_channel=CONTROL_CHANNEL,
             control_stream_id=CONTROL_STREAM,
             descriptor_stream_id=descriptors,

@@ -15,9 +15,9 @@ import numpy as np
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
-from tensorpool.spark_source import ring
+from tensorpool.spark_source import mapped_rings
+from tensorpool.spark_source.mapped_rings import RegionSpec, mapped, read_range
 from tensorpool.spark_source.offsets import to_runs
-from tensorpool.spark_source.ring import RegionSpec, mapped, read_range
 from tensorpool.spark_source.source import arrow_schema
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
@@ -123,13 +123,13 @@ def test_dense_runs_stay_on_the_vectorized_path(media_driver, shm_base, monkeypa
     """A normal stream's plan is one run, read by the vectorized seqlock path only."""
     ctx, producer, consumer, layout = _layout(media_driver, shm_base, list(range(50)), nslots=64)
     slow: list[int] = []
-    real = ring._read_chunk
+    real = mapped_rings._read_chunk
 
     def spy(m, chunk, *a, **k):
         slow.append(len(chunk))
         return real(m, chunk, *a, **k)
 
-    monkeypatch.setattr(ring, "_read_chunk", spy)
+    monkeypatch.setattr(mapped_rings, "_read_chunk", spy)
     try:
         got, lost = _read(layout, shm_base, 10, 50, runs=to_runs(np.arange(10, 50)))
         assert got == list(range(10, 50)) and lost == [] and slow == []

@@ -13,7 +13,8 @@ import pytest
 
 from tensorpool.bridge.config import load_bridge_config
 from tensorpool.cli import UserError
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client import settings as client_settings
+from tensorpool.client.settings import ClientSettings
 from tensorpool.commands import _common
 from tensorpool.commands.inspect import add_arguments as add_inspect_arguments
 from tensorpool.config_util import ConfigError
@@ -116,7 +117,8 @@ def test_14_1_defaults_are_identical_everywhere(tmp_path: Path) -> None:
         "CLI options": _common.endpoints_from_args(_cli()),
     }
     assert {k: v for k, v in seen.items() if v != expected} == {}
-    assert Channels is Endpoints  # the client's old name is the same type, not a copy
+    assert type(ClientSettings().channels) is Endpoints  # the same type, not a copy
+    assert not hasattr(client_settings, "Channels")  # one name: the old alias is gone
 
 
 def test_14_1_namespace_and_base_dir_defaults_agree(tmp_path: Path) -> None:

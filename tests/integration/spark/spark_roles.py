@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-from tensorpool.client.settings import Channels, ClientSettings
+from tensorpool.client.settings import ClientSettings
+from tensorpool.endpoints import Endpoints
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -68,7 +69,7 @@ def main() -> None:
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,
         announce_period_ns=int(a.announce_period * 1e9),
-        channels=Channels(control_stream_id=a.control_stream_id),
+        channels=Endpoints(control_stream_id=a.control_stream_id),
     )
     shape = tuple(a.shape)
     frame_bytes = int(np.prod(shape)) * np.dtype(a.dtype).itemsize

@@ -17,7 +17,7 @@ import pytest
 from spark_helpers import check_payload, end_offsets, source_options, start_query, wait_query
 
 import tensorpool.spark_source as tps
-from tensorpool.spark_source import ring, spool
+from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.attach import open_attachment
 from tensorpool.spark_source.options import parse_source_options
 from tensorpool.spark_source.pulse import (
@@ -245,7 +245,7 @@ def test_window_frames_overwritten_before_the_read(spark_media_driver, tmp_shm, 
     )
     settings = opts.connection.client_settings(freshness_ms=opts.freshness_ms)
     with open_attachment((56,), settings, driver=False, intake_capacity=None) as att:
-        spec = ring.RegionSpec.from_layout(att.wait_for_layouts(20)[56])
+        spec = mapped_rings.RegionSpec.from_layout(att.wait_for_layouts(20)[56])
     base, schema = arrow_schema(False), pulse_arrow_schema(False)
 
     def part(fail: bool, spool_dir: str | None) -> PulsePartition:

@@ -236,7 +236,8 @@ def test_frame_raw_views_expose_the_header_slot_and_payload_bytes(ctx: AeronCont
 
     from tensorpool.client.consumer import Consumer, Frame
     from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
-    from tensorpool.client.settings import Channels, ClientSettings
+    from tensorpool.client.settings import ClientSettings
+    from tensorpool.endpoints import Endpoints
     from tensorpool.shm.tensor import TensorLayout
 
     base = tempfile.mkdtemp(
@@ -245,7 +246,7 @@ def test_frame_raw_views_expose_the_header_slot_and_payload_bytes(ctx: AeronCont
     sid = next(_ids)
     settings = ClientSettings(
         shm_base_dir=base,
-        channels=Channels(control_stream_id=sid, descriptor_stream_id=sid + 1),
+        channels=Endpoints(control_stream_id=sid, descriptor_stream_id=sid + 1),
         announce_period_ns=50_000_000,
     )
     try:

@@ -38,9 +38,9 @@ from tensorpool.client.driver_client import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
     Attached,
+    AttachPhase,
     LeaseLost,
     LeaseMachine,
-    LeaseState,
     LeaseTimings,
     ProducerRevoked,
     SendAttach,
@@ -334,6 +334,33 @@ def test_driver_4_9_revoke_read_after_the_bumped_epoch_was_mapped_keeps_the_new_
     assert core.on_lease_event(ProducerRevoked(STREAM, T0 + 300)) == Unmap("producer_revoked")
 
 
+def test_14_2_forged_producer_revoke_is_contradicted_by_the_next_announce_of_the_epoch() -> None:
+    """#14 §2, Driver §4.9: a real producer revoke moves the stream to a new epoch at once, so
+    the driver never announces the revoked epoch afterwards. An announce of the same epoch
+    stamped after the revoke proves it forged: the consumer maps the epoch again instead of
+    waiting forever for an epoch that never comes. An announce stamped before the revoke
+    (queued on the other subscription) does not."""
+    core = _core(driver_mode=True)
+    action = core.on_announce(_announce(5, ts=T0), None, T0)
+    assert isinstance(action, MapEpoch)
+    core.on_mapped(action.layout, -1, T0)
+    assert core.on_lease_event(ProducerRevoked(STREAM, T0 + 10)) == Unmap("producer_revoked")
+    assert core.on_announce(_announce(5, ts=T0 + 5), None, T0 + 20) is None
+    assert core.stats.control["announce_old_epoch"] == 1
+    again = core.on_announce(_announce(5, ts=T0 + SEC), None, T0 + SEC)
+    assert isinstance(again, MapEpoch) and again.layout.epoch == 5
+    assert core.stats.control["producer_revoke_contradicted"] == 1
+
+
+def test_14_2_producer_revoke_stamped_in_the_future_is_ignored() -> None:
+    """#14 §2: a revoke stamped beyond the driver's clock (newest announce + the freshness
+    window) cannot come from the driver: ignored and counted, the mapping stays."""
+    core = _mapped(epoch=5, driver_mode=True)
+    assert core.on_lease_event(ProducerRevoked(STREAM, 2**62)) is None
+    assert core.mapped
+    assert core.stats.control["producer_revoke_implausible"] == 1
+
+
 def _revoked(lease_id: int, role: int, reason: int) -> dp.ShmLeaseRevokedDecoder:
     """A ShmLeaseRevoked as it arrives on the wire. The encoder refuses unknown enum values,
     so a valid message is encoded and the raw role/reason bytes are patched afterwards (what
@@ -399,7 +426,7 @@ def test_driver_4_9_revoke_of_our_lease_with_unknown_role_is_rejected() -> None:
     m = _attached_consumer()
     with pytest.raises(CodecError):
         m.on_lease_revoked(_revoked(77, 99, reason=2), 0)
-    assert m.state is LeaseState.ATTACHED
+    assert m.state is AttachPhase.ATTACHED
 
 
 # --- cadence -------------------------------------------------------------------------------------

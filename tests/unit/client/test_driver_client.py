@@ -9,9 +9,9 @@ from tensorpool.client.driver_client import (
     ROLE_PRODUCER,
     Attached,
     AttachFailed,
+    AttachPhase,
     LeaseLost,
     LeaseMachine,
-    LeaseState,
     LeaseTimings,
     NoticeNotConfirmed,
     ProducerRevoked,
@@ -86,7 +86,7 @@ def _attached(role: int = ROLE_CONSUMER) -> tuple[LeaseMachine, int]:
 
 def test_s4_2_ok_response_attaches_with_layout_and_lease() -> None:
     m, _ = _attached()
-    assert m.state is LeaseState.ATTACHED and m.lease_id == 77
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 77
     assert m.layout is not None and m.layout.epoch == 3 and m.layout.pools[0].stride_bytes == 4096
 
 
@@ -94,7 +94,7 @@ def test_s4_2_response_with_other_correlation_id_ignored() -> None:
     m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
     (req,) = m.attach(0)
     assert m.on_attach_response(_response(req.correlation_id + 5), 0) == []
-    assert m.state is LeaseState.ATTACHING
+    assert m.state is AttachPhase.ATTACHING
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_s4_7a_malformed_ok_response_is_a_protocol_error_and_reattaches(over, wh
     evs = m.on_attach_response(_response(req.correlation_id, **over), 0)
     assert len(evs) == 1 and isinstance(evs[0], AttachFailed) and evs[0].code is None
     assert why in evs[0].message
-    assert m.state is LeaseState.BACKOFF and m.lease_id is None
+    assert m.state is AttachPhase.BACKOFF and m.lease_id is None
     assert m.tick(10 * MS) == []  # still backing off
     (again,) = m.tick(60 * MS)
     assert isinstance(again, SendAttach) and again.correlation_id != req.correlation_id
@@ -146,7 +146,7 @@ def test_s4_2_attach_timeout_retries() -> None:
     m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=1)
     m.attach(0)
     evs = m.tick(500 * MS)
-    assert isinstance(evs[0], AttachFailed) and m.state is LeaseState.BACKOFF
+    assert isinstance(evs[0], AttachFailed) and m.state is AttachPhase.BACKOFF
 
 
 def test_s4_4_keepalives_at_the_configured_interval() -> None:
@@ -162,7 +162,7 @@ def test_s4_4_keepalives_at_the_configured_interval() -> None:
 def test_s4_4_keepalive_send_failure_is_fatal_and_reattaches() -> None:
     m, _ = _attached()
     (lost,) = m.on_keepalive_failed(0)
-    assert isinstance(lost, LeaseLost) and m.state is LeaseState.BACKOFF
+    assert isinstance(lost, LeaseLost) and m.state is AttachPhase.BACKOFF
 
 
 def test_s4_9_own_lease_revoked_stops_and_reattaches() -> None:
@@ -170,18 +170,18 @@ def test_s4_9_own_lease_revoked_stops_and_reattaches() -> None:
     lease once the confirmation window passes without an answer."""
     m, _ = _attached()
     (probe,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
-    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
+    assert isinstance(probe, SendAttach) and m.state is AttachPhase.CONFIRMING
     assert m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0) == []  # duplicates are harmless
     lost, *_ = m.tick(T.confirm_timeout_ns)
     assert isinstance(lost, LeaseLost) and lost.reason == "revoked:expired"
-    assert m.state is LeaseState.BACKOFF and m.layout is None
+    assert m.state is AttachPhase.BACKOFF and m.layout is None
     assert m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0) == []  # duplicates are harmless
 
 
 def test_s4_9_producer_revoked_on_consumed_stream_waits_for_new_epoch() -> None:
     m, _ = _attached(ROLE_CONSUMER)
     (ev,) = m.on_lease_revoked(_revoked(12, ROLE_PRODUCER), 0)
-    assert isinstance(ev, ProducerRevoked) and m.state is LeaseState.ATTACHED
+    assert isinstance(ev, ProducerRevoked) and m.state is AttachPhase.ATTACHED
     assert m.on_lease_revoked(_revoked(12, ROLE_PRODUCER, stream=6), 0) == []  # other stream
     assert m.on_lease_revoked(_revoked(13, ROLE_CONSUMER), 0) == []  # someone else's lease
 
@@ -190,7 +190,7 @@ def test_s4_9_revoked_with_unknown_reason_rejected() -> None:
     m, _ = _attached()
     with pytest.raises(CodecError):
         m.on_lease_revoked(_revoked(77, ROLE_CONSUMER, reason=99), 0)
-    assert m.state is LeaseState.ATTACHED
+    assert m.state is AttachPhase.ATTACHED
 
 
 def test_s4_13_driver_shutdown_invalidates_the_lease() -> None:
@@ -198,24 +198,24 @@ def test_s4_13_driver_shutdown_invalidates_the_lease() -> None:
     down": the notice is confirmed at once, the lease is gone."""
     m, _ = _attached()
     (probe,) = m.on_driver_shutdown(0)
-    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
+    assert isinstance(probe, SendAttach) and m.state is AttachPhase.CONFIRMING
     (lost,) = m.on_attach_response(
         _refusal(probe.correlation_id, "driver is shutting down"), 1 * MS
     )
     assert isinstance(lost, LeaseLost) and lost.reason == "driver_shutdown"
-    assert m.state is LeaseState.BACKOFF
+    assert m.state is AttachPhase.BACKOFF
 
 
 def test_s4_9_detach_round_trip() -> None:
     m, _ = _attached()
     (d,) = m.detach(0)
-    assert isinstance(d, SendDetach) and d.lease_id == 77 and m.state is LeaseState.DETACHING
+    assert isinstance(d, SendDetach) and d.lease_id == 77 and m.state is AttachPhase.DETACHING
     buf = bytearray(64)
     dp.ShmDetachResponseEncoder.encode(
         buf, 0, correlation_id=d.correlation_id, code=0, error_message=""
     )
     m.on_detach_response(dp.ShmDetachResponseDecoder().wrap(buf), 0)
-    assert m.state is LeaseState.CLOSED
+    assert m.state is AttachPhase.CLOSED
 
 
 def test_s4_4_keepalives_move_the_local_lease_deadline() -> None:
@@ -225,7 +225,7 @@ def test_s4_4_keepalives_move_the_local_lease_deadline() -> None:
     for t in range(100, 2000, 100):  # keepalives every 100 ms keep a 300 ms lease alive
         evs = m.tick(t * MS)
         assert [type(e) for e in evs] == [SendKeepalive]
-    assert m.state is LeaseState.ATTACHED and m.lease_expiry_ns == 1900 * MS + 300 * MS
+    assert m.state is AttachPhase.ATTACHED and m.lease_expiry_ns == 1900 * MS + 300 * MS
 
 
 def test_s4_2_lease_expiry_is_a_hard_deadline_when_keepalives_stall() -> None:
@@ -241,9 +241,9 @@ def test_s4_13_shutdown_notice_older_than_our_attach_is_ignored() -> None:
     (req,) = m.attach(1000 * MS)
     m.on_attach_response(_response(req.correlation_id), 1000 * MS)
     assert m.on_driver_shutdown(1001 * MS, timestamp_ns=500 * MS) == []  # a previous driver's
-    assert m.state is LeaseState.ATTACHED
+    assert m.state is AttachPhase.ATTACHED
     (probe,) = m.on_driver_shutdown(1002 * MS, timestamp_ns=1001 * MS)
-    assert isinstance(probe, SendAttach) and m.state is LeaseState.CONFIRMING
+    assert isinstance(probe, SendAttach) and m.state is AttachPhase.CONFIRMING
 
 
 def test_s4_2_keepalives_adapt_to_a_short_lease() -> None:
@@ -256,7 +256,7 @@ def test_s4_2_keepalives_adapt_to_a_short_lease() -> None:
     assert isinstance(ka, SendKeepalive)
     for t in range(60, 600, 30):
         assert isinstance(m.tick(t * MS)[0], SendKeepalive)
-    assert m.state is LeaseState.ATTACHED
+    assert m.state is AttachPhase.ATTACHED
 
 
 def test_13_3_refusal_for_a_held_lease_is_retried_at_a_steady_short_period() -> None:
@@ -302,7 +302,7 @@ def test_13_2_transport_reset_drops_the_lease_and_reattaches_at_once() -> None:
     assert isinstance(again, SendAttach)
     for _ in range(5):  # attach timeouts grow the backoff while the driver is away...
         m.tick(m._deadline)
-    assert m.state is LeaseState.BACKOFF
+    assert m.state is AttachPhase.BACKOFF
     assert m.on_transport_reset(5000 * MS) == []  # ...a reset does not wait it out
     assert isinstance(m.tick(5000 * MS)[0], SendAttach)
 
@@ -323,10 +323,10 @@ def test_14_2_notice_contradicted_by_the_driver_keeps_the_lease(role: int, notic
     else:
         (probe,) = m.on_driver_shutdown(10 * MS, timestamp_ns=5 * MS)
     assert isinstance(probe, SendAttach) and probe.client_id == 42 and probe.role == role
-    assert m.state is LeaseState.CONFIRMING and m.holds_lease and m.lease_id == 77
+    assert m.state is AttachPhase.CONFIRMING and m.holds_lease and m.lease_id == 77
     (ok,) = m.on_attach_response(_refusal(probe.correlation_id, _HELD), 11 * MS)
     assert isinstance(ok, NoticeNotConfirmed)
-    assert m.state is LeaseState.ATTACHED and m.lease_id == 77 and m.layout is not None
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 77 and m.layout is not None
     assert m.counters["notice_not_confirmed"] == 1
     assert m.tick(10 * T.confirm_timeout_ns)[0] == SendKeepalive(77, 5, 42, role, 10 * 500 * MS)
 
@@ -337,7 +337,7 @@ def test_14_2_held_lease_of_another_id_confirms_the_notice() -> None:
     (probe,) = m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)
     other = _HELD.replace("lease 77", "lease 78")
     (lost,) = m.on_attach_response(_refusal(probe.correlation_id, other), 1 * MS)
-    assert isinstance(lost, LeaseLost) and m.state is LeaseState.BACKOFF
+    assert isinstance(lost, LeaseLost) and m.state is AttachPhase.BACKOFF
 
 
 def test_14_2_probe_granted_means_the_revoke_was_real_and_is_the_reattach() -> None:
@@ -348,7 +348,7 @@ def test_14_2_probe_granted_means_the_revoke_was_real_and_is_the_reattach() -> N
     lost, att = m.on_attach_response(_response(probe.correlation_id, lease_id=80, epoch=4), 1)
     assert isinstance(lost, LeaseLost) and lost.reason == "revoked:expired"
     assert isinstance(att, Attached) and att.lease_id == 80 and att.layout.epoch == 4
-    assert m.state is LeaseState.ATTACHED and m.lease_id == 80
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 80
 
 
 def test_14_2_unanswered_probe_confirms_the_notice_after_the_window() -> None:
@@ -356,11 +356,11 @@ def test_14_2_unanswered_probe_confirms_the_notice_after_the_window() -> None:
     confirmation window ends, not before; keepalives continue meanwhile."""
     m, _ = _attached()
     (probe,) = m.on_driver_shutdown(0)
-    assert m.state is LeaseState.CONFIRMING
+    assert m.state is AttachPhase.CONFIRMING
     assert [type(e) for e in m.tick(T.confirm_timeout_ns - 1)] == [SendKeepalive]
     lost, *rest = m.tick(T.confirm_timeout_ns)
     assert isinstance(lost, LeaseLost) and lost.reason == "driver_shutdown" and rest == []
-    assert m.state is LeaseState.BACKOFF and m.lease_id is None
+    assert m.state is AttachPhase.BACKOFF and m.lease_id is None
     # the answer that comes too late is ignored
     assert m.on_attach_response(_refusal(probe.correlation_id, _HELD), T.confirm_timeout_ns) == []
 
