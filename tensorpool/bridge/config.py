@@ -73,6 +73,7 @@ from tensorpool.endpoints import (
     MAX_DATA_STREAM_ID,
     Endpoints,
     channel_problem,
+    config_aeron_dir,
     default_shm_base_dir,
     read_endpoints,
 )
@@ -231,8 +232,9 @@ class LocalSettings:
     """``[local]``: this host's media driver, SHM driver and local streams."""
 
     aeron_dir: str | None = ""
-    """None = embedded media driver (IPC then only reaches this process); "" = Aeron's
-    default directory; else the directory of the host's media driver."""
+    """None = embedded media driver (IPC then only reaches this process); "" = the tensorpool
+    default directory, as in every config (:func:`~tensorpool.endpoints.config_aeron_dir`);
+    else the directory of the host's media driver."""
     driver_mode: bool = True
     shm_base_dir: str = field(default_factory=default_shm_base_dir)
     namespace: str = DEFAULT_NAMESPACE
@@ -245,7 +247,9 @@ class LocalSettings:
     def client_settings(self) -> ClientSettings:
         """The settings the bridge's local consumers and producers use."""
         return ClientSettings(
-            transport=TransportConfig(aeron_dir=self.aeron_dir),
+            transport=TransportConfig(
+                aeron_dir=None if self.aeron_dir is None else config_aeron_dir(self.aeron_dir)
+            ),
             channels=self.channels,
             shm_base_dir=self.shm_base_dir,
             namespace=self.namespace,

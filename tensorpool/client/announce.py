@@ -38,7 +38,10 @@ CLOCK_REALTIME_SYNCED = 2
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSpec:
+class AnnouncedPool:
+    """One payload pool as an announce describes it (not the producer's requested
+    :class:`~tensorpool.client.producer.PoolConfig`, which has no slot count or URI)."""
+
     pool_id: int
     nslots: int
     stride_bytes: int
@@ -56,7 +59,7 @@ class StreamLayout:
     header_nslots: int
     header_slot_bytes: int
     header_region_uri: str
-    pools: tuple[PoolSpec, ...]
+    pools: tuple[AnnouncedPool, ...]
     announce_timestamp_ns: int
     clock_domain: int
 
@@ -64,7 +67,9 @@ class StreamLayout:
     def from_announce(cls, dec: object) -> StreamLayout:
         """Copy the fields of a `ShmPoolAnnounceDecoder` (or attach response) out."""
         pools = tuple(
-            PoolSpec(int(p.pool_id), int(p.pool_nslots), int(p.stride_bytes), str(p.region_uri))
+            AnnouncedPool(
+                int(p.pool_id), int(p.pool_nslots), int(p.stride_bytes), str(p.region_uri)
+            )
             for p in dec.payload_pools  # type: ignore[attr-defined]
         )
         return cls(

@@ -46,7 +46,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from tensorpool.client.announce import PoolSpec, StreamLayout
+from tensorpool.client.announce import AnnouncedPool, StreamLayout
 from tensorpool.client.settings import ClientSettings
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.uri import parse_shm_uri
@@ -504,7 +504,7 @@ def _validate_ok_response(
     if not header_uri.strip():
         raise ValueError("empty headerRegionUri")
     parse_shm_uri(header_uri)
-    pools: list[PoolSpec] = []
+    pools: list[AnnouncedPool] = []
     for p in r.payload_pools:
         uri = p.region_uri
         if not uri.strip():
@@ -512,7 +512,7 @@ def _validate_ok_response(
         parse_shm_uri(uri)
         if p.pool_nslots != r.header_nslots:
             raise ValueError(f"pool {p.pool_id} nslots {p.pool_nslots} != {r.header_nslots}")
-        pools.append(PoolSpec(p.pool_id, p.pool_nslots, p.stride_bytes, uri))
+        pools.append(AnnouncedPool(p.pool_id, p.pool_nslots, p.stride_bytes, uri))
     if not pools:
         raise ValueError("empty payloadPools")
     layout = StreamLayout(

@@ -126,7 +126,6 @@ def _run_daemon(args: argparse.Namespace) -> int:
         raise UserError("--idle-max-park-us must be > 0")
     _configure_logging(args)
 
-    from tensorpool.commands._common import default_aeron_dir
     from tensorpool.config_util import ConfigError
     from tensorpool.driver.daemon import (
         DaemonOptions,
@@ -138,7 +137,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
     from tensorpool.driver.lock import LockHeld
 
     options = DaemonOptions(
-        aeron_dir=resolve_aeron_dir(config, default_aeron_dir()),
+        aeron_dir=resolve_aeron_dir(config),
         idle=default_idle_strategy(args.idle_max_park_us * 1000),
     )
     try:
@@ -207,7 +206,7 @@ def _shutdown_endpoint(args: argparse.Namespace) -> tuple[str, str, int, int]:
     if config is not None:
         from tensorpool.driver.daemon import resolve_aeron_dir
 
-        aeron_dir = aeron_dir or resolve_aeron_dir(config, default_aeron_dir())
+        aeron_dir = aeron_dir or resolve_aeron_dir(config)
         channel = channel or config.driver.control_channel
         stream_id = stream_id or config.driver.control_stream_id
         timeout_ms = config.policies.shutdown_timeout_ms

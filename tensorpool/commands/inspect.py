@@ -51,10 +51,19 @@ if TYPE_CHECKING:
 
 HEADER_RING_FILENAME: Final = "header.ring"
 _POOL_FILE = re.compile(r"^payload-(\d+)\.pool$")
-_EPOCH_DIR = re.compile(r"^epoch-(\d+)$")
 _STREAM_ID = re.compile(r"^[0-9]+$")
 _U32_MAX: Final = 0xFFFFFFFF
 _NS_PER_S: Final = 1_000_000_000
+
+
+def _is_epoch_dirname(name: str) -> bool:
+    """#14.1: the one epoch-directory rule, the one the producer and the driver create by
+    (:func:`tensorpool.shm.epochs.parse_epoch_dirname`; imported here, not at the top, so the
+    CLI starts without loading ``shm``)."""
+    from tensorpool.shm.epochs import parse_epoch_dirname
+
+    return parse_epoch_dirname(name) is not None
+
 
 Report = dict[str, Any]
 PidProbe = Callable[[int], bool | None]
@@ -466,7 +475,7 @@ def inspect_directory(
     if not files:
         hint = ""
         try:
-            if any(_EPOCH_DIR.match(n) for n in os.listdir(directory)):
+            if any(_is_epoch_dirname(n) for n in os.listdir(directory)):
                 hint = " (it holds epoch-* directories: pass one of them, or a stream id)"
         except OSError:
             pass
@@ -513,7 +522,7 @@ def find_stream_directory(
         ) from None
     for instance in instances:
         try:
-            epochs = [d for d in _subdirs(instance) if _EPOCH_DIR.match(os.path.basename(d))]
+            epochs = [d for d in _subdirs(instance) if _is_epoch_dirname(os.path.basename(d))]
         except OSError:
             continue
         for epoch_dir in epochs:

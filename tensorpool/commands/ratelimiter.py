@@ -94,16 +94,13 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from tensorpool.client.producer import AttachError
-    from tensorpool.commands._common import default_aeron_dir
     from tensorpool.ratelimiter.agent import PoolFitError, RateLimiterAgent
-    from tensorpool.transport.config import TransportConfig
     from tensorpool.transport.context import AeronContext
     from tensorpool.transport.mediadriver import MediaDriverError
 
-    aeron_dir = config.driver.aeron_dir or default_aeron_dir()
     try:
         ctx = AeronContext(
-            TransportConfig(aeron_dir=aeron_dir, client_name=f"ratelimiter-{config.instance_id}")
+            config.driver.transport_config(client_name=f"ratelimiter-{config.instance_id}")
         ).start()
     except MediaDriverError as exc:
         print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)

@@ -42,8 +42,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-import pyaeron
-
 from tensorpool.config_util import ConfigError
 from tensorpool.driver.agent import DEFAULT_LINGER_NS, DriverAgent, log_event
 from tensorpool.driver.config import DriverConfig
@@ -52,6 +50,7 @@ from tensorpool.driver.leases import lease_id_seed
 from tensorpool.driver.lock import NamespaceLock
 from tensorpool.driver.regions import RegionFiles, dir_mode_for, probe_hugepage_size, scan_epochs
 from tensorpool.driver.status import StatusUnavailable, read_status, status_path
+from tensorpool.endpoints import config_aeron_dir
 from tensorpool.fsafety import UnsafeDirectory, check_media_driver_dir
 from tensorpool.transport.agent import AgentRunner
 from tensorpool.transport.clock import NanoClock, now_ns
@@ -137,14 +136,11 @@ class DaemonOptions:
     """How long to wait for a dead driver's media driver directory to go stale."""
 
 
-def resolve_aeron_dir(config: DriverConfig, embedded_default: str) -> str:
-    """``driver.aeron_dir``, or the default: ``embedded_default`` for an embedded media driver,
-    Aeron's library default directory when joining an external one (§17)."""
-    if config.driver.aeron_dir:
-        return config.driver.aeron_dir
-    if config.driver.embedded_media_driver:
-        return embedded_default
-    return str(pyaeron.default_path())
+def resolve_aeron_dir(config: DriverConfig) -> str:
+    """``driver.aeron_dir``, or when empty the tensorpool default directory -- for an embedded
+    media driver and for joining an external one alike (#14.1: ``aeron_dir = ""`` means the
+    same in every config, :func:`~tensorpool.endpoints.config_aeron_dir`)."""
+    return config_aeron_dir(config.driver.aeron_dir)
 
 
 def _check_hugepages(config: DriverConfig) -> int:

@@ -59,11 +59,13 @@ from tensorpool.endpoints import (
     MAX_DATA_STREAM_ID,
     Endpoints,
     check_endpoints,
+    config_aeron_dir,
     read_aeron_stream_id,
     read_channel,
     read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason
+from tensorpool.transport.config import TransportConfig
 
 __all__ = [
     "DEFAULT_FORWARD_CHANNEL",
@@ -114,7 +116,8 @@ class DriverAccess(Endpoints):
 
     aeron_dir: str = ""
     """Media driver directory to join; "" = the tensorpool default (where ``tensorpool
-    mediadriver`` and an embedded ``tensorpool driver`` serve), resolved by the command."""
+    mediadriver`` and an embedded ``tensorpool driver`` serve), resolved by
+    :meth:`transport_config` (:func:`~tensorpool.endpoints.config_aeron_dir`)."""
     config: str = ""
     """The driver's TOML file, for profile checks ("" = not checked)."""
     shm_base_dir: str = _DEFAULT_BASE_DIR
@@ -124,6 +127,10 @@ class DriverAccess(Endpoints):
 
     def __post_init__(self) -> None:
         check_endpoints(self)
+
+    def transport_config(self, client_name: str) -> TransportConfig:
+        """How to join the media driver: ``aeron_dir``, "" meaning the tensorpool default."""
+        return TransportConfig(aeron_dir=config_aeron_dir(self.aeron_dir), client_name=client_name)
 
 
 @dataclass(frozen=True, slots=True)

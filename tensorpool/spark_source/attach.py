@@ -59,8 +59,11 @@ DEFAULT_INTAKE_CAPACITY: Final = 65536
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 
 
-class AttachError(RuntimeError):
-    """The streams could not be attached (no announce / lease within the timeout)."""
+class StreamsNotAttached(RuntimeError):
+    """The streams could not be attached (no announce / lease within the timeout).
+
+    Not :class:`tensorpool.client.producer.AttachError` (a producer's refused attach): #14.1,
+    one name per meaning."""
 
 
 class _DropLog:
@@ -217,7 +220,7 @@ class Attachment:
             }
 
     def wait_for_layouts(self, timeout_s: float) -> dict[int, StreamLayout]:
-        """Block until every stream has a layout; raise :class:`AttachError` naming the rest."""
+        """Block until every stream has a layout; :class:`StreamsNotAttached` names the rest."""
         deadline = time.monotonic() + timeout_s
         while True:
             if self._thread is None:
@@ -233,7 +236,7 @@ class Attachment:
                     if self.driver
                     else "no ShmPoolAnnounce (is the producer running?)"
                 )
-                raise AttachError(
+                raise StreamsNotAttached(
                     f"stream(s) {missing}: {how} within {timeout_s:g} s on control "
                     f"{ch.control_channel} stream {ch.control_stream_id}, Aeron dir "
                     f"{self._ctx.dir!r}; check streams / aeronDir / controlChannel / "
@@ -410,7 +413,7 @@ class AnnounceProbe:
                 next_hello = now + 0.2
             if now >= deadline:
                 ch = self.settings.channels
-                raise AttachError(
+                raise StreamsNotAttached(
                     f"stream(s) {missing}: no ShmPoolAnnounce (is the producer running?) within "
                     f"{timeout_s:g} s on control {ch.control_channel} stream "
                     f"{ch.control_stream_id}, Aeron dir {self._ctx.dir!r}"
@@ -528,8 +531,8 @@ def open_attachment(
 __all__ = [
     "DEFAULT_INTAKE_CAPACITY",
     "AnnounceProbe",
-    "AttachError",
     "Attachment",
+    "StreamsNotAttached",
     "close_all",
     "is_spark_worker",
     "open_attachment",

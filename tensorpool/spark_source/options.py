@@ -31,6 +31,7 @@ from tensorpool.endpoints import (
     Endpoints,
     channel_problem,
     check_endpoints,
+    config_aeron_dir,
     default_aeron_dir,
     default_shm_base_dir,
 )
@@ -262,7 +263,8 @@ class Connection(Endpoints):
     """
 
     aeron_dir: str | None = field(default_factory=default_aeron_dir)
-    """None = embedded media driver; "" = Aeron's default directory."""
+    """None = embedded media driver; "" (or a blank ``aeronDir``) = the tensorpool default
+    directory, as in every config (:func:`~tensorpool.endpoints.config_aeron_dir`)."""
     shm_base_dir: str = field(default_factory=default_shm_base_dir)
     allowed_base_dirs: tuple[str, ...] = ()
     driver: bool = False
@@ -277,7 +279,9 @@ class Connection(Endpoints):
         """ClientSettings for the attachment; freshness = periods x announce period."""
         period = max(1, min(announce_period_ms, freshness_ms))
         return ClientSettings(
-            transport=TransportConfig(aeron_dir=self.aeron_dir),
+            transport=TransportConfig(
+                aeron_dir=None if self.aeron_dir is None else config_aeron_dir(self.aeron_dir)
+            ),
             channels=self.endpoints,
             shm_base_dir=self.shm_base_dir,
             allowed_base_dirs=self.allowed_base_dirs,
@@ -293,7 +297,7 @@ class Connection(Endpoints):
 def _connection(opts: dict[str, str]) -> Connection:
     raw_dir = opts.get("aeronDir")
     if raw_dir is None or not raw_dir.strip():
-        aeron_dir: str | None = default_aeron_dir()  # where the tensorpool commands look
+        aeron_dir: str | None = config_aeron_dir("")  # where the tensorpool commands look
     elif raw_dir.strip().lower() == EMBEDDED:
         aeron_dir = None
     else:

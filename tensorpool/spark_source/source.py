@@ -57,8 +57,8 @@ from pyspark.sql.types import (
 from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.attach import (
     AnnounceProbe,
-    AttachError,
     Attachment,
+    StreamsNotAttached,
     open_attachment,
 )
 from tensorpool.spark_source.offsets import (
@@ -363,7 +363,7 @@ def attach_query(opts: SourceOptions, **kw: Any) -> Attachment:
     att = open_attachment(opts.streams, _settings(opts), driver=opts.connection.driver, **kw)
     try:
         att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
-    except AttachError as exc:
+    except StreamsNotAttached as exc:
         log.warning("tensorpool: %s; continuing without them for now", exc)
     except BaseException:
         att.close()

@@ -9,8 +9,10 @@ and point every process's ``aeron_dir`` at it.
 ``aeron_dir``:
 - ``None`` (default): start an embedded driver in a fresh private directory.
 - ``""``: Aeron's library default directory (``pyaeron.default_path()``, e.g.
-  ``/dev/shm/aeron-<user>``), which is where a stock ``aeronmd`` listens. This is what the
-  reference configs mean by ``aeron_dir = ""``.
+  ``/dev/shm/aeron-<user>``), which is where a stock ``aeronmd`` listens. The TOML configs'
+  ``aeron_dir = ""`` is *not* this: every config resolves it to the tensorpool default
+  directory before building a ``TransportConfig``
+  (:func:`tensorpool.endpoints.config_aeron_dir`, #14.1).
 - any other string: that directory.
 
 Driver-only options (threading mode, default term lengths, MTU) apply to drivers this process

@@ -105,7 +105,9 @@ class SemaphoreIdleStrategy:
         self._timeout_s = max_wait_ns / 1e9
         self.wakeups = 0
         """Idle cycles that ended by a post rather than the timeout."""
-        self._busy: type[BaseException] = ipc.BusyError
+        # a signal (EINTR) ends the wait like the timeout: the loop then sees its stop flag
+        # (a handler that raises, e.g. SIGINT's KeyboardInterrupt, still raises)
+        self._busy: tuple[type[BaseException], ...] = (ipc.BusyError, ipc.SignalError)
         self._sem: Any = ipc.Semaphore(self.sem_name, ipc.O_CREX, 0o600, 0)
 
     def idle(self, work_count: int) -> None:
@@ -116,7 +118,7 @@ class SemaphoreIdleStrategy:
             raise ValueError(f"{self.sem_name}: idle() after close()")
         try:
             sem.acquire(self._timeout_s)  # releases the GIL while blocked
-        except self._busy:  # timed out: run the duties
+        except self._busy:  # timed out or interrupted by a signal: run the duties
             return
         self.wakeups += 1
 

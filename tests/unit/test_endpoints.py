@@ -19,6 +19,7 @@ from tensorpool.commands import _common
 from tensorpool.commands.inspect import add_arguments as add_inspect_arguments
 from tensorpool.config_util import ConfigError
 from tensorpool.driver.config import DriverSettings, parse_driver_config
+from tensorpool.driver.daemon import resolve_aeron_dir
 from tensorpool.endpoints import (
     DEFAULT_NAMESPACE,
     IPC_CONTROL,
@@ -27,6 +28,7 @@ from tensorpool.endpoints import (
     MAX_DATA_STREAM_ID,
     Endpoints,
     channel_problem,
+    default_aeron_dir,
     default_shm_base_dir,
 )
 from tensorpool.ratelimiter.config import DriverAccess, parse_ratelimiter_config
@@ -119,6 +121,25 @@ def test_14_1_defaults_are_identical_everywhere(tmp_path: Path) -> None:
     assert {k: v for k, v in seen.items() if v != expected} == {}
     assert type(ClientSettings().channels) is Endpoints  # the same type, not a copy
     assert not hasattr(client_settings, "Channels")  # one name: the old alias is gone
+
+
+def test_14_1_empty_aeron_dir_means_the_tensorpool_default_everywhere(tmp_path: Path) -> None:
+    """#14.1: ``aeron_dir = ""`` meant the tensorpool default in the rate limiter and an embedded
+    driver but Aeron's library default in the bridge's ``[local]`` and a driver joining an
+    external media driver; now every config means the tensorpool default directory."""
+    external = {"aeron_dir": "", "embedded_media_driver": False}
+    bridge_local = _bridge(tmp_path, {"aeron_dir": ""}).local
+    spark = parse_source_options({"streams": "1", "aeronDir": " "}).connection
+    seen = {
+        "driver, embedded": resolve_aeron_dir(_driver({"aeron_dir": ""})),
+        "driver, external media driver": resolve_aeron_dir(_driver(external)),
+        "rate limiter [driver]": _rl({"aeron_dir": ""}).driver.transport_config("t").aeron_dir,
+        "bridge [local]": bridge_local.client_settings().transport.aeron_dir,
+        "spark aeronDir": spark.client_settings().transport.aeron_dir,
+    }
+    assert {k: v for k, v in seen.items() if v != default_aeron_dir()} == {}
+    named = _bridge(tmp_path, {"aeron_dir": "/tmp/x"}).local.client_settings()
+    assert named.transport.aeron_dir == "/tmp/x"  # a named directory is taken as named
 
 
 def test_14_1_namespace_and_base_dir_defaults_agree(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensorpool.client.announce import PoolSpec, StreamLayout
+from tensorpool.client.announce import AnnouncedPool, StreamLayout
 from tensorpool.client.driver_client import Attached, AttachFailed, LeaseLost
 from tensorpool.client.producer_core import (
     AttachWait,
@@ -40,7 +40,7 @@ def _core(*, driver: bool = False, lock_pending: bool = False) -> ProducerCore:
 
 def _layout() -> StreamLayout:
     return StreamLayout(
-        5, 0, 3, 1, 8, 256, "shm:file?path=/x/h", (PoolSpec(1, 8, 4096, "u"),), 0, 1
+        5, 0, 3, 1, 8, 256, "shm:file?path=/x/h", (AnnouncedPool(1, 8, 4096, "u"),), 0, 1
     )
 
 

@@ -354,6 +354,24 @@ def test_stream_id_picks_the_newest_epoch_directory(
             ep.close()
 
 
+def test_14_1_stream_id_uses_the_one_epoch_directory_rule(
+    shm_base: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#14.1: ``inspect <stream id>`` finds epoch directories by the rule the producer and the
+    driver create them by (``shm.epochs``): ``epoch-0009`` (leading zeros) is no epoch
+    directory, even with a newer ring of the stream in it."""
+    made = [make_epoch(shm_base, epoch=5), make_epoch(shm_base, epoch=9)]
+    try:
+        odd = os.path.join(os.path.dirname(made[1].directory), "epoch-0009")
+        os.rename(made[1].directory, odd)
+        rc, report = inspect_json(capsys, "--shm-base-dir", shm_base, str(STREAM_ID))
+        assert rc == 0
+        assert report["directory"] == made[0].directory and report["candidates"] == 1
+    finally:
+        for ep in made:
+            ep.close()
+
+
 def test_real_producer_regions(shm_base: str, capsys: pytest.CaptureFixture[str]) -> None:
     from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
     from tensorpool.client.settings import ClientSettings
