@@ -40,7 +40,10 @@ __all__ = [
     "check_creatable_dir",
     "check_media_driver_dir",
     "classify_media_driver_dir",
+    "make_dirs",
+    "missing_dirs",
     "remove_aeron_files",
+    "remove_empty_dirs",
     "unsafe_root_reason",
     "world_writable_reason",
 ]
@@ -258,3 +261,43 @@ def world_writable_reason(mode: int, allow: bool, allow_key: str) -> str | None:
             f"set {allow_key} = true to allow it"
         )
     return None
+
+
+def missing_dirs(path: str) -> list[str]:
+    """``path`` and those of its ancestors that do not exist yet, deepest first: what creating
+    it makes, and so the only directories its creator may remove again."""
+    missing: list[str] = []
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return missing
+
+
+def make_dirs(path: str, mode: int) -> list[str]:
+    """``mkdir -p`` giving every directory it creates exactly ``mode`` (the umask neither widens
+    nor narrows it). Returns the directories it created, deepest first; one that another process
+    made meanwhile is not ours and keeps its mode."""
+    made: list[str] = []
+    for d in reversed(missing_dirs(path)):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            continue
+        os.chmod(d, mode)
+        made.append(d)
+    made.reverse()
+    return made
+
+
+def remove_empty_dirs(dirs: list[str] | tuple[str, ...]) -> None:
+    """Remove directories this process created, deepest first, each only while it is empty:
+    ``rmdir`` refuses a directory that holds anything, so nobody else's files are at risk."""
+    for d in sorted(set(dirs), key=len, reverse=True):
+        try:
+            os.rmdir(d)
+        except OSError:
+            continue

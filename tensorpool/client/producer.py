@@ -56,6 +56,7 @@ from tensorpool.client.producer_core import (
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.counters import DropCounters, Reason
+from tensorpool.fsafety import missing_dirs
 from tensorpool.shm.epochs import gc_epoch_dirs, next_epoch, record_last_epoch
 from tensorpool.shm.errors import ShmError, WireLimitError
 from tensorpool.shm.layout import (
@@ -173,19 +174,6 @@ class FrameClaim:
     pool_id: int
     layout: TensorLayout
     array: np.ndarray
-
-
-def _missing_dirs(directory: str) -> list[str]:
-    """The directories on the way to ``directory`` that do not exist yet, deepest first."""
-    missing: list[str] = []
-    d = directory
-    while not os.path.isdir(d):
-        missing.append(d)
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
-    return missing
 
 
 class AttachError(RuntimeError):
@@ -489,7 +477,7 @@ class Producer:
         check_space(lay.directory, st.region_bytes(), f"stream {st.stream_id} regions")
         policy = PathPolicy(s.base_dirs)
         now = self._clock()
-        new_dirs = _missing_dirs(os.path.realpath(lay.directory))
+        new_dirs = missing_dirs(os.path.realpath(lay.directory))
         modes = {"dir_mode": dir_mode_for(self._file_mode), "file_mode": self._file_mode}
         regions: list[ShmRegion] = []
         try:

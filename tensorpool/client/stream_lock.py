@@ -23,6 +23,8 @@ import fcntl
 import os
 import time
 
+from tensorpool.fsafety import make_dirs, remove_empty_dirs
+
 __all__ = ["StreamBusy", "StreamLock", "stream_lock_path"]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -70,7 +72,7 @@ class StreamLock:
         """Lock ``path`` (creating its directory and file as needed) or raise StreamBusy."""
         created: list[str] = []
         for _ in range(100):  # another process unlinking between open and flock: retry
-            created += _make_dirs(os.path.dirname(path), dir_mode)
+            created += make_dirs(os.path.dirname(path), dir_mode)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
             except FileNotFoundError:  # a releasing producer removed the empty directory
@@ -80,7 +82,7 @@ class StreamLock:
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    _remove_empty(tuple(reversed(created)))
+                    remove_empty_dirs(created)
                     raise StreamBusy(stream_id, path, _read_owner(path)) from None
                 raise
             try:
@@ -94,8 +96,8 @@ class StreamLock:
             text = f"pid={os.getpid()} stream={stream_id} since_unix_ns={time.time_ns()}\n"
             os.ftruncate(fd, 0)
             os.pwrite(fd, text.encode("ascii"), 0)
-            return cls(path, fd, tuple(reversed(created)))
-        _remove_empty(tuple(reversed(created)))
+            return cls(path, fd, tuple(created))
+        remove_empty_dirs(created)
         raise OSError(errno.EAGAIN, f"cannot lock {path}: it keeps being replaced")
 
     @property
@@ -110,30 +112,4 @@ class StreamLock:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
         os.close(fd)  # closing the last descriptor drops the flock
-        _remove_empty(self._created_dirs)
-
-
-def _make_dirs(directory: str, mode: int) -> list[str]:
-    """Create ``directory`` and its missing parents with exactly ``mode``; returns those made."""
-    missing: list[str] = []
-    d = directory
-    while not os.path.isdir(d):
-        missing.append(d)
-        d = os.path.dirname(d)
-    made: list[str] = []
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, mode)
-            os.chmod(d, mode)  # the umask must not change the chosen mode
-            made.append(d)
-    return made
-
-
-def _remove_empty(directories: tuple[str, ...]) -> None:
-    """Remove directories this process created, deepest first, only while they are empty:
-    rmdir refuses a non-empty one, so another producer's files are never at risk."""
-    for d in directories:
-        try:
-            os.rmdir(d)
-        except OSError:
-            return
+        remove_empty_dirs(self._created_dirs)

@@ -22,6 +22,8 @@ import time
 from types import TracebackType
 from typing import Self
 
+from tensorpool.fsafety import make_dirs
+
 __all__ = ["LOCK_FILE_NAME", "LockHeld", "NamespaceLock", "read_lock_owner"]
 
 LOCK_FILE_NAME = "driver.lock"
@@ -50,24 +52,6 @@ def read_lock_owner(path: str) -> str:
         return ""
 
 
-def _makedirs_exact(directory: str, mode: int) -> None:
-    """``os.makedirs`` that gives every directory it creates exactly ``mode``."""
-    missing: list[str] = []
-    d = os.path.abspath(directory)
-    while not os.path.isdir(d):
-        missing.append(d)
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue  # another process made it: its mode is not ours to change
-        os.chmod(d, mode)
-
-
 class NamespaceLock:
     """An exclusive, crash-safe lock on one namespace directory."""
 
@@ -86,7 +70,7 @@ class NamespaceLock:
         a ``"660"`` namespace came out 0750/0640, not what docs/operator.md promises).
         Existing directories keep their mode: they are the operator's.
         """
-        _makedirs_exact(namespace_dir, dir_mode)
+        make_dirs(namespace_dir, dir_mode)
         lock = cls(os.path.join(namespace_dir, LOCK_FILE_NAME))
         lock._lock(owner, file_mode)
         return lock

@@ -49,6 +49,7 @@ from tensorpool.driver.streams import (
     parse_stream_dirname,
     stream_root,
 )
+from tensorpool.fsafety import make_dirs
 from tensorpool.shm.backend import HUGETLBFS_MAGIC, fstatfs_type_and_bsize
 from tensorpool.shm.epochs import (
     LAST_EPOCH_FILE,
@@ -220,7 +221,7 @@ class RegionFiles:
         self._check_space(needed)
         stream_dir = stream_root(self.config, action.stream_id)
         try:
-            self._makedirs(stream_dir)
+            make_dirs(stream_dir, self._dir_mode)
             self._record_last_epoch(stream_dir, action.epoch)
         except OSError as exc:
             raise RegionError(
@@ -354,20 +355,6 @@ class RegionFiles:
                 f"{needed} bytes needed, {available} available under {probe}",
                 no_space=True,
             )
-
-    def _makedirs(self, directory: str) -> None:
-        missing: list[str] = []
-        d = directory
-        while not os.path.isdir(d):
-            missing.append(d)
-            parent = os.path.dirname(d)
-            if parent == d:
-                break
-            d = parent
-        for d in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(d, self._dir_mode)
-                os.chmod(d, self._dir_mode)
 
     def _record_last_epoch(self, stream_dir: str, epoch: int) -> None:
         record_last_epoch(stream_dir, epoch, self._file_mode)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tensorpool.counters import Reason
+from tensorpool.fsafety import make_dirs
 from tensorpool.shm.backend import PAGE_SIZE, validate_stride_bytes, verify_hugepages
 from tensorpool.shm.errors import (
     NoSpaceError,
@@ -264,23 +265,6 @@ class ShmRegion:
 
 
 # --- producer side ----------------------------------------------------------------------
-def _make_dirs(directory: str, mode: int) -> None:
-    missing: list[str] = []
-    d = directory
-    while not os.path.isdir(d):
-        missing.append(d)
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue
-        os.chmod(d, mode)  # umask must not widen or narrow the chosen mode
-
-
 def _prefault(mm: mmap.mmap) -> None:
     advice = getattr(mmap, "MADV_POPULATE_WRITE", None)
     if advice is not None:
@@ -412,7 +396,7 @@ def create_region(
     canonical = os.path.join(directory, os.path.basename(path))
     if policy is not None and not policy.contains(canonical):
         raise PathRejected(Reason.PATH_OUTSIDE_ALLOWED_BASE, f"{path} -> {canonical}")
-    _make_dirs(directory, dir_mode)
+    make_dirs(directory, dir_mode)
     if replace:
         try:
             st = os.lstat(canonical)

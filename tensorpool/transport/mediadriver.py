@@ -43,6 +43,7 @@ from tensorpool.fsafety import (
     DirState,
     UnsafeDirectory,
     check_media_driver_dir,
+    missing_dirs,
     remove_aeron_files,
 )
 from tensorpool.transport.config import TransportConfig
@@ -75,19 +76,6 @@ def new_private_dir(parent: str | None = None, prefix: str = "tensorpool-aeron-"
 def is_active(aeron_dir: str, timeout_ms: int = ACTIVE_CHECK_TIMEOUT_MS) -> bool:
     """True if a media driver heartbeats in ``aeron_dir``."""
     return bool(pyaeron.is_driver_active(aeron_dir, timeout_ms))
-
-
-def _missing_dirs(path: str) -> list[str]:
-    """``path`` and those of its ancestors that do not exist yet, deepest first."""
-    missing: list[str] = []
-    current = os.path.abspath(path)
-    while not os.path.lexists(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return missing
 
 
 def _remove_created(aeron_dir: str, created: list[str]) -> None:
@@ -153,7 +141,7 @@ def start_media_driver(
         raise MediaDriverError(str(exc)) from None
     if state is DirState.AERON and _live(aeron_dir):
         raise MediaDriverError(f"a media driver is already active in {aeron_dir}")
-    created = _missing_dirs(aeron_dir)
+    created = missing_dirs(aeron_dir)
     if owns_dir and not created:
         created = [os.path.abspath(aeron_dir)]
     # A directory that exists keeps its mode (mkdtemp: 0700); Aeron would recreate it 0755.
@@ -294,7 +282,7 @@ class MediaDriverProcess:
             # Checked here too: waiting for "active" below would be fooled by the other driver.
             raise MediaDriverError(f"a media driver is already active in {self.dir}")
         if not self._owns_dir:
-            self._created = _missing_dirs(self.dir)
+            self._created = missing_dirs(self.dir)
         self._process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
         try:
             wait_until_active(self.dir, self._start_timeout_s, process=self._process)
