@@ -234,6 +234,8 @@ class ProducerThread:
                     frame = np.zeros(frame_bytes, np.uint8)
                     t0 = time.monotonic()
                     for i in range(n):
+                        if not self.cmds.empty():  # a command (stop) ends the run early
+                            break
                         while time.monotonic() < t0 + i / hz:
                             p.do_work()
                             time.sleep(0.0005)
@@ -543,6 +545,11 @@ def run_latency(
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--latency-breakdown" in args:  # where a micro-batch's time goes (#16.5)
+        from bench.bench_spark_latency import main as breakdown
+
+        return breakdown([x for x in args if x != "--latency-breakdown"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="half the data, shorter latency run")
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per source (best kept)")

@@ -188,6 +188,8 @@ class ConsumerCore:
         "_qos_period_ns",
         "_rate_tolerance_ns",
         "_tracker",
+        "announce_producer_id",
+        "announce_received_ns",
         "consumer_id",
         "drops",
         "epoch",
@@ -257,6 +259,11 @@ class ConsumerCore:
         # older than that concerns an earlier epoch (Driver Model §4.9)
         self._announced_since_ns: tuple[int, int] = (-1, 0)
         self._newest_announce_ns = 0  # newest MONOTONIC announce stamp seen (driver clock)
+        # The last accepted announce (MAP or REFRESH): when it arrived (the caller's clock) and
+        # the producer it names (0: a driver announcing a stream with no producer lease).
+        # Read-only health information (Spark progress, #16.2); no rule depends on it.
+        self.announce_received_ns = 0
+        self.announce_producer_id: int | None = None
 
     # --- announces ------------------------------------------------------------------------------
     def on_announce(
@@ -290,6 +297,8 @@ class ConsumerCore:
         if decision.verdict is Verdict.IGNORE:
             self.stats.control.increment(decision.reason)
             return None
+        self.announce_received_ns = now_ns
+        self.announce_producer_id = int(getattr(dec, "producer_id", 0) or 0)
         if decision.verdict is Verdict.REFRESH:
             return CheckMapping(self.epoch)
         if decision.reason:  # a MAP with a story (a contradicted revoke)

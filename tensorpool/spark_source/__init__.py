@@ -33,7 +33,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tensorpool.spark_source.convert import column_to_numpy, stack, to_numpy, view
+from tensorpool.spark_source.convert import (
+    column_to_numpy,
+    stack,
+    tensor_layout,
+    to_numpy,
+    view,
+)
 from tensorpool.spark_source.options import TensorPoolOptionError
 
 _LAZY = {
@@ -42,6 +48,10 @@ _LAZY = {
     "SCHEMA_DDL": "tensorpool.spark_source.source",
     "register": "tensorpool.spark_source.datasource",
     "lost_frames": "tensorpool.spark_source.progress",
+    "stream_health": "tensorpool.spark_source.progress",
+    "stream_lag": "tensorpool.spark_source.progress",
+    "TensorPoolStaleStreamError": "tensorpool.spark_source.health",
+    "TensorPoolWrongHostError": "tensorpool.spark_source.hosts",
     "stop_publisher": "tensorpool.spark_source.sink",
 }
 
@@ -62,11 +72,16 @@ __all__ = [
     "TensorPoolDataLossError",
     "TensorPoolDataSource",
     "TensorPoolOptionError",
+    "TensorPoolStaleStreamError",
+    "TensorPoolWrongHostError",
     "column_to_numpy",
     "lost_frames",
     "register",
     "stack",
     "stop_publisher",
+    "stream_health",
+    "stream_lag",
+    "tensor_layout",
     "to_numpy",
     "view",
 ]

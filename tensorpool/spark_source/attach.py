@@ -147,31 +147,17 @@ class Attachment:
         self._idle = idle_sleep_s
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._intake_capacity = intake_capacity
+        #: extra pollers on this client (stream discovery), run by :meth:`poll_once`
+        self._pollers: list[Callable[[], int]] = []
         #: one descriptor queue per stream (lanes that can be drained with their own budget)
         self.intakes: dict[int, IngressBuffer] = {}
         self._drops: dict[int, _DropLog] = {}
-        if intake_capacity:
-            for sid in streams:
-                self._drops[sid] = log_ = _DropLog()
-                self.intakes[sid] = IngressBuffer(
-                    f"spark.intake.{sid}",
-                    mode="queue",
-                    capacity=intake_capacity,
-                    overflow="drop_oldest",
-                    on_drop=log_,
-                )
         self._ctx = AeronContext(settings.transport).start()
+        self._consumers: dict[int, _IntakeConsumer] = {}
         try:
-            self._consumers = {
-                sid: _IntakeConsumer(
-                    self._ctx,
-                    sid,
-                    settings,
-                    driver=driver,
-                    sink=self.intakes[sid].ingest if sid in self.intakes else None,
-                )
-                for sid in streams
-            }
+            for sid in streams:
+                self._add_consumer(sid)
         except BaseException:
             self._ctx.close()
             raise
@@ -181,6 +167,43 @@ class Attachment:
                 target=self._run, name="tensorpool-spark-attach", daemon=True
             )
             self._thread.start()
+
+    def _add_consumer(self, sid: int) -> None:
+        if self._intake_capacity:
+            self._drops[sid] = log_ = _DropLog()
+            self.intakes[sid] = IngressBuffer(
+                f"spark.intake.{sid}",
+                mode="queue",
+                capacity=self._intake_capacity,
+                overflow="drop_oldest",
+                on_drop=log_,
+            )
+        self._consumers[sid] = _IntakeConsumer(
+            self._ctx,
+            sid,
+            self.settings,
+            driver=self.driver,
+            sink=self.intakes[sid].ingest if sid in self.intakes else None,
+        )
+
+    def add_streams(self, streams: tuple[int, ...]) -> None:
+        """Attach more streams (discovered ones, #16.4); their layouts arrive like the others'."""
+        with self._lock:
+            if self._closed:
+                return
+            for sid in streams:
+                if sid not in self._consumers:
+                    self._add_consumer(sid)
+            self.streams = tuple(sorted({*self.streams, *streams}))
+
+    def add_poller(self, poller: Callable[[], int]) -> None:
+        """Run ``poller`` in every duty cycle (on this client's polling thread)."""
+        with self._lock:
+            self._pollers.append(poller)
+
+    @property
+    def context(self) -> AeronContext:
+        return self._ctx
 
     # --- polling -------------------------------------------------------------------------------
     def poll_once(self) -> int:
@@ -197,6 +220,8 @@ class Attachment:
                     # into the producer's publication (IPC flow control), keep them as hints.
                     c._sub_desc.poll()
                 work += c.intake_count - before
+            for poller in self._pollers:
+                work += poller()
         return work
 
     def _run(self) -> None:
@@ -218,6 +243,23 @@ class Attachment:
                 for sid, c in self._consumers.items()
                 if c.is_mapped and c.layout is not None
             }
+
+    def liveness(self, now_ns: int) -> dict[int, tuple[bool, int | None]]:
+        """Per stream: (a producer is live, ms since the last accepted announce or None).
+
+        Live = mapped (fresh announces and a fresh superblock, else the Consumer unmaps
+        within ``freshnessMs``) and the newest announce names a producer: a SHM driver keeps
+        announcing a stream whose producer lease ended, with ``producer_id`` 0 (#16.2).
+        ``now_ns`` is on the Consumers' clock (monotonic).
+        """
+        out: dict[int, tuple[bool, int | None]] = {}
+        with self._lock:
+            for sid, c in self._consumers.items():
+                core = c.core
+                seen = core.announce_received_ns
+                age = (now_ns - seen) // 1_000_000 if seen else None
+                out[sid] = (c.is_mapped and bool(core.announce_producer_id), age)
+        return out
 
     def wait_for_layouts(self, timeout_s: float) -> dict[int, StreamLayout]:
         """Block until every stream has a layout; :class:`StreamsNotAttached` names the rest."""
@@ -380,6 +422,15 @@ class AnnounceProbe:
             return
         tracker.on_mapped(layout.epoch, now)
         self._layouts[sid] = layout
+
+    @property
+    def context(self) -> AeronContext:
+        """The probe's Aeron client (a metadata subscription rides along, #16.4)."""
+        return self._ctx
+
+    def hello(self, sid: int) -> None:
+        """Say ``ConsumerHello`` for ``sid``: its producer announces (and sends metadata) now."""
+        self._hello(sid)
 
     def _hello(self, sid: int) -> None:
         n = wire.ConsumerHelloEncoder.encode(

@@ -94,14 +94,66 @@ def view(
     return arr.copy() if copy else arr
 
 
-def to_numpy(row: Any, *, copy: bool = False) -> np.ndarray:
-    """A Spark ``Row`` (or dict) of the tensorpool schema -> numpy array."""
+#: Spark keeps a field's metadata in Arrow field metadata under this key (``toArrow``, UDFs)
+_SPARK_ARROW_METADATA: Final = b"SPARK::metadata::json"
+
+
+def tensor_layout(obj: Any) -> tuple[str, tuple[int, ...]] | None:
+    """``(dtype, shape)`` from the ``payload`` field metadata (#16.6), or None.
+
+    ``obj``: a Spark DataFrame or ``StructType`` / ``StructField`` (``df.schema``), a pyarrow
+    Table, RecordBatch, Schema or Field (``df.toArrow()``), or the metadata dict itself. The
+    tensorpool source puts it there when every frame of the read streams had one layout at
+    ``load()`` (see :mod:`tensorpool.spark_source.layout_hint`).
+    """
+    import json
+
+    meta: Any = None
+    schema = getattr(obj, "schema", obj)  # DataFrame / Table / RecordBatch -> their schema
+    if isinstance(schema, Mapping):
+        meta = schema
+    elif hasattr(schema, "get_field_index"):  # pyarrow.Schema
+        i = schema.get_field_index("payload")
+        raw = (schema.field(i).metadata or {}) if i >= 0 else {}
+        meta = json.loads(raw[_SPARK_ARROW_METADATA]) if _SPARK_ARROW_METADATA in raw else None
+    elif hasattr(schema, "fieldNames"):  # pyspark StructType
+        meta = schema["payload"].metadata if "payload" in schema.fieldNames() else None
+    elif hasattr(schema, "metadata"):  # a StructField / pyarrow Field
+        meta = schema.metadata
+        if isinstance(meta, Mapping) and _SPARK_ARROW_METADATA in meta:
+            meta = json.loads(meta[_SPARK_ARROW_METADATA])
+    if not isinstance(meta, Mapping) or "dtype" not in meta or "shape" not in meta:
+        return None
+    return str(meta["dtype"]), tuple(int(d) for d in meta["shape"])
+
+
+def _layout_of(source: Any, dtype: Any, shape: Any) -> tuple[Any, Any]:
+    """``dtype``/``shape`` as given, else from ``source``'s payload metadata (#16.6)."""
+    if dtype is not None and shape is not None:
+        return dtype, shape
+    layout = tensor_layout(source) if source is not None else None
+    if layout is None:
+        raise ValueError(
+            "dtype and shape are needed: select the dtype and shape columns "
+            "(includeTensorMetadata=true), pass them, or read streams with one fixed layout "
+            "(then df.schema['payload'].metadata has them)"
+        )
+    return (layout[0] if dtype is None else dtype), (layout[1] if shape is None else shape)
+
+
+def to_numpy(row: Any, *, copy: bool = False, schema: Any = None) -> np.ndarray:
+    """A Spark ``Row`` (or dict) of the tensorpool schema -> numpy array.
+
+    A row without ``dtype``/``shape`` columns takes them from ``schema`` (a DataFrame or its
+    ``schema``: the ``payload`` field metadata, #16.6); then the frame is C-contiguous.
+    """
     payload = _field(row, "payload")
-    dtype = _field(row, "dtype")
-    shape = _field(row, "shape")
-    if payload is None or dtype is None or shape is None:
-        raise ValueError("the row needs payload, dtype and shape (includeTensorMetadata=true)")
-    return view(payload, dtype, shape, _field(row, "strides"), copy=copy)
+    if payload is None:
+        raise ValueError("the row needs its payload column")
+    dtype, shape = _field(row, "dtype"), _field(row, "shape")
+    strides = _field(row, "strides") if dtype is not None and shape is not None else None
+    dtype, shape = _layout_of(schema, dtype, shape)
+    return view(payload, dtype, shape, strides, copy=copy)
 
 
 def _arrow_binary(col: Any) -> Any:
@@ -166,12 +218,27 @@ def column_to_numpy(
     return [view(payloads[i], dts[i], shapes[i], strs[i]) for i in range(n)]
 
 
-def stack(payload: Any, dtype: str | np.dtype, shape: Sequence[int]) -> np.ndarray:
+def _payload_column(source: Any) -> Any:
+    """The ``payload`` column of a Spark DataFrame (via ``toArrow``) or an Arrow table/batch."""
+    if hasattr(source, "toArrow") and hasattr(source, "schema"):  # pyspark DataFrame
+        source = source.select("payload").toArrow()
+    if hasattr(source, "column") and hasattr(source, "schema") and hasattr(source, "num_rows"):
+        return source.column("payload")
+    return source
+
+
+def stack(
+    payload: Any, dtype: str | np.dtype | None = None, shape: Sequence[int] | None = None
+) -> np.ndarray:
     """``(n, *shape)`` array of equal, C-contiguous frames.
 
-    Zero-copy for a pyarrow ``BinaryArray`` whose frames are back to back; otherwise one copy
-    (a pandas column of ``bytes`` is joined once).
+    ``payload``: a column (pyarrow, pandas, list of bytes), or a Spark DataFrame / Arrow table
+    with a ``payload`` column; without ``dtype``/``shape`` they come from its ``payload`` field
+    metadata (#16.6). Zero-copy for a pyarrow ``BinaryArray`` whose frames are back to back;
+    otherwise one copy (a pandas column of ``bytes`` is joined once).
     """
+    dtype, shape = _layout_of(payload, dtype, shape)
+    payload = _payload_column(payload)
     dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
     shp = tuple(int(d) for d in shape)
     frame = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
@@ -198,6 +265,7 @@ __all__ = [
     "column_to_numpy",
     "numpy_dtype",
     "stack",
+    "tensor_layout",
     "to_numpy",
     "view",
 ]

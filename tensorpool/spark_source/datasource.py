@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
+from tensorpool.spark_source.layout_hint import payload_metadata
 from tensorpool.spark_source.options import (
     BATCHING_PULSE,
     LATEST,
@@ -27,7 +28,7 @@ from tensorpool.spark_source.source import (
     TensorPoolBatchReader,
     TensorPoolStreamReader,
     _check_user_schema,
-    schema_ddl,
+    struct_type,
 )
 
 __all__ = ["TensorPoolDataSource", "register"]
@@ -40,15 +41,25 @@ class TensorPoolDataSource(DataSource):
     def name(cls) -> str:
         return FORMAT
 
-    def schema(self) -> str:
+    def schema(self) -> str | StructType:
         opts = parse_source_options(self.options)
         if opts.batching == BATCHING_PULSE:
             return pulse_schema_ddl(opts.include_tensor_metadata)
-        return schema_ddl(opts.include_tensor_metadata)
+        # #16.4 includeStreamMetadata adds a column; #16.6 one fixed layout -> payload metadata
+        schema = struct_type(opts.include_tensor_metadata, opts.include_stream_metadata)
+        hint = payload_metadata(opts)
+        if hint is None:
+            return schema
+        return StructType(
+            [
+                StructField(f.name, f.dataType, metadata=hint) if f.name == "payload" else f
+                for f in schema.fields
+            ]
+        )
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_source_options(self.options, streaming=False)
-        _check_user_schema(schema, opts.include_tensor_metadata)
+        _check_user_schema(schema, opts.include_tensor_metadata, opts.include_stream_metadata)
         if opts.starting.default == LATEST or any(s == LATEST for _, s in opts.starting.per_stream):
             raise TensorPoolOptionError(
                 "startingOffsets: 'latest' is not allowed for batch queries (the result would "
@@ -60,7 +71,7 @@ class TensorPoolDataSource(DataSource):
         opts = parse_source_options(self.options, streaming=True)
         if opts.batching == BATCHING_PULSE:
             return PulseStreamReader.for_schema(opts, schema)
-        _check_user_schema(schema, opts.include_tensor_metadata)
+        _check_user_schema(schema, opts.include_tensor_metadata, opts.include_stream_metadata)
         return TensorPoolStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:

@@ -166,6 +166,7 @@ class MappedStream:
             scan.seq,
             scan.committed,
             np.ascontiguousarray(scan.fields["values_len"]),
+            np.ascontiguousarray(scan.fields["timestamp_ns"]),
         )
 
     def sizes(self, first: int, count: int) -> list[int]:

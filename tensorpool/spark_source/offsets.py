@@ -144,6 +144,21 @@ def decode_offsets(doc: object, streams: Sequence[int] | None = None) -> Offsets
     return out
 
 
+def grow_offsets(offsets: Mapping[int, StreamPos], streams: Sequence[int]) -> Offsets:
+    """A discovering query's offset over its grown stream set (#16.4).
+
+    With ``streams="*"`` or a range, an offset (a checkpointed one included) may lack streams
+    discovered after it was written: they have not started (:data:`NOT_STARTED`) and begin
+    where a stream that appears later does, at its earliest frame. Streams of the offset
+    that are not in ``streams`` are kept (the caller attaches them).
+    """
+    out = dict(offsets)
+    for sid in streams:
+        if sid not in out:
+            out[sid] = StreamPos(NOT_STARTED, 0)
+    return out
+
+
 # --- seq runs ------------------------------------------------------------------------------------
 def to_runs(seqs: np.ndarray) -> np.ndarray:
     """Sorted unique seqs -> ``(k, 2)`` int64 runs ``[a, b)`` (one run for a dense range)."""
@@ -222,6 +237,8 @@ class RingState:
     slot_seq: np.ndarray | None = field(default=None, compare=False, repr=False)
     seqs: np.ndarray | None = field(default=None, compare=False, repr=False)
     lens: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: each slot's ``timestamp_ns`` (the start margin's rate forecast, #16.1), None if not scanned
+    stamps: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_slots(
@@ -230,16 +247,17 @@ class RingState:
         slot_seq: np.ndarray,
         committed: np.ndarray,
         lens: np.ndarray | None = None,
+        stamps: np.ndarray | None = None,
     ) -> RingState:
         """Build from per-slot seqs and committed flags (what :meth:`MappedStream.scan` reads)."""
         nslots = len(slot_seq)
         slot_seq = np.asarray(slot_seq, np.int64)
         c = slot_seq[np.asarray(committed, bool)]
         if c.size == 0:
-            return cls(epoch, 0, 0, nslots, slot_seq, None, lens)
+            return cls(epoch, 0, 0, nslots, slot_seq, None, lens, stamps)
         oldest, last = int(c.min()), int(c.max())
         seqs = None if last - oldest + 1 == c.size else np.sort(c)
-        return cls(epoch, oldest, last + 1, nslots, slot_seq, seqs, lens)
+        return cls(epoch, oldest, last + 1, nslots, slot_seq, seqs, lens, stamps)
 
     @property
     def empty(self) -> bool:
@@ -331,13 +349,13 @@ def _describe(ls: Loss) -> str:
         return (
             f"stream {ls.stream_id}: {what}frames of epoch {ls.epoch} from seq {ls.first_seq} "
             "could not be read: that epoch's regions are gone (the producer exited or "
-            "restarted) before the query read them"
+            "restarted before the query read them)"
         )
     if ls.count is None:
         return (
             f"stream {ls.stream_id}: frame {ls.first_seq} of epoch {ls.epoch} (and maybe "
-            f"more) was overwritten in the ring{slots} between planning and reading the "
-            "micro-batch"
+            f"more) was overwritten in the ring{slots} after it was planned, before a task "
+            "read it"
         )
     last = ls.last_seq if ls.last_seq is not None else ls.first_seq + ls.count - 1
     return (
@@ -346,16 +364,31 @@ def _describe(ls: Loss) -> str:
     )
 
 
-def loss_message(losses: Sequence[Loss]) -> str:
-    """What was lost and what to change: the text users see when a query fails."""
-    return (
-        "tensorpool data loss: "
-        + "; ".join(_describe(ls) for ls in losses)
-        + ". The query fell behind the producer. Give the ring more slots (header_nslots), put "
-        "a rate limiter with a deeper ring in front of the stream, trigger more often or raise "
-        "maxFramesPerTrigger/maxBytesPerTrigger, or set failOnDataLoss=false to skip lost frames "
-        "(they are then counted in the offsets' 'lost'/'lostLate' fields)."
-    )
+#: Why frames were lost, when a streaming query read slower than the producer wrote.
+FELL_BEHIND_HINT: Final = (
+    "The query fell behind the producer. Give the ring more slots (header_nslots), put "
+    "a rate limiter with a deeper ring in front of the stream, trigger more often or raise "
+    "maxFramesPerTrigger/maxBytesPerTrigger, or set failOnDataLoss=false to skip lost frames "
+    "(they are then counted in the offsets' 'lost'/'lostLate' fields)."
+)
+#: Why frames were lost when their epoch's regions are gone (#16.3: not "fell behind").
+REGIONS_GONE_HINT: Final = (
+    "The producer exited or restarted: frames of an ended epoch cannot be read any more. Keep "
+    "the producer running until the query has read its frames, or set failOnDataLoss=false to "
+    "skip them (they are then counted in the offsets' 'lost'/'lostLate' fields)."
+)
+
+
+def loss_message(losses: Sequence[Loss], hint: str | None = None) -> str:
+    """What was lost and what to change: the text users see when a query fails.
+
+    ``hint`` says why and what to do; by default: the producer exited (every loss is of gone
+    regions) or the query fell behind (#16.3: callers that know better pass their own).
+    """
+    if hint is None:
+        gone = bool(losses) and all(ls.reason == REGIONS_GONE for ls in losses)
+        hint = REGIONS_GONE_HINT if gone else FELL_BEHIND_HINT
+    return "tensorpool data loss: " + "; ".join(_describe(ls) for ls in losses) + ". " + hint
 
 
 def possible_loss_message(losses: Sequence[Loss]) -> str:
@@ -568,6 +601,12 @@ class StreamPlanner:
     def set_target(self, states: Mapping[int, RingState | None]) -> None:
         """``prepareForTriggerAvailableNow``: never plan past what exists right now."""
         self.target = {sid: (st.epoch, st.head) for sid, st in states.items() if st is not None}
+
+    def add_streams(self, streams: Sequence[int]) -> None:
+        """Plan these streams too (discovered, #16.4); a start offset that lacks one gives it
+        :data:`NOT_STARTED` (:func:`grow_offsets`), so it begins at its earliest frame unless
+        ``start_at`` says otherwise."""
+        self.streams = tuple(sorted({*self.streams, *streams}))
 
     # --- ledgers ---------------------------------------------------------------------------------
     def _ledger(self, sid: int, epoch: int) -> _Ledger:
@@ -900,9 +939,11 @@ def split_ranges(ranges: Sequence[Range], min_partitions: int | None) -> list[Ra
 
 __all__ = [
     "EPOCH_CHANGE",
+    "FELL_BEHIND_HINT",
     "NOT_STARTED",
     "OVERWRITTEN",
     "REGIONS_GONE",
+    "REGIONS_GONE_HINT",
     "DescriptorFeed",
     "Limits",
     "Loss",
@@ -916,6 +957,7 @@ __all__ = [
     "batch_ranges",
     "decode_offsets",
     "encode_offsets",
+    "grow_offsets",
     "iter_seq_chunks",
     "loss_message",
     "possible_loss_message",

@@ -52,6 +52,24 @@ BATCHING_NONE: Final = "none"
 BATCHING_PULSE: Final = "pulse"
 #: Longest ``batchLengthS`` accepted: a window must fit in a ring several times over anyway.
 MAX_BATCH_LENGTH_S: Final = 3600.0
+#: ``earliestMarginMs`` default (#16.1): the longest planning-to-read delay measured for a batch
+#: read's first action on a cold 2-core host (3.3 s: Spark starts its Python workers), with
+#: headroom. See :mod:`tensorpool.spark_source.margin`.
+DEFAULT_EARLIEST_MARGIN_MS: Final = 5000
+#: ``*OffsetsByTimestamp`` sentinels, Kafka's ListOffsets values (#16.4)
+TIMESTAMP_LATEST: Final = -1
+TIMESTAMP_EARLIEST: Final = -2
+#: ``startingOffsetsByTimestampStrategy``: no frame at or after the time -> fail / start latest
+TIMESTAMP_STRATEGY_ERROR: Final = "error"
+TIMESTAMP_STRATEGY_LATEST: Final = "latest"
+#: ``staleStreamTimeoutMs`` default: 10 announce-freshness windows of the default 3 s --
+#: long enough for a producer restart, short enough that a dead query is noticed (#16.2).
+DEFAULT_STALE_STREAM_TIMEOUT_MS: Final = 30_000
+ON_STALE_FAIL: Final = "fail"
+ON_STALE_WARN: Final = "warn"
+#: ``maxTriggerDelay`` default, Kafka's (15 minutes).
+DEFAULT_MAX_TRIGGER_DELAY_MS: Final = 15 * 60 * 1000
+_DURATION_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 
 
 class TensorPoolOptionError(ValueError):
@@ -75,6 +93,7 @@ SOURCE_OPTIONS: Final = (
     *_CONNECTION,
     "freshnessMs",
     "startingOffsets",
+    "earliestMarginMs",
     "endingOffsets",
     "maxFramesPerTrigger",
     "maxBytesPerTrigger",
@@ -84,6 +103,14 @@ SOURCE_OPTIONS: Final = (
     "batching",
     "batchLengthS",
     "gatedStreams",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "includeStreamMetadata",
+    "staleStreamTimeoutMs",
+    "onStaleStream",
+    "minFramesPerTrigger",
+    "maxTriggerDelay",
 )
 SINK_OPTIONS: Final = (
     "stream",
@@ -191,6 +218,36 @@ def parse_stream_ids(name: str, raw: str) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+#: ``streams="*"``: every stream id the source can represent.
+ALL_STREAMS: Final = "*"
+
+
+def parse_stream_pattern(name: str, raw: str) -> tuple[int, int] | None:
+    """``"*"`` or ``"lo-hi"`` -> the inclusive id range to discover; None for an id list.
+
+    Like Kafka's ``subscribePattern``: the query reads every stream announced on the control
+    channel whose id is in the range, including streams that appear while it runs.
+    """
+    text = raw.strip()
+    if text == ALL_STREAMS:
+        return (1, MAX_STREAM_ID)
+    lo_s, dash, hi_s = text.partition("-")
+    if not dash or "," in text or not lo_s.strip():  # ids ("-1" is a bad id, not a range)
+        return None
+    try:
+        lo, hi = int(lo_s), int(hi_s)
+    except ValueError:
+        raise _fail(
+            name, f"expected '*', a range such as '1000-1999' or ids, got {raw!r}"
+        ) from None
+    for sid in (lo, hi):
+        if not 1 <= sid <= MAX_STREAM_ID:
+            raise _fail(name, f"stream id {sid} must be in 1..{MAX_STREAM_ID}")
+    if lo > hi:
+        raise _fail(name, f"range {raw!r} is empty (the first id must not exceed the last)")
+    return (lo, hi)
+
+
 # --- offsets specs ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class OffsetSpec:
@@ -208,8 +265,13 @@ class OffsetSpec:
 
 
 def parse_offset_spec(
-    name: str, raw: str | None, default: str, streams: tuple[int, ...]
+    name: str,
+    raw: str | None,
+    default: str,
+    streams: tuple[int, ...],
+    pattern: tuple[int, int] | None = None,
 ) -> OffsetSpec:
+    """``pattern`` (discovered streams): JSON may name any id in it; the rest use ``default``."""
     if raw is None:
         return OffsetSpec(default)
     text = raw.strip()
@@ -231,7 +293,10 @@ def parse_offset_spec(
             sid = int(key)
         except ValueError:
             raise _fail(name, f"key {key!r} is not a stream id") from None
-        if sid not in streams:
+        if pattern is not None:
+            if not pattern[0] <= sid <= pattern[1]:
+                raise _fail(name, f"stream {sid} is not in streams {pattern[0]}-{pattern[1]}")
+        elif sid not in streams:
             raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
         if isinstance(value, str) and value.lower() in (EARLIEST, LATEST):
             entries.append((sid, value.lower()))
@@ -246,10 +311,59 @@ def parse_offset_spec(
             if type(v) is not int or not 0 <= v <= MAX_SEQ:
                 raise _fail(name, f"stream {sid}: {what} must be an integer >= 0, got {v!r}")
         entries.append((sid, (epoch, seq)))  # type: ignore[arg-type]
+    if pattern is not None:
+        return OffsetSpec(default, tuple(sorted(entries)))
     missing = sorted(set(streams) - {sid for sid, _ in entries})
     if missing:
         raise _fail(name, f"no offset for stream(s) {missing}; give every stream in 'streams'")
     return OffsetSpec(None, tuple(sorted(entries)))
+
+
+def parse_timestamps(
+    name: str,
+    raw: str | None,
+    streams: tuple[int, ...],
+    pattern: tuple[int, int] | None = None,
+    *,
+    end: bool = False,
+) -> tuple[tuple[int, int], ...]:
+    """``{"1": 1700000000000, "2": -1}`` -> sorted ``(stream, ms)`` (#16.4).
+
+    Milliseconds since the Unix epoch, or Kafka's sentinels ``-1`` (latest) and ``-2``
+    (earliest; not an end). Streams left out start/end as ``startingOffsets`` /
+    ``endingOffsets`` say (Kafka: the timestamp option takes precedence where it is given).
+    """
+    if raw is None:
+        return ()
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict) or not doc:
+        raise _fail(
+            name,
+            'must be JSON like {"1": 1700000000000, "2": -1} (stream id -> ms since the epoch, '
+            f"-1 latest, -2 earliest), got {raw!r}",
+        )
+    out: list[tuple[int, int]] = []
+    for key, value in doc.items():
+        try:
+            sid = int(key)
+        except ValueError:
+            raise _fail(name, f"key {key!r} is not a stream id") from None
+        if pattern is not None:
+            if not pattern[0] <= sid <= pattern[1]:
+                raise _fail(name, f"stream {sid} is not in streams {pattern[0]}-{pattern[1]}")
+        elif sid not in streams:
+            raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
+        lowest = TIMESTAMP_LATEST if end else TIMESTAMP_EARLIEST
+        if type(value) is not int or not lowest <= value <= MAX_SEQ // 1_000_000:
+            what = "-1 (latest)" if end else "-1 (latest), -2 (earliest)"
+            raise _fail(
+                name, f"stream {sid}: expected ms since the epoch >= 0 or {what}, got {value!r}"
+            )
+        out.append((sid, value))
+    return tuple(sorted(out))
 
 
 # --- connection ---------------------------------------------------------------------------------
@@ -354,6 +468,24 @@ class SourceOptions:
     batching: str = BATCHING_NONE
     batch_length_ns: int = 1_000_000_000
     gated_streams: tuple[int, ...] = ()  # with batching=pulse: never empty (default: all)
+    #: ``*OffsetsByTimestamp`` (#16.4): (stream, ms since the epoch or -1/-2), sorted
+    starting_by_timestamp: tuple[tuple[int, int], ...] = ()
+    ending_by_timestamp: tuple[tuple[int, int], ...] = ()
+    timestamp_strategy: str = TIMESTAMP_STRATEGY_ERROR
+    #: ``includeStreamMetadata`` (#16.4): the ``metadata map<string,string>`` column
+    include_stream_metadata: bool = False
+    #: health (#16.2): fail (or warn) when a stream has no live producer for this long; 0 = never
+    stale_stream_timeout_ms: int = DEFAULT_STALE_STREAM_TIMEOUT_MS
+    on_stale_stream: str = ON_STALE_FAIL
+    #: admission control (#16.4): hold a trigger until this many frames, at most max_trigger_delay
+    min_frames_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    #: ``streams="*"`` / ``"lo-hi"``: inclusive id range discovered from announces (then
+    #: ``streams`` starts empty and the reader grows it); None: ``streams`` is the fixed list.
+    stream_pattern: tuple[int, int] | None = None
+    #: ``startingOffsets=earliest`` on a live ring skips the frames the producer overwrites
+    #: within this many ms (#16.1, :mod:`~tensorpool.spark_source.margin`); 0 = the oldest frame
+    earliest_margin_ms: int = DEFAULT_EARLIEST_MARGIN_MS
 
 
 def _batching(
@@ -403,6 +535,60 @@ def _batching(
     return mode, length_ns, gated
 
 
+def _duration_ms(opts: dict[str, str], name: str, default: int) -> int:
+    """Kafka's duration syntax: ``"500"`` (ms), ``"500ms"``, ``"10s"``, ``"15m"``, ``"1h"``."""
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num) :].strip() or "ms"
+    try:
+        value = int(num.strip())
+    except ValueError:
+        value = -1
+    if unit not in _DURATION_UNITS or value < 0:
+        raise _fail(name, f"must be a duration such as '500ms', '10s' or '15m', got {raw!r}")
+    ms = value * _DURATION_UNITS[unit]
+    if ms > 2**31:
+        raise _fail(name, f"must be at most {2**31} ms, got {raw!r}")
+    return ms
+
+
+def _health_and_min(
+    opts: dict[str, str], streaming: bool | None
+) -> tuple[int, str, int | None, int]:
+    """``staleStreamTimeoutMs`` / ``onStaleStream`` / ``minFramesPerTrigger`` /
+    ``maxTriggerDelay``: micro-batch options (#16.2, #16.4)."""
+    stale = _int(opts, "staleStreamTimeoutMs", DEFAULT_STALE_STREAM_TIMEOUT_MS, 0, 2**31)
+    on_stale = opts.get("onStaleStream", ON_STALE_FAIL).strip().lower()
+    if on_stale not in (ON_STALE_FAIL, ON_STALE_WARN):
+        raise _fail(
+            "onStaleStream",
+            f"must be {ON_STALE_FAIL!r} or {ON_STALE_WARN!r}, got {opts['onStaleStream']!r}",
+        )
+    min_frames = _int(opts, "minFramesPerTrigger", None, 1, MAX_SEQ)
+    delay = _duration_ms(opts, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS)
+    if "maxTriggerDelay" in opts and min_frames is None:
+        raise _fail("maxTriggerDelay", "only applies with minFramesPerTrigger")
+    if streaming is False:
+        for name in ("staleStreamTimeoutMs", "onStaleStream", "minFramesPerTrigger"):
+            if name in opts:
+                raise _fail(name, "is for streaming queries (spark.readStream) only")
+    if min_frames is not None and opts.get("batching", "").strip().lower() == BATCHING_PULSE:
+        raise _fail(
+            "minFramesPerTrigger",
+            "cannot be combined with batching=pulse: a micro-batch is exactly one window",
+        )
+    max_frames = _int(opts, "maxFramesPerTrigger", None, 1, MAX_SEQ)
+    if min_frames is not None and max_frames is not None and min_frames > max_frames:
+        raise _fail(
+            "minFramesPerTrigger",
+            f"{min_frames} exceeds maxFramesPerTrigger {max_frames}: no batch could hold it",
+        )
+    return stale, on_stale, min_frames, delay  # type: ignore[return-value]
+
+
 def parse_source_options(
     options: Mapping[str, str], *, streaming: bool | None = None
 ) -> SourceOptions:
@@ -410,17 +596,22 @@ def parse_source_options(
     opts = _normalise(options, SOURCE_OPTIONS, "source")
     if "streams" not in opts:
         raise _fail("streams", "required: the stream id(s) to read, e.g. option('streams', '1,2')")
-    streams = parse_stream_ids("streams", opts["streams"])
+    pattern = parse_stream_pattern("streams", opts["streams"])
+    streams = () if pattern is not None else parse_stream_ids("streams", opts["streams"])
+    if pattern is not None and opts.get("batching", "").strip().lower() == BATCHING_PULSE:
+        raise _fail("streams", "'*' and ranges cannot be combined with batching=pulse; list ids")
     default_start = LATEST if streaming else EARLIEST
     starting = parse_offset_spec(
-        "startingOffsets", opts.get("startingOffsets"), default_start, streams
+        "startingOffsets", opts.get("startingOffsets"), default_start, streams, pattern
     )
-    ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets"), LATEST, streams)
+    ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets"), LATEST, streams, pattern)
     if streaming and "endingOffsets" in opts:
         raise _fail("endingOffsets", "is for batch queries (spark.read) only")
     if ending.default == EARLIEST or any(s == EARLIEST for _, s in ending.per_stream):
         raise _fail("endingOffsets", "'earliest' makes no sense as an end; use 'latest' or JSON")
     batching, batch_length_ns, gated = _batching(opts, streams, streaming)
+    stale_ms, on_stale, min_frames, delay_ms = _health_and_min(opts, streaming)
+    by_ts = _by_timestamp(opts, streams, pattern, streaming, batching)
     return SourceOptions(
         streams=streams,
         connection=_connection(opts),
@@ -435,7 +626,50 @@ def parse_source_options(
         batching=batching,
         batch_length_ns=batch_length_ns,
         gated_streams=gated,
+        stale_stream_timeout_ms=stale_ms,
+        on_stale_stream=on_stale,
+        min_frames_per_trigger=min_frames,
+        max_trigger_delay_ms=delay_ms,
+        stream_pattern=pattern,
+        starting_by_timestamp=by_ts[0],
+        ending_by_timestamp=by_ts[1],
+        timestamp_strategy=by_ts[2],
+        include_stream_metadata=by_ts[3],
+        earliest_margin_ms=_int(  # type: ignore[arg-type]
+            opts, "earliestMarginMs", DEFAULT_EARLIEST_MARGIN_MS, 0, 3_600_000
+        ),
     )
+
+
+def _by_timestamp(
+    opts: dict[str, str],
+    streams: tuple[int, ...],
+    pattern: tuple[int, int] | None,
+    streaming: bool | None,
+    batching: str,
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], str, bool]:
+    """``*OffsetsByTimestamp``, its strategy and ``includeStreamMetadata`` (#16.4)."""
+    start_name, end_name = "startingOffsetsByTimestamp", "endingOffsetsByTimestamp"
+    start = parse_timestamps(start_name, opts.get(start_name), streams, pattern)
+    end = parse_timestamps(end_name, opts.get(end_name), streams, pattern, end=True)
+    strategy_name = "startingOffsetsByTimestampStrategy"
+    strategy = opts.get(strategy_name, TIMESTAMP_STRATEGY_ERROR).strip().lower()
+    if strategy not in (TIMESTAMP_STRATEGY_ERROR, TIMESTAMP_STRATEGY_LATEST):
+        raise _fail(
+            strategy_name,
+            f"must be {TIMESTAMP_STRATEGY_ERROR!r} or {TIMESTAMP_STRATEGY_LATEST!r}, "
+            f"got {opts[strategy_name]!r}",
+        )
+    if strategy_name in opts and start_name not in opts:
+        raise _fail(strategy_name, f"only applies with {start_name}")
+    if streaming and end_name in opts:
+        raise _fail(end_name, "is for batch queries (spark.read) only")
+    include_meta = _bool(opts, "includeStreamMetadata", False)
+    if batching == BATCHING_PULSE:  # the pulse reader has its own start and schema
+        for name, given in ((start_name, bool(start)), ("includeStreamMetadata", include_meta)):
+            if given:
+                raise _fail(name, "cannot be combined with batching=pulse")
+    return start, end, strategy, include_meta
 
 
 # --- sink ---------------------------------------------------------------------------------------
@@ -483,6 +717,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 
 __all__ = [
+    "ALL_STREAMS",
     "BATCHING_NONE",
     "BATCHING_PULSE",
     "EARLIEST",
@@ -499,4 +734,6 @@ __all__ = [
     "parse_sink_options",
     "parse_source_options",
     "parse_stream_ids",
+    "parse_stream_pattern",
+    "parse_timestamps",
 ]

@@ -5,6 +5,8 @@ prints in every progress report: ``progress["sources"][i]["endOffset"]`` is the 
 ``{"<stream>": {"epoch": E, "seq": S, "lost": L, "lostLate": T}}``. :func:`lost_frames` turns a
 progress (``query.lastProgress``, a ``StreamingQueryProgress`` or its ``json``) into
 ``{stream_id: {"lost": L, "lostLate": T, "total": L + T}}`` summed over tensorpool sources.
+Health and lag (#16.2) come from ``latestOffset`` instead: :func:`stream_health` and
+:func:`stream_lag`.
 """
 
 from __future__ import annotations
@@ -52,4 +54,34 @@ def lost_frames(progress: Any) -> dict[int, dict[str, int]]:
     return out
 
 
-__all__ = ["lost_frames"]
+def stream_health(progress: Any) -> dict[int, dict[str, Any]]:
+    """Per stream, the health the source reported with this progress (#16.2).
+
+    Read from ``progress["sources"][i]["latestOffset"]`` (the source's ``reportLatestOffset``,
+    see :mod:`tensorpool.spark_source.health`): ``{stream_id: {"epoch", "seq", "lag",
+    "newestFrameAgeMs", "live", "announceAgeMs", "noProducerMs"}}``.
+    """
+    out: dict[int, dict[str, Any]] = {}
+    for source in _as_dict(progress).get("sources", []):
+        latest = source.get("latestOffset")
+        if not latest:
+            continue
+        try:
+            doc = json.loads(latest) if isinstance(latest, str) else latest
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        for key, health in doc.items():
+            if isinstance(health, dict) and {"lag", "live"} <= set(health):
+                out[int(key)] = dict(health)
+    return out
+
+
+def stream_lag(progress: Any) -> dict[int, int | None]:
+    """Frames each stream's producer is ahead of the query after this progress's batch (None:
+    not known, the stream was never mapped)."""
+    return {sid: h["lag"] for sid, h in stream_health(progress).items()}
+
+
+__all__ = ["lost_frames", "stream_health", "stream_lag"]

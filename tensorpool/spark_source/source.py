@@ -26,8 +26,9 @@ so ``query.lastProgress["sources"][i]["endOffset"]`` shows the running totals.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -48,25 +50,37 @@ from pyspark.sql.types import (
     BinaryType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
-from tensorpool.spark_source import mapped_rings, spool
+from tensorpool.spark_source import discovery, mapped_rings, spool, stream_meta, timestamps
 from tensorpool.spark_source.attach import (
     AnnounceProbe,
     Attachment,
     StreamsNotAttached,
     open_attachment,
 )
+from tensorpool.spark_source.health import HealthMonitor, MinFramesGate, backlog
+from tensorpool.spark_source.hosts import (
+    BATCH,
+    STREAM,
+    PlanOrigin,
+    check_origin,
+)
+from tensorpool.spark_source.loss_text import batch_loss_message, explicit_start_hint
+from tensorpool.spark_source.margin import describe as describe_margin
+from tensorpool.spark_source.margin import now_for, safe_earliest
 from tensorpool.spark_source.offsets import (
     NOT_STARTED,
     OVERWRITTEN,
     REGIONS_GONE,
     Limits,
     Loss,
+    OffsetError,
     Range,
     RingState,
     StreamPlanner,
@@ -74,6 +88,7 @@ from tensorpool.spark_source.offsets import (
     batch_ranges,
     decode_offsets,
     encode_offsets,
+    grow_offsets,
     loss_message,
     possible_loss_message,
     runs_count,
@@ -83,6 +98,7 @@ from tensorpool.spark_source.offsets import (
 from tensorpool.spark_source.options import (
     EARLIEST,
     LATEST,
+    ON_STALE_WARN,
     SourceOptions,
     TensorPoolOptionError,
 )
@@ -106,11 +122,12 @@ class TensorPoolDataLossError(RuntimeError):
     """Frames were overwritten before they were read and ``failOnDataLoss`` is true."""
 
 
-def schema_ddl(include_meta: bool) -> str:
-    return SCHEMA_DDL if include_meta else SCHEMA_DDL_NO_META
+def schema_ddl(include_meta: bool, include_stream_meta: bool = False) -> str:
+    ddl = SCHEMA_DDL if include_meta else SCHEMA_DDL_NO_META
+    return ddl + ", metadata map<string,string>" if include_stream_meta else ddl
 
 
-def struct_type(include_meta: bool) -> StructType:
+def struct_type(include_meta: bool, include_stream_meta: bool = False) -> StructType:
     """The schema as a StructType (built by hand: DDL parsing needs a live SparkContext)."""
     fields = [
         StructField("stream_id", IntegerType()),
@@ -127,21 +144,26 @@ def struct_type(include_meta: bool) -> StructType:
             StructField("strides", ArrayType(IntegerType())),
         ]
     fields.append(StructField("payload", BinaryType()))
+    if include_stream_meta:  # includeStreamMetadata (#16.4), last like Kafka's headers
+        fields.append(StructField(stream_meta.COLUMN, MapType(StringType(), StringType())))
     return StructType(fields)
 
 
-def arrow_schema(include_meta: bool) -> pa.Schema:
+def arrow_schema(include_meta: bool, include_stream_meta: bool = False) -> pa.Schema:
     """The exact Arrow schema Spark expects back (it compares with ``equals``)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(struct_type(include_meta), timezone="UTC")
+    return to_arrow_schema(struct_type(include_meta, include_stream_meta), timezone="UTC")
 
 
-def _check_user_schema(schema: StructType, include_meta: bool) -> None:
-    want = struct_type(include_meta)
+def _check_user_schema(
+    schema: StructType, include_meta: bool, include_stream_meta: bool = False
+) -> None:
+    want = struct_type(include_meta, include_stream_meta)
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
+        ddl = schema_ddl(include_meta, include_stream_meta)
         raise TensorPoolOptionError(
-            f"schema: the tensorpool source has a fixed schema ({schema_ddl(include_meta)}); "
+            f"schema: the tensorpool source has a fixed schema ({ddl}); "
             "do not pass .schema(...), select columns after load() instead"
         )
 
@@ -165,6 +187,13 @@ class FramePartition(InputPartition):
     include_meta: bool
     spool_dir: str | None  # the spool address executors report read-time loss to (streaming)
     runs: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: includeStreamMetadata (#16.4): the stream epoch's metadata versions; None: no column
+    stream_meta: stream_meta.Versions | None = field(default=None, compare=False, repr=False)
+    #: where and when the read was planned (#16.3: a task on another host says so)
+    origin: PlanOrigin | None = field(default=None, compare=False, repr=False)
+    #: a batch read from 'earliest' (#16.1): frames overwritten before the task read them are
+    #: older than the ring's oldest frame at read time -- outside 'earliest', not loss
+    from_earliest: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         self.value = (self.stream_id, self.epoch, self.first, self.end)
@@ -219,10 +248,58 @@ class LossRecorder:
             spool.report(p.spool_dir, p.stream_id, p.epoch, self.count)
 
 
+class AgedOut:
+    """``on_loss`` of a batch read from ``earliest`` (#16.1): overwritten frames are skipped.
+
+    ``earliest`` means "from the oldest frame the ring still holds". The plan fixes the range
+    once per DataFrame, past the frames the producer overwrites within ``earliestMarginMs``; a
+    frame overwritten anyway before a task read it (tasks started late, or a later action of
+    the DataFrame) was older than the ring's oldest frame at read time. An action returns the
+    planned frames still in the ring -- a suffix of the plan, all of it while the ring holds
+    them. Anything else (regions gone) is loss as usual.
+    """
+
+    def __init__(self, rec: LossRecorder) -> None:
+        self.rec = rec
+        self.count = 0
+        self.first: int | None = None
+
+    def __call__(self, seq: int, reason: str) -> None:
+        if reason in mapped_rings.OVERRUN_REASONS:
+            self.count += 1
+            self.first = seq if self.first is None else min(self.first, seq)
+            return
+        self.rec(seq, reason)
+
+    def report(self) -> None:
+        if self.count:
+            p = self.rec.part
+            log.warning(
+                "tensorpool: stream %d epoch %d: %d planned frame(s) from seq %d were "
+                "overwritten before this task read them; 'earliest' reads from the oldest frame "
+                "still in the ring (cache() the DataFrame to keep its rows, raise "
+                "earliestMarginMs or give the ring more slots to keep them longer)",
+                p.stream_id,
+                p.epoch,
+                self.count,
+                self.first,
+            )
+
+
 def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, FramePartition):
         return  # Spark's placeholder partition of an empty batch read
-    rec = LossRecorder(partition, f"seq {partition.first}..{partition.end - 1}")
+    # #16.3: a task that cannot see the planned SHM (another host or mount namespace) fails
+    # naming both hosts, whatever failOnDataLoss says: it is a deployment error, not loss
+    check_origin(partition.stream_id, partition.origin)
+    origin = partition.origin
+    where = f"seq {partition.first}..{partition.end - 1}"
+    if origin is not None and origin.kind == BATCH:
+        rec = LossRecorder(partition, where, batch_loss_message(origin))
+    else:
+        rec = LossRecorder(partition, where)
+    aged = AgedOut(rec) if partition.from_earliest else None
+    on_loss: Callable[[int, str], None] = rec if aged is None else aged
     try:
         runs = partition.runs
         if partition.region is None:
@@ -234,17 +311,25 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
             for seq in seqs:
                 rec(seq, mapped_rings.REGION_UNAVAILABLE)
             return
-        yield from mapped_rings.read_range(
+        versions = partition.stream_meta
+        batches = mapped_rings.read_range(
             partition.region,
             partition.base_dirs,
             partition.first,
             partition.end,
-            include_meta=partition.include_meta,
-            on_loss=rec,
-            schema=schema,
+            # the metadata column is chosen by each frame's meta_version (#16.4)
+            include_meta=partition.include_meta or versions is not None,
+            on_loss=on_loss,
+            schema=schema if versions is None else arrow_schema(True),
             runs=runs,
         )
+        if versions is not None:
+            drop = () if partition.include_meta else ("meta_version", "dtype", "shape", "strides")
+            batches = stream_meta.add_metadata_column(batches, versions, schema, drop)
+        yield from batches
     finally:
+        if aged is not None:
+            aged.report()
         rec.report()
 
 
@@ -253,40 +338,75 @@ def _settings(opts: SourceOptions) -> Any:
     return opts.connection.client_settings(freshness_ms=opts.freshness_ms)
 
 
+def plan_origin(spec: mapped_rings.RegionSpec, opts: SourceOptions, kind: str) -> PlanOrigin | None:
+    """This planning host's view of ``spec``'s header ring (#16.3), None if it is not mapped."""
+    try:
+        m = mapped_rings.mapped(spec, opts.connection.base_dirs)
+    except Exception:  # regions gone since the scan: the tasks report that as loss
+        return None
+    return PlanOrigin.of(m.regions[0].path, opts.connection.shm_base_dir, kind)
+
+
+def earliest_start(sid: int, st: RingState, opts: SourceOptions, clock_domain: int) -> int:
+    """Where ``earliest`` starts on ``st``: past the frames the producer overwrites within
+    ``earliestMarginMs`` (#16.1; :mod:`~tensorpool.spark_source.margin`)."""
+    margin_ms = opts.earliest_margin_ms
+    choice = safe_earliest(st, now_for(clock_domain), margin_ms * 1_000_000)
+    if choice.capped:
+        log.warning("%s", describe_margin(sid, margin_ms, choice))
+    elif choice.skipped:
+        log.info("%s", describe_margin(sid, margin_ms, choice))
+    return choice.seq
+
+
 class TensorPoolBatchReader(DataSourceReader):
     """A consistent snapshot: frames committed in each ring when ``partitions()`` ran."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._schema = arrow_schema(opts.include_tensor_metadata)
+        self._schema = arrow_schema(opts.include_tensor_metadata, opts.include_stream_metadata)
 
     def partitions(self) -> list[InputPartition]:
-        opts = self.opts
+        # streams="*" / a range (#16.4): the streams announced now (one announce period)
+        opts = discovery.discovered_options(self.opts, _settings(self.opts))
         conn = opts.connection
         timeout = conn.attach_timeout_ms / 1000
         if conn.driver:
             with open_attachment(
                 opts.streams, _settings(opts), driver=True, background=False, intake_capacity=None
             ) as att:
+                meta = stream_meta.watch(att.context, opts)
                 layouts = att.wait_for_layouts(timeout)
+                if meta is not None:
+                    meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000))
         else:
 
             def validate(layout: Any) -> None:
                 mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
 
             with AnnounceProbe(opts.streams, _settings(opts), map_layout=validate) as probe:
+                meta = stream_meta.watch(probe.context, opts)
                 layouts = probe.wait_for_layouts(timeout)
+                if meta is not None:
+                    meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000), probe.hello)
         ranges: list[Range] = []
         specs: dict[int, mapped_rings.RegionSpec] = {}
         losses: list[Loss] = []
         possible: list[Loss] = []
+        hints: list[str] = []  # #16.3: these were gone before the read, not "fell behind"
+        from_earliest: set[int] = set()
         for sid in opts.streams:
             spec = mapped_rings.RegionSpec.from_layout(layouts[sid])
             specs[sid] = spec
             st = mapped_rings.mapped(spec, conn.base_dirs).scan()
-            starting = opts.starting.for_stream(sid)
-            first = _resolve_batch(starting, st, sid, "startingOffsets")
-            end = max(first, _resolve_batch(opts.ending.for_stream(sid), st, sid, "endingOffsets"))
+            starting = timestamps.starting_for(opts, sid, spec)  # or *ByTimestamp (#16.4)
+            if starting == EARLIEST:  # past what the producer overwrites before tasks read
+                first = earliest_start(sid, st, opts, spec.clock_domain)
+                from_earliest.add(sid)
+            else:
+                first = _resolve_batch(starting, st, sid, "startingOffsets")
+            ending = timestamps.ending_for(opts, sid, spec)
+            end = max(first, _resolve_batch(ending, st, sid, "endingOffsets"))
             # The snapshot reads exactly the frames committed in [first, end) now. Seqs of the
             # range missing from the ring were lost if they were ever published: certain for a
             # normal (gap-free) stream, unknowable for a relay's sparse seqs (logged only).
@@ -299,14 +419,17 @@ class TensorPoolBatchReader(DataSourceReader):
                     )
                 elif cnt:
                     losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
+                    hints.append(explicit_start_hint(sid, first, st.oldest, st.nslots))
             present = st.present(first, end)
             ranges.append(Range(sid, st.epoch, first, end, len(present), to_runs(present)))
         if possible:
             log.warning("%s", possible_loss_message(possible))
         if losses:
+            message = loss_message(losses, " ".join(hints))
             if opts.fail_on_data_loss:
-                raise TensorPoolDataLossError(loss_message(losses))
-            log.warning("tensorpool: batch read skipped lost frames: %s", loss_message(losses))
+                raise TensorPoolDataLossError(message)
+            log.warning("tensorpool: batch read skipped lost frames: %s", message)
+        origins = {sid: plan_origin(spec, opts, BATCH) for sid, spec in specs.items()}
         return [
             FramePartition(
                 specs[r.stream_id],
@@ -319,6 +442,9 @@ class TensorPoolBatchReader(DataSourceReader):
                 opts.include_tensor_metadata,
                 None,
                 r.runs,
+                stream_meta.for_partition(meta, r.stream_id, r.epoch),
+                origins[r.stream_id],
+                r.stream_id in from_earliest,
             )
             for r in split_ranges(ranges, opts.min_partitions)
         ]
@@ -392,13 +518,19 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def __init__(self, opts: SourceOptions) -> None:
         # Runs on executors too (one per task): keep it free of I/O.
         self.opts = opts
-        self._schema = arrow_schema(opts.include_tensor_metadata)
+        self._schema = arrow_schema(opts.include_tensor_metadata, opts.include_stream_metadata)
         self._att: Attachment | None = None
+        self._meta: stream_meta.MetaTracker | None = None  # includeStreamMetadata (#16.4)
+        self._meta_waited: set[int] = set()
         self._planner: StreamPlanner | None = None
         self._specs: dict[tuple[int, int], mapped_rings.RegionSpec] = {}
         self._states: dict[int, RingState | None] = {}
         self._spool: str | None = None
         self._late_extra: dict[int, int] = {}  # loss found by partitions() (replays)
+        self._initial: dict | None = None  # initialOffset, resolved once (#16.1)
+        self._health: HealthMonitor | None = None  # #16.2: liveness clocks, lag, ages
+        self._gate: MinFramesGate | None = None  # #16.4: minFramesPerTrigger
+        self._discovery: discovery.StreamDiscovery | None = None  # streams="*" / a range
 
     # --- driver-side plumbing -------------------------------------------------------------------
     def _attach(self) -> Attachment:
@@ -406,6 +538,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if att is None:
             opts = self.opts
             att = self._att = attach_query(opts)
+            if opts.stream_pattern is not None:
+                opts = self._discover_initial(att)
             start_at = {
                 sid: spec
                 for sid in opts.streams
@@ -414,6 +548,61 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._planner = StreamPlanner(opts.streams, start_at)
             self._spool = spool.make_spool(opts.connection.shm_base_dir)
         return att
+
+    # --- stream discovery (streams="*" / "lo-hi", #16.4) -----------------------------------------
+    def _discover_initial(self, att: Attachment) -> SourceOptions:
+        """Collect the announced streams for one announce period; attach them."""
+        opts = self.opts
+        assert opts.stream_pattern is not None
+        ch = opts.connection
+        disc = self._discovery = discovery.StreamDiscovery(
+            att.context, ch.control_channel, ch.control_stream_id, opts.stream_pattern
+        )
+        att.add_poller(disc.poll)
+        wait = discovery.announce_period_s(opts.freshness_ms) + discovery.WAIT_SLACK_S
+        found = disc.wait(min(wait, ch.attach_timeout_ms / 1000), poll=False)
+        self._grow(found, wait=True)
+        return self.opts
+
+    def _grow(self, sids: Iterable[int], *, wait: bool = False) -> None:
+        """Add streams to the query (discovered, or named by a checkpointed offset)."""
+        att = self._att
+        assert att is not None
+        new = tuple(sorted(set(sids) - set(self.opts.streams)))
+        if not new:
+            return
+        att.add_streams(new)
+        if self._planner is not None:
+            self._planner.add_streams(new)
+        self.opts = replace(self.opts, streams=tuple(sorted({*self.opts.streams, *new})))
+        log.info("tensorpool: the query now reads stream(s) %s (added %s)", self.opts.streams, new)
+        if wait:
+            try:
+                att.wait_for_layouts(self.opts.connection.attach_timeout_ms / 1000)
+            except StreamsNotAttached as exc:
+                log.warning("tensorpool: %s; continuing without them for now", exc)
+
+    def _decode(self, doc: dict) -> dict[int, StreamPos]:
+        """An offset of this query. A discovering query's set only grows: an offset may lack
+        streams found since (they have not started) and a checkpoint may name streams not
+        announced now (they are attached again)."""
+        pattern = self.opts.stream_pattern
+        if pattern is None:
+            return decode_offsets(doc, self.opts.streams)
+        self._attach()
+        offsets = decode_offsets(doc)
+        outside = sorted(s for s in offsets if not pattern[0] <= s <= pattern[1])
+        if outside:
+            raise OffsetError(
+                f"offset streams {outside} are outside streams {pattern[0]}-{pattern[1]}; a "
+                "checkpoint cannot be reused with another 'streams' option"
+            )
+        planner = self._planner
+        if self._discovery is not None and (planner is None or planner.target is None):
+            # (Trigger.AvailableNow: only the streams there when it started, as Kafka does)
+            self._grow(self._discovery.found())
+        self._grow(offsets, wait=True)
+        return grow_offsets(offsets, self.opts.streams)
 
     def _scan(self) -> dict[int, RingState | None]:
         states = scan_streams(
@@ -424,20 +613,32 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # --- Spark API ------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
+        # Spark asks more than once (planning batch 0, then running it) and must get the same
+        # answer: resolved once, 'earliest'/'latest' would move with a live ring (#16.1)
+        if self._initial is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict:
         states = self._scan()
         planner = self._planner
         assert planner is not None
         start: dict[int, StreamPos] = {}
         for sid in self.opts.streams:
-            spec = self.opts.starting.for_stream(sid)
             st = states.get(sid)
+            region = None if st is None else self._specs.get((sid, st.epoch))
+            spec = timestamps.starting_for(self.opts, sid, region)  # or *ByTimestamp (#16.4)
             if isinstance(spec, tuple):
                 # An explicit position: whatever is missing after it is the query's loss.
                 start[sid] = StreamPos(spec[0], spec[1])
             elif st is None:
                 start[sid] = StreamPos(NOT_STARTED, 0)  # begins when the stream appears
+            elif spec == EARLIEST:  # #16.1: past what the producer overwrites before the read
+                domain = self._specs[(sid, st.epoch)].clock_domain
+                start[sid] = StreamPos(st.epoch, earliest_start(sid, st, self.opts, domain))
+                planner.begin(sid, st, start[sid].seq)
             else:
-                start[sid] = StreamPos(st.epoch, st.oldest if spec == EARLIEST else st.head)
+                start[sid] = StreamPos(st.epoch, st.head)
                 planner.begin(sid, st, start[sid].seq)
         return encode_offsets(start)
 
@@ -446,6 +647,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return ReadMaxRows(self.opts.max_frames_per_trigger)
         if self.opts.max_bytes_per_trigger is not None:
             return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        if self.opts.min_frames_per_trigger is not None:
+            return ReadMinRows(self.opts.min_frames_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -454,8 +657,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._planner.set_target(states)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = self._decode(start)  # a discovering query attaches new streams here
         opts = self.opts
-        begin = decode_offsets(start, opts.streams)
         states = self._scan()
         att = self._att
         assert att is not None and self._planner is not None
@@ -468,11 +671,19 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         else:
             limits = Limits(opts.max_frames_per_trigger, opts.max_bytes_per_trigger)
         feed = att if att.intakes else None
+        now = time.monotonic_ns()
+        self._watch(now)  # #16.2: fails (or warns) on a stream with no live producer
         late, spooled = spool.collect(self._spool, opts.streams)
+        if not late and not self._late_extra and self._hold(begin, states, limit, now):
+            self._observe_rings(states, begin)
+            return start  # the same offset: Spark runs no batch (minFramesPerTrigger)
         for sid, n in self._late_extra.items():
             late[sid] = late.get(sid, 0) + n
         self._late_extra = {}
         plan = self._planner.plan(begin, states, limits, late=late, feed=feed)
+        if self._gate is not None:
+            self._gate.admitted(plan.frames, now)
+        self._observe_rings(states, plan.end)
         spool.forget(spooled)  # recorded in this plan's lostLate
         for sid, n in plan.dropped.items():
             log.warning(
@@ -485,26 +696,104 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if plan.possible:
             log.warning("%s", possible_loss_message(plan.possible))
         if plan.losses or plan.unknown_epoch_loss:
-            message = loss_message([*plan.losses, *plan.unknown_epoch_loss])
+            lost = [*plan.losses, *plan.unknown_epoch_loss]
+            message = loss_message(lost, self._explicit_start_hint(begin, lost, states))
             if opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(message)
             log.warning("%s [skipped: failOnDataLoss=false]", message)
+        if opts.stream_pattern is not None:
+            # a discovered stream enters the offset once it has begun (no empty batch before)
+            for sid in [k for k, p in plan.end.items() if p.epoch == NOT_STARTED]:
+                if str(sid) not in start:
+                    del plan.end[sid]
         return encode_offsets(plan.end)
 
+    def _explicit_start_hint(
+        self,
+        begin: dict[int, StreamPos],
+        losses: Sequence[Loss],
+        states: dict[int, RingState | None],
+    ) -> str | None:
+        """#16.3: loss right at a ``startingOffsets`` JSON position (nothing admitted yet) was
+        gone before the query started: say so instead of "the query fell behind"."""
+        hints = []
+        for ls in losses:
+            pos, spec, st = begin.get(ls.stream_id), None, states.get(ls.stream_id)
+            if pos is not None and not pos.frames:
+                spec = self.opts.starting.for_stream(ls.stream_id)
+            if pos is None or st is None or spec != (pos.epoch, pos.seq):
+                return None  # a loss of a running query: the default hint
+            hints.append(explicit_start_hint(ls.stream_id, pos.seq, st.oldest, st.nslots))
+        return " ".join(hints) or None
+
     def reportLatestOffset(self) -> dict | None:
-        if not self._states:
+        """Per stream: the producer's head and health (progress ``latestOffset``; report only,
+        Spark never compares or checkpoints it -- see :mod:`.health`)."""
+        if self._health is None:
             return None
-        return {
-            str(sid): {"epoch": st.epoch, "seq": st.head}
-            for sid, st in sorted(self._states.items())
-            if st is not None
-        } or None
+        return self._health.report(self.opts.streams, time.monotonic_ns(), time.time_ns())
+
+    # --- health and minFramesPerTrigger (#16.2, #16.4; the rules live in .health) ---------------
+    def _watch(self, now_ns: int) -> None:
+        opts, att = self.opts, self._att
+        assert att is not None
+        if self._health is None:
+            warn = opts.on_stale_stream == ON_STALE_WARN
+            self._health = HealthMonitor(opts.stale_stream_timeout_ms, warn)
+        self._health.observe(att.liveness(now_ns), opts.streams, now_ns)
+        ch = opts.connection
+        self._health.check(
+            now_ns,
+            f"control {ch.control_channel} stream {ch.control_stream_id}, Aeron dir "
+            f"{ch.aeron_dir or 'embedded'}, shmBaseDir {ch.shm_base_dir}"
+            + (" (through the SHM driver)" if ch.driver else ""),
+        )
+
+    def _hold(
+        self, begin: dict[int, StreamPos], states: dict[int, RingState | None], limit: Any, now: int
+    ) -> bool:
+        """Whether ``minFramesPerTrigger`` holds this trigger (never for ReadAllAvailable,
+        AvailableNow, or a stream that appeared or changed epoch)."""
+        opts = self.opts
+        if opts.min_frames_per_trigger is None or isinstance(limit, ReadAllAvailable):
+            return False
+        assert self._planner is not None
+        if self._planner.target is not None:
+            return False  # AvailableNow must reach its target, not wait for frames
+        if self._gate is None:
+            self._gate = MinFramesGate(opts.min_frames_per_trigger, opts.max_trigger_delay_ms)
+        available = backlog(begin, states)
+        return available is not None and self._gate.hold(available, now)
+
+    def _observe_rings(
+        self, states: dict[int, RingState | None], end: dict[int, StreamPos]
+    ) -> None:
+        health = self._health
+        assert health is not None
+        for sid in self.opts.streams:
+            st = states.get(sid)
+            health.observe_ring(sid, st, self._newest_wall_ns(sid, st), end.get(sid))
+
+    def _newest_wall_ns(self, sid: int, st: RingState | None) -> int | None:
+        """Wall-clock time of the newest frame's ``timestamp_ns`` (health only: racy is fine)."""
+        if st is None or st.empty:
+            return None
+        spec = self._specs.get((sid, st.epoch))
+        if spec is None:
+            return None
+        try:
+            m = mapped_rings.mapped(spec, self.opts.connection.base_dirs)
+            ts = int(m.slots["timestamp_ns"][(st.head - 1) & m.mask])
+        except Exception:  # regions vanished since the scan
+            return None
+        return ts + mapped_rings.wall_clock_offset_ns(spec.clock_domain)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        fresh = self._att is None
+        begin = self._decode(start)
+        finish = self._decode(end)
         opts = self.opts
-        begin = decode_offsets(start, opts.streams)
-        finish = decode_offsets(end, opts.streams)
-        if self._att is None:
+        if fresh:
             self._scan()  # a restarted query plans the logged batch before asking for offsets
         planner = self._planner
         assert planner is not None
@@ -531,6 +820,10 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._late_extra[ls.stream_id] = self._late_extra.get(ls.stream_id, 0) + (
                     ls.count or 0
                 )
+        origins = {
+            (r.stream_id, r.epoch): plan_origin(self._specs[(r.stream_id, r.epoch)], opts, STREAM)
+            for r in ranges
+        }
         return [
             FramePartition(
                 self._specs[(p.stream_id, p.epoch)],
@@ -543,9 +836,28 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 opts.include_tensor_metadata,
                 self._spool,
                 p.runs,
+                self._stream_meta(p.stream_id, p.epoch),
+                origins[(p.stream_id, p.epoch)],
             )
             for p in split_ranges(ranges, opts.min_partitions)
         ]
+
+    def _stream_meta(self, sid: int, epoch: int) -> stream_meta.Versions | None:
+        """includeStreamMetadata (#16.4): the stream epoch's metadata versions seen so far
+        (the first time a stream is planned, wait up to ``freshnessMs`` for its announce)."""
+        if not self.opts.include_stream_metadata or self._att is None:
+            return None
+        meta = self._meta
+        if meta is None:
+            meta = self._meta = stream_meta.MetaTracker()
+            ch = self.opts.connection
+            self._att.add_poller(
+                meta.subscribe(self._att.context, ch.metadata_channel, ch.metadata_stream_id)
+            )
+        if not meta.known(sid) and sid not in self._meta_waited:
+            self._meta_waited.add(sid)
+            meta.wait([sid], self.opts.freshness_ms / 1000, poll=False)
+        return meta.versions_for(sid, epoch)
 
     def _replay_runs(
         self, r: Range, spec: mapped_rings.RegionSpec | None, losses: list[Loss]

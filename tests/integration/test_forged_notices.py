@@ -50,7 +50,10 @@ def work() -> Iterator[dict[str, str]]:
         "base": os.path.join(root, "shm"),
         "config": os.path.join(root, "driver.toml"),
     }
-    text = driver_toml(paths["base"], paths["aeron"], embedded=True)
+    # Generous lease timings: this test is about forged notices, and a loaded host must not
+    # expire a lease on its own (100 ms x 3 lost one under a parallel Spark run).
+    policies = {"lease_keepalive_interval_ms": 200, "lease_expiry_grace_intervals": 25}
+    text = driver_toml(paths["base"], paths["aeron"], embedded=True, policies=policies)
     Path(paths["config"]).write_text(text.replace('"aeron:ipc?term-length=1m"', f'"{CONTROL}"'))
     yield paths
     shutil.rmtree(root, ignore_errors=True)

@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--timestamp-base", type=int, default=-1)
     ap.add_argument("--driver", action="store_true", help="attach through the SHM driver")
     ap.add_argument("--control-stream-id", type=int, default=1000)
+    ap.add_argument("--name", default="", help="DataSourceAnnounce name")
+    ap.add_argument("--meta", action="append", default=[], help="KEY=VALUE attribute (#16.4)")
     a = ap.parse_args()
     stop = False
 
@@ -74,7 +76,9 @@ def main() -> None:
     shape = tuple(a.shape)
     frame_bytes = int(np.prod(shape)) * np.dtype(a.dtype).itemsize
     stride = StreamConfig.for_frame_bytes(a.stream_id, frame_bytes).pools[0].stride_bytes
-    stream = StreamConfig(a.stream_id, header_nslots=a.nslots, pools=(PoolConfig(1, stride),))
+    stream = StreamConfig(
+        a.stream_id, header_nslots=a.nslots, pools=(PoolConfig(1, stride),), name=a.name
+    )
     with AeronContext(s.transport) as ctx:
         ctx.start()
         if a.driver:  # the driver's profile decides the ring; we only name the stream
@@ -82,6 +86,8 @@ def main() -> None:
             p.wait_until_attached()  # #14.1: construction does not block
         else:
             p = Producer(ctx, stream, s, instance_id=a.instance_id)
+        if a.meta:
+            p.set_metadata(dict(kv.split("=", 1) for kv in a.meta))
         p.do_work()
         emit(event="ready", epoch=p.epoch, header=p.header_region_path)
 
