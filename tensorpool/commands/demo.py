@@ -301,6 +301,7 @@ def _spark(args: argparse.Namespace, aeron: str, shm: str, checkpoint: str) -> i
         deadline = time.monotonic() + 20
         while query.status.get("isTriggerActive") and time.monotonic() < deadline:
             time.sleep(0.1)
+        progress = [p for p in query.recentProgress if p.get("numInputRows")]
         query.stop()
         spark.stop()
     lat = np.array(totals["latency_ms"] or [float("nan")])
@@ -315,4 +316,14 @@ def _spark(args: argparse.Namespace, aeron: str, shm: str, checkpoint: str) -> i
         f"{np.nanmedian(warm):.0f} ms)",
         flush=True,
     )
+    if progress:  # where a micro-batch's time goes (Spark's durationMs, median)
+        keys = ("triggerExecution", "latestOffset", "walCommit", "addBatch", "commitOffsets")
+        print(
+            "demo: micro-batch time (median of the last "
+            f"{len(progress)} with frames, ms): "
+            + ", ".join(
+                f"{k} {np.median([p['durationMs'].get(k, 0) for p in progress]):.0f}" for k in keys
+            ),
+            flush=True,
+        )
     return 0 if totals["frames"] else 1

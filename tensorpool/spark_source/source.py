@@ -824,6 +824,16 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             (r.stream_id, r.epoch): plan_origin(self._specs[(r.stream_id, r.epoch)], opts, STREAM)
             for r in ranges
         }
+        # #16.1: the first batch from startingOffsets=earliest reads from the oldest frame
+        # still in the ring when its tasks run (frames overwritten before are not loss)
+        initial = decode_offsets(self._initial) if self._initial is not None else {}
+        first_earliest = {
+            sid
+            for sid, pos in begin.items()
+            if not pos.frames
+            and initial.get(sid) == pos
+            and self.opts.starting.for_stream(sid) == EARLIEST
+        }
         return [
             FramePartition(
                 self._specs[(p.stream_id, p.epoch)],
@@ -838,6 +848,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 p.runs,
                 self._stream_meta(p.stream_id, p.epoch),
                 origins[(p.stream_id, p.epoch)],
+                p.stream_id in first_earliest,
             )
             for p in split_ranges(ranges, opts.min_partitions)
         ]

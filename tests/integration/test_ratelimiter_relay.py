@@ -542,3 +542,26 @@ def test_s5_values_len_bytes_arrives_as_the_source_wrote_it(
         (a, 1500, (500,), body[:1000], 111),
         (b, 0, (4, 5), b"", 222),
     ]
+
+
+def test_s4_s5_1_a_torn_copy_does_not_use_up_the_rate_slot(rig_factory) -> None:
+    """#14.4 (mutation check), RateLimiter §4/§5.1: a frame dropped by the seqlock re-check was
+    never published, so it does not use up its rate slot: the next frame offered in the same
+    slot still goes out at once instead of a period later."""
+    pending: list[Callable[[], None]] = []
+
+    def overwrite_once() -> None:
+        while pending:
+            pending.pop()()
+
+    rig = rig_factory(rate=10, hold="descriptor", src_nslots=4, on_dest_claim=overwrite_once)
+    rig.publish(1)
+    rig.step(0)
+    assert [f.seq for f in rig.received(1)] == [0]
+    pending.append(lambda: _rogue_overwrite(rig, range(1000, 1004)))
+    rig.publish(1)  # seq 1: torn during the copy at the 100 ms slot
+    rig.step(100 * MS)
+    assert rig.relay.stats.drops["source_torn"] == 1
+    rig.publish(1)  # seq 2, 10 ms later: the 100 ms slot is still unused
+    rig.step(110 * MS)
+    assert [f.seq for f in rig.received(1)] == [2]
