@@ -466,7 +466,7 @@ class ConsumerCore:
         if isinstance(event, ProducerRevoked):
             epoch, since_ns = self._announced_since_ns
             revoked_at = event.timestamp_ns or self._newest_announce_ns
-            if event.timestamp_ns and event.timestamp_ns < since_ns and epoch >= self.epoch:
+            if event.timestamp_ns and event.timestamp_ns <= since_ns and epoch >= self.epoch:
                 # The revoke and the bumped announce travel on different subscriptions, so
                 # the new epoch may be mapped before the old producer's revoke is read: that
                 # revoke is about an older epoch and must not unmap the new one.
