@@ -243,17 +243,19 @@ class LeaseMachine:
         self.state = AttachPhase.ATTACHING
         self._attach_sent_ns = now
         self._deadline = now + self.timings.attach_timeout_ns
-        return [
-            SendAttach(
-                corr,
-                self.stream_id,
-                self.client_id,
-                self.role,
-                self.expected_layout_version,
-                self.publish_mode,
-                self.require_hugepages,
-            )
-        ]
+        return [self._attach_request(corr)]
+
+    def _attach_request(self, corr: int) -> SendAttach:
+        """The attach request of this (stream, role): a real attach or a confirmation probe."""
+        return SendAttach(
+            corr,
+            self.stream_id,
+            self.client_id,
+            self.role,
+            self.expected_layout_version,
+            self.publish_mode,
+            self.require_hugepages,
+        )
 
     @property
     def holds_lease(self) -> bool:
@@ -327,17 +329,7 @@ class LeaseMachine:
         self._notice = notice
         self.state = AttachPhase.CONFIRMING
         self._deadline = now + self.timings.confirm_timeout_ns
-        return [
-            SendAttach(
-                corr,
-                self.stream_id,
-                self.client_id,
-                self.role,
-                self.expected_layout_version,
-                self.publish_mode,
-                self.require_hugepages,
-            )
-        ]
+        return [self._attach_request(corr)]
 
     def _on_probe_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
         notice = self._notice or "notice"

@@ -297,15 +297,19 @@ class Producer:
             self._closed = True
             if self._stream_lock is not None:
                 self._stream_lock.release()
-            for res in (
-                self._sub_control,
-                self._pub_control,
-                self._pub_desc,
-                self._pub_qos,
-                self._pub_meta,
-            ):
-                self._ctx.release(res)
+            self._release_transport()
             raise
+
+    def _release_transport(self) -> None:
+        """Close this producer's subscription and publications (the context stays open)."""
+        for res in (
+            self._sub_control,
+            self._pub_control,
+            self._pub_desc,
+            self._pub_qos,
+            self._pub_meta,
+        ):
+            self._ctx.release(res)
 
     def _lock_stream(self, takeover: bool) -> None:
         """Standalone: become the stream's only producer, or refuse (#13.7).
@@ -869,14 +873,7 @@ class Producer:
                 self._driver.close()
             else:
                 self._driver.close(timeout_ns=detach_timeout_ns)
-        for res in (
-            self._sub_control,
-            self._pub_control,
-            self._pub_desc,
-            self._pub_qos,
-            self._pub_meta,
-        ):
-            self._ctx.release(res)
+        self._release_transport()
         if self._cleanup and self._layout is not None:
             shutil.rmtree(self._layout.directory, ignore_errors=True)
         if self._stream_lock is not None:  # last: the stream is free once the files are gone

@@ -264,6 +264,22 @@ class OffsetSpec:
         return self.default
 
 
+def _json_stream_key(
+    name: str, key: str, streams: tuple[int, ...], pattern: tuple[int, int] | None
+) -> int:
+    """A per-stream JSON option's key: a stream id the query reads (or may discover)."""
+    try:
+        sid = int(key)
+    except ValueError:
+        raise _fail(name, f"key {key!r} is not a stream id") from None
+    if pattern is not None:
+        if not pattern[0] <= sid <= pattern[1]:
+            raise _fail(name, f"stream {sid} is not in streams {pattern[0]}-{pattern[1]}")
+    elif sid not in streams:
+        raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
+    return sid
+
+
 def parse_offset_spec(
     name: str,
     raw: str | None,
@@ -289,15 +305,7 @@ def parse_offset_spec(
         raise _fail(name, "JSON must be an object keyed by stream id")
     entries: list[tuple[int, str | tuple[int, int]]] = []
     for key, value in doc.items():
-        try:
-            sid = int(key)
-        except ValueError:
-            raise _fail(name, f"key {key!r} is not a stream id") from None
-        if pattern is not None:
-            if not pattern[0] <= sid <= pattern[1]:
-                raise _fail(name, f"stream {sid} is not in streams {pattern[0]}-{pattern[1]}")
-        elif sid not in streams:
-            raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
+        sid = _json_stream_key(name, key, streams, pattern)
         if isinstance(value, str) and value.lower() in (EARLIEST, LATEST):
             entries.append((sid, value.lower()))
             continue
@@ -347,15 +355,7 @@ def parse_timestamps(
         )
     out: list[tuple[int, int]] = []
     for key, value in doc.items():
-        try:
-            sid = int(key)
-        except ValueError:
-            raise _fail(name, f"key {key!r} is not a stream id") from None
-        if pattern is not None:
-            if not pattern[0] <= sid <= pattern[1]:
-                raise _fail(name, f"stream {sid} is not in streams {pattern[0]}-{pattern[1]}")
-        elif sid not in streams:
-            raise _fail(name, f"stream {sid} is not in streams {list(streams)}")
+        sid = _json_stream_key(name, key, streams, pattern)
         lowest = TIMESTAMP_LATEST if end else TIMESTAMP_EARLIEST
         if type(value) is not int or not lowest <= value <= MAX_SEQ // 1_000_000:
             what = "-1 (latest)" if end else "-1 (latest), -2 (earliest)"
