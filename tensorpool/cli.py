@@ -36,6 +36,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "mediadriver": ("tensorpool.commands.mediadriver", "run a standalone Aeron media driver"),
     "driver": ("tensorpool.commands.driver", "run the SHM driver (also: driver status/shutdown)"),
     "bridge": ("tensorpool.commands.bridge", "carry streams between hosts over Aeron UDP"),
+    "view": ("tensorpool.commands.view", "show a stream's newest frame live in a browser"),
+    "top": ("tensorpool.commands.top", "live view of every stream on the host"),
+    "serve": ("tensorpool.commands.serve", "serve this host's streams over Arrow Flight"),
 }
 
 

@@ -42,9 +42,11 @@ __all__ = [
     "IdRange",
     "Section",
     "check_aeron_channel",
+    "check_bind",
     "check_path_component",
     "is_power_of_two",
     "load_toml",
+    "parse_bind",
     "parse_bool_text",
     "parse_id_range",
     "parse_octal_mode",
@@ -137,6 +139,31 @@ def check_path_component(value: str) -> str | None:
     if not _PATH_COMPONENT.match(value) or value in {".", ".."}:
         return f"{value!r} must be a single directory name of letters, digits, '.', '_' or '-'"
     return None
+
+
+def parse_bind(text: str) -> tuple[str, int] | str:
+    """``HOST:PORT``, ``:PORT`` or ``PORT`` -> ``(host, port)``, else the problem as text.
+
+    A bare port binds 127.0.0.1 (#19.1): metrics stay on the host unless a host is named.
+    ``[::1]:9100`` names an IPv6 host. Port 0 asks the kernel for a free port (tests).
+    """
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep:
+        host = ""
+    host = host.strip("[]") or "127.0.0.1"
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        return f"{text!r} is not HOST:PORT (a port 0-65535, e.g. 127.0.0.1:9100 or 9100)"
+    if any(c.isspace() or c in "/?#@" for c in host):
+        return f"{text!r}: bad host {host!r}"
+    return host, int(port_text)
+
+
+def check_bind(text: str) -> str | None:
+    """The problem with a ``metrics_bind`` value, or None (the empty string means off)."""
+    if not text:
+        return None
+    parsed = parse_bind(text)
+    return parsed if isinstance(parsed, str) else None
 
 
 def parse_bool_text(text: str) -> bool | None:

@@ -149,3 +149,44 @@ class DropCounters:
 
     def __repr__(self) -> str:
         return f"DropCounters({self.snapshot()!r})"
+
+
+#: Upper bounds (seconds) of :class:`LatencyHistogram` buckets: 100 µs to 10 s, roughly 1-2.5-5.
+LATENCY_BUCKETS_S: Final[tuple[float, ...]] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class LatencyHistogram:
+    """Cumulative-bucket latency counts that a metrics exporter reads at scrape time (#19.1).
+
+    Plain ints, no locks and no dependency: the agent that observes (rarely: an attach) stays
+    free of any metrics library, and a reader in another thread sees at worst one observation
+    half-counted (the bucket before the sum), which the next scrape corrects.
+    """
+
+    __slots__ = ("bounds", "counts", "sum_s")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum_s = 0.0
+
+    def observe_ns(self, ns: int) -> None:
+        seconds = ns / 1e9
+        i = 0
+        bounds = self.bounds
+        while i < len(bounds) and seconds > bounds[i]:
+            i += 1
+        self.counts[i] += 1
+        self.sum_s += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, count), ...]`` ending with ``+Inf``, as Prometheus buckets are written."""
+        out: list[tuple[str, int]] = []
+        total = 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), list(self.counts), strict=True):
+            total += n
+            out.append((bound, total))
+        return out

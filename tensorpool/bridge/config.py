@@ -62,6 +62,7 @@ from tensorpool.config_util import (
     EnvOverrides,
     IdRange,
     Section,
+    check_bind,
     check_path_component,
     is_power_of_two,
     load_toml,
@@ -211,6 +212,8 @@ class BridgeSettings:
     forward_qos: bool = False
     forward_progress: bool = False
     assembly_timeout_ms: int = DEFAULT_ASSEMBLY_TIMEOUT_MS
+    #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
+    metrics_bind: str = ""
 
     @property
     def chunk_size(self) -> int:
@@ -383,6 +386,8 @@ def _parse_bridge(sec: Section, warnings: list[str]) -> tuple[BridgeSettings, Ma
     )
     role_text = sec.opt_str("role", "", env=True)
     default_role = _role(sec, "role", role_text) if role_text else None
+    metrics_bind = sec.opt_str("metrics_bind", "", env=True)
+    sec.checked("metrics_bind", metrics_bind, check_bind(metrics_bind))
     sec.finish()
 
     if forward_metadata and not metadata_channel:
@@ -430,6 +435,7 @@ def _parse_bridge(sec: Section, warnings: list[str]) -> tuple[BridgeSettings, Ma
         forward_qos=forward_qos,
         forward_progress=forward_progress,
         assembly_timeout_ms=timeout_ms,
+        metrics_bind=metrics_bind,
     )
     chunk = settings.chunk_size
     if chunk < 1:

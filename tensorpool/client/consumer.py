@@ -56,6 +56,8 @@ from tensorpool.client.driver_client import ROLE_CONSUMER, DriverClient, LeaseTi
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import Reason
+from tensorpool.shm.batch import REASONS as BATCH_REASONS
+from tensorpool.shm.batch import BatchReader, SlotBatch, empty_batch
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.layout import MAGIC
 from tensorpool.shm.paths import PathPolicy
@@ -80,7 +82,28 @@ _WIRE_SCHEMA = wire.FrameDescriptorDecoder.SCHEMA_ID
 _OTHER_TENSORPOOL_SCHEMAS = frozenset({driver_schema.SCHEMA_ID, bridge_schema.SCHEMA_ID})
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 _SLOT_MISS = frozenset({Reason.SEQ_MISMATCH, Reason.NOT_COMMITTED})
+_BATCH_REASONS = BATCH_REASONS
 DEFAULT_MAX_OUTSTANDING_SEQ_GAP = core_mod.DEFAULT_MAX_OUTSTANDING_SEQ_GAP
+#: A ``FrameDescriptor`` message (8-byte SBE header + 36-byte block) as a numpy record: the
+#: batch path copies each message's bytes into a row and decodes the whole batch at once.
+_DESC_LEN = 8 + wire.FrameDescriptorDecoder.BLOCK_LENGTH
+_DESC_DTYPE = np.dtype(
+    {
+        "names": ["block", "template", "schema", "version", "stream_id", "epoch", "seq", "index"],
+        "formats": ["<u2", "<u2", "<u2", "<u2", "<u4", "<u8", "<u8", "<u4"],
+        "offsets": [
+            0,
+            2,
+            4,
+            6,
+            8 + wire.FrameDescriptorDecoder.STREAM_ID_OFFSET,
+            8 + wire.FrameDescriptorDecoder.EPOCH_OFFSET,
+            8 + wire.FrameDescriptorDecoder.SEQ_OFFSET,
+            8 + wire.FrameDescriptorDecoder.HEADER_INDEX_OFFSET,
+        ],
+        "itemsize": _DESC_LEN,
+    }
+)
 
 __all__ = [
     "AFTER_HANDLER_ERROR",
@@ -94,8 +117,28 @@ __all__ = [
     "Consumer",
     "ConsumerStats",
     "Frame",
+    "FrameBatch",
     "OwnedFrame",
 ]
+
+#: What :meth:`Consumer.poll_batch` returns (see :class:`tensorpool.shm.batch.SlotBatch`).
+FrameBatch = SlotBatch
+
+
+def _desc_header_words(stream_id: int, epoch: int) -> np.ndarray:
+    """The first five u32 words every descriptor of the mapped stream and epoch starts with
+    (SBE header: block length, template, schema, version; then stream id and epoch)."""
+    dec = wire.FrameDescriptorDecoder
+    return np.array(
+        [
+            dec.BLOCK_LENGTH | dec.TEMPLATE_ID << 16,
+            dec.SCHEMA_ID | dec.SCHEMA_VERSION << 16,
+            stream_id,
+            epoch & 0xFFFFFFFF,
+            epoch >> 32,
+        ],
+        np.uint32,
+    )
 
 
 class Frame:
@@ -251,6 +294,15 @@ class Consumer:
         self.config_declined: bool | None = None
         self._buf = bytearray(4096)
         self._wake_strategies: list[SemaphoreIdleStrategy] = []
+        # batch path (poll_batch): raw descriptor rows recorded by a minimal fragment handler
+        self._batch_reader: BatchReader | None = None
+        self._pending: SlotBatch | None = None
+        self._rec_rows = 0
+        self._rec_buf = bytearray(_DESC_LEN * 64)
+        self._rec_odd: dict[int, bytes] = {}
+        self._record = self._make_recorder()
+        self._desc_expect = _desc_header_words(stream_id, 0)
+        self._run_steps = np.arange(64, dtype=np.int64)
 
         self._ctx = ctx
         ch = self.settings.channels
@@ -306,15 +358,11 @@ class Consumer:
 
         The frame passed to `handler` (and its `array`) is only valid during the call.
         """
+        if self._pending is not None:
+            self._settle()
         now = self._clock()
-        if now >= self._next_duty_ns:  # control plane at most every 100 us: cheap empty polls
-            self._next_duty_ns = now + 100_000
-            # Drain control traffic (bounded) so announces are never read stale after a pause.
-            for _ in range(8):
-                if self._sub_control.poll() < 64:
-                    break
-            self._sub_meta.poll()
-            self._duties(now)
+        if now >= self._next_duty_ns:
+            self._control_duties(now)
         if self._reader is None:
             return 0
         self._handler = handler
@@ -329,6 +377,189 @@ class Consumer:
             self._handler_error = None
             raise error
         return self._delivered
+
+    def poll_batch(self, max_frames: int = 64, *, copy: bool = False) -> FrameBatch:
+        """Process control traffic, then take up to ``max_frames`` descriptors and read their
+        frames as one batch (the fast path for many small frames; see ``shm/batch.py``).
+
+        The fragment handler only records each descriptor's bytes; the descriptors are then
+        decoded, checked by the core (a consecutive run in one call) and their slots
+        validated with a few numpy operations per batch. Drop reasons and counters are the
+        per-frame path's. ``batch.array`` is one ``(n, *shape)`` array when the frames share
+        a layout (``batch.arrays`` otherwise); ``batch.valid`` masks the rows accepted.
+
+        Zero-copy (default): the array views the producer's slots and is valid until the
+        next poll; call ``batch.confirm()`` after using it (it re-checks the commit words,
+        drops and counts torn rows from ``valid``; the next poll does it otherwise).
+        ``copy=True``: the payloads are copied before the second check, already confirmed.
+        Returns an empty batch (``len(batch) == 0``) when nothing arrived.
+        """
+        self._settle()
+        now = self._clock()
+        if now >= self._next_duty_ns:
+            self._control_duties(now)
+        if self._batch_reader is None:
+            return empty_batch()
+        if max_frames * _DESC_LEN > len(self._rec_buf):
+            self._rec_buf = bytearray(max_frames * _DESC_LEN)
+            self._record = self._make_recorder()
+        state = self._rec_state
+        state[0] = 0
+        sub = self._sub_desc
+        record = self._record
+        n = 0
+        while n < max_frames and sub.poll_with(record, max_frames - n):
+            n = state[0] // _DESC_LEN
+        if n == 0:
+            return empty_batch()
+        batch = self._read_recorded(n, copy)
+        self._rec_odd.clear()
+        return batch
+
+    def _make_recorder(self) -> Callable[[object, object], None]:
+        mv = memoryview(self._rec_buf)
+        odd = self._rec_odd
+        state = [0]
+        self._rec_state = state
+
+        def record(buffer: object, header: object) -> None:
+            k = state[0]
+            try:
+                mv[k : k + _DESC_LEN] = buffer  # type: ignore[assignment]
+            except (ValueError, TypeError):  # not a plain 44-byte descriptor: decoded alone
+                odd[k] = bytes(buffer)  # type: ignore[call-overload]
+                mv[k : k + 2] = b"\0\0"
+            state[0] = k + _DESC_LEN
+
+        return record
+
+    def _read_recorded(self, n: int, copy: bool) -> FrameBatch:
+        core = self.core
+        breader = self._batch_reader
+        assert breader is not None
+        d = np.frombuffer(self._rec_buf, _DESC_DTYPE, n)
+        seqs = d["seq"].astype(np.int64)
+        first = int(seqs[0])
+        head = np.frombuffer(self._rec_buf, np.uint32, n * (_DESC_LEN // 4)).reshape(n, -1)
+        if (
+            not self._rec_odd
+            and bool((head[:, :5] == self._desc_expect).all())
+            and int(seqs[-1]) - first == n - 1
+            and np.array_equal(seqs, self._steps(n) + first)
+            and np.array_equal(d["index"], seqs & core.mask)
+            and core.accept_run(first, n)
+        ):
+            batch = breader.read_run(first, n, copy)
+        else:
+            batch = self._read_rows(n, copy)
+            breader = self._batch_reader
+            if breader is None:
+                return batch
+        if len(batch) and not batch.valid.all():
+            reader = self._reader
+            reasons = batch.codes
+            for k in np.flatnonzero(~batch.valid).tolist():
+                reason = _BATCH_REASONS[int(reasons[k])]
+                index = int(batch.header_index[k])
+                if reason in _SLOT_MISS and reader is not None and 0 <= index <= core.mask:
+                    core.on_read_miss(int(batch.seqs[k]), reader.slot_seq(index), reason)
+        batch.stream_id = self.stream_id
+        batch.epoch = core.epoch
+        batch.on_confirm = self._count_batch
+        if batch.confirmed:
+            self._count_batch(batch)
+        else:
+            self._pending = batch
+        return batch
+
+    def _steps(self, n: int) -> np.ndarray:
+        steps = self._run_steps
+        if len(steps) < n:
+            steps = self._run_steps = np.arange(n, dtype=np.int64)
+        return steps[:n]
+
+    def _read_rows(self, n: int, copy: bool) -> FrameBatch:
+        """The per-descriptor route of the batch path: anything but a clean consecutive run
+        (gaps, other streams or epochs, odd messages, the rate grid) goes through the core one
+        descriptor at a time, exactly as :meth:`poll` would, before one batch read."""
+        core = self.core
+        buf = self._rec_buf
+        odd = self._rec_odd
+        want_seq: list[int] = []
+        want_idx: list[int] = []
+        batch: FrameBatch | None = None
+        for k in range(n):
+            off = k * _DESC_LEN
+            raw = odd.get(off)
+            try:
+                stream_id, epoch, seq, index, _ts, _mv = _decode_desc(
+                    raw if raw is not None else bytes(buf[off : off + _DESC_LEN])
+                )
+            except CodecError as exc:
+                self.stats.control.increment("descriptor_" + exc.reason)
+                continue
+            verdict = core.on_descriptor(
+                stream_id, epoch, seq, self._clock() if self._rate_limited else 0
+            )
+            reader = self._reader
+            if verdict:
+                if verdict != CHECK or reader is None:
+                    continue
+                mask = core.mask
+                last = core.last_seq
+                verdict = core.on_slot_check(
+                    seq,
+                    reader.slot_seq(seq & mask),
+                    reader.slot_seq(last & mask) if last >= 0 else -1,
+                    self._clock() if self._rate_limited else 0,
+                )
+                if verdict != READ:
+                    if verdict == REMAP:
+                        # read what was accepted before the regression, then drop the mapping
+                        batch = self._batch_of(want_seq, want_idx, copy)
+                        want_seq, want_idx = [], []
+                        self._close_mapping(SEQ_REGRESSION)
+                    continue
+            if reader is None:
+                continue
+            want_seq.append(seq)
+            want_idx.append(index)
+        if batch is not None:
+            return batch
+        return self._batch_of(want_seq, want_idx, copy)
+
+    def _batch_of(self, seqs: list[int], idx: list[int], copy: bool) -> FrameBatch:
+        breader = self._batch_reader
+        if breader is None or not seqs:
+            return empty_batch()
+        return breader.read(np.array(seqs, np.int64), np.array(idx, np.int64), copy)
+
+    def _count_batch(self, batch: FrameBatch) -> None:
+        """Stats for a batch's accepted rows (after its final seqlock check)."""
+        if self._pending is batch:
+            self._pending = None
+        valid = batch.valid
+        n = int(np.count_nonzero(valid))
+        if n:
+            stats = self.stats
+            stats.frames += n
+            stats.bytes += int(batch.values_len[valid].sum())
+
+    def _settle(self) -> None:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            pending.confirm()
+
+    def _control_duties(self, now: int) -> None:
+        # control plane at most every 100 us: cheap empty polls
+        self._next_duty_ns = now + 100_000
+        # Drain control traffic (bounded) so announces are never read stale after a pause.
+        for _ in range(8):
+            if self._sub_control.poll() < 64:
+                break
+        self._sub_meta.poll()
+        self._duties(now)
 
     def frames(
         self, idle: Callable[[], None] | None = None, *, max_idle_polls: int | None = None
@@ -607,11 +838,17 @@ class Consumer:
         self._regions = regions
         self._pid = header.superblock.pid
         self._reader = SlotReader(header, regions[1:], counters=self.stats.drops)
+        self._batch_reader = BatchReader(self._reader)
         self.core.on_mapped(layout, head, now)
+        self._desc_expect = _desc_header_words(self.stream_id, self.core.epoch)
+        self._run_steps = np.arange(layout.header_nslots, dtype=np.int64)
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
-    @staticmethod
-    def _release(reader: SlotReader | None, regions: list[ShmRegion]) -> None:
+    def _release(self, reader: SlotReader | None, regions: list[ShmRegion]) -> None:
+        self._settle()  # a zero-copy batch still open is checked against the old mapping
+        if self._batch_reader is not None:
+            self._batch_reader.close()
+            self._batch_reader = None
         if reader is not None:
             reader.close()
         for region in regions:

@@ -374,6 +374,25 @@ class ConsumerCore:
             return self._rate(now_ns)
         return READ
 
+    def accept_run(self, first_seq: int, n: int) -> bool:
+        """Accept descriptors ``first_seq .. first_seq+n-1`` of the mapped epoch at once (the
+        batch path) when each would be ``READ`` by :meth:`on_descriptor`'s common case: the
+        run continues :attr:`last_seq`, lies beyond the known head (no resync) and no rate
+        grid applies. Returns False, changing nothing, otherwise: the agent then feeds the
+        descriptors one by one."""
+        if (
+            not self.mapped
+            or n <= 0
+            or first_seq != self.last_seq + 1
+            or first_seq <= self.head_seq
+            or self._gate is not None
+        ):
+            return False
+        last = first_seq + n - 1
+        self.last_seq = last
+        self.head_seq = last
+        return True
+
     def on_slot_check(self, seq: int, slot_seq: int, last_slot_seq: int, now_ns: int) -> int:
         """Decide a ``CHECK``ed descriptor from what the ring holds now (a hint, not a read):
         ``slot_seq`` is the seq in the slot of ``seq`` (``seq & mask``), ``last_slot_seq`` the
@@ -442,10 +461,12 @@ class ConsumerCore:
             if slot_seq > self.head_seq:
                 self.head_seq = slot_seq
             return
+        # the batch path reports misses after the whole batch was accepted: the seq is
+        # re-counted all the same, and forgotten only if it is still the last one seen
         if self.last_seq == seq:
             self.last_seq = seq - 1 if seq > 0 else _NO_SEQ
-            self.drops.increment(reason, -1)
-            self.drops.increment(SEQ_IMPLAUSIBLE)
+        self.drops.increment(reason, -1)
+        self.drops.increment(SEQ_IMPLAUSIBLE)
 
     @property
     def drops_gap(self) -> int:

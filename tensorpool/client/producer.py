@@ -57,6 +57,7 @@ from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.fsafety import missing_dirs
+from tensorpool.shm.batch import BatchClaim, BatchWriter
 from tensorpool.shm.epochs import gc_epoch_dirs, next_epoch, record_last_epoch
 from tensorpool.shm.errors import ShmError, WireLimitError
 from tensorpool.shm.layout import (
@@ -176,6 +177,40 @@ class FrameClaim:
     array: np.ndarray
 
 
+#: A whole ``FrameDescriptor`` message (SBE header + block) as a numpy record: a batch's
+#: descriptors are encoded with one store per field, then offered one message each.
+_DESC_ROW = np.dtype(
+    {
+        "names": [
+            "block",
+            "template",
+            "schema",
+            "version",
+            "stream_id",
+            "epoch",
+            "seq",
+            "index",
+            "timestamp_ns",
+            "meta_version",
+        ],
+        "formats": ["<u2", "<u2", "<u2", "<u2", "<u4", "<u8", "<u8", "<u4", "<u8", "<u4"],
+        "offsets": [
+            0,
+            2,
+            4,
+            6,
+            8 + wire.FrameDescriptorEncoder.STREAM_ID_OFFSET,
+            8 + wire.FrameDescriptorEncoder.EPOCH_OFFSET,
+            8 + wire.FrameDescriptorEncoder.SEQ_OFFSET,
+            8 + wire.FrameDescriptorEncoder.HEADER_INDEX_OFFSET,
+            8 + wire.FrameDescriptorEncoder.TIMESTAMP_NS_OFFSET,
+            8 + wire.FrameDescriptorEncoder.META_VERSION_OFFSET,
+        ],
+        "itemsize": 8 + wire.FrameDescriptorEncoder.BLOCK_LENGTH,
+    }
+)
+
+
 class AttachError(RuntimeError):
     """The driver refused the attach (e.g. REJECTED: the stream already has a producer)."""
 
@@ -224,6 +259,9 @@ class Producer:
         self._closed = False
         self._regions: list[ShmRegion] = []
         self._writer: SlotWriter | None = None
+        self._batch_writer: BatchWriter | None = None
+        self._batch_desc: np.ndarray | None = None  # claim_batch's descriptor rows
+        self._batch_desc_views: list[memoryview] = []
         self._layout: EpochLayout | None = None
         self._stream_lock: StreamLock | None = None
         self.epoch = 0
@@ -371,6 +409,7 @@ class Producer:
         """Start writing into `regions` as `epoch`, from seq 0 (§15.2)."""
         header, pools = regions[0], regions[1:]
         self._writer = SlotWriter(header, pools, counters=self.stats.drops)
+        self._batch_writer = BatchWriter(self._writer)
         self._regions = regions
         self.epoch = epoch
         self._seq = 0
@@ -380,6 +419,7 @@ class Producer:
         self._header_uri = format_shm_uri(header.path)
 
     def _uninstall(self) -> None:
+        self._batch_writer = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -639,6 +679,139 @@ class Producer:
         self._seq = claim.seq + 1
         self._publish(claim.seq, claim.header_index, ts, mv, nbytes)
         return claim.seq
+
+    # --- batches ------------------------------------------------------------------------------
+    def claim_batch(
+        self,
+        n: int,
+        shape: Iterable[int],
+        dtype: np.dtype | type | str,
+        *,
+        order: str = "C",
+    ) -> BatchClaim | None:
+        """Reserve up to ``n`` consecutive slots for frames of one layout; fill
+        ``claim.array`` (``(claim.n, *shape)``, writable views of the slots), then
+        :meth:`commit_batch`. All ``claim.n`` slots are marked in progress with one store
+        pass (§8.3 step 1). The claim stops at the ring's wrap, so ``claim.n`` may be less
+        than ``n``: claim again for the rest. None (counted per frame) when no pool fits or,
+        in driver mode, while no lease is held."""
+        writer = self._writer
+        bw = self._batch_writer
+        if writer is None or bw is None:
+            self.stats.drops.increment(NO_LEASE, max(n, 1))
+            return None
+        if n <= 0:
+            raise ValueError(f"claim_batch needs n >= 1, got {n}")
+        key = (tuple(shape), dtype, order)
+        layout = self._claim_layouts.get(key)
+        if layout is None:
+            layout = TensorLayout.contiguous(key[0], np.dtype(dtype), order=order)
+            if len(self._claim_layouts) >= 64:
+                self._claim_layouts.clear()
+            self._claim_layouts[key] = layout
+        pool_id = writer.pools.select(layout.extent_bytes)
+        if pool_id is None:
+            self.stats.drops.increment(Reason.NO_POOL_FITS, n)
+            return None
+        return bw.claim(self._seq, n, layout, pool_id)
+
+    def commit_batch(
+        self,
+        claim: BatchClaim,
+        *,
+        timestamps_ns: np.ndarray | int | None = None,
+        meta_version: int | None = None,
+    ) -> int | None:
+        """Write the claim's headers and committed words (one vectorized pass each, §8.3
+        steps 3-4), then publish one ``FrameDescriptor`` per frame; return the first seq.
+        ``timestamps_ns``: one per frame, or one for all (default: the clock, once).
+        None if the lease was lost since the claim."""
+        bw = self._batch_writer
+        if bw is None:
+            self.stats.drops.increment(NO_LEASE, claim.n)
+            return None
+        if claim.first_seq != self._seq:
+            raise ValueError(
+                f"batch claim for seq {claim.first_seq} is not the open claim ({self._seq})"
+            )
+        ts = self._clock() if timestamps_ns is None else timestamps_ns
+        mv = self.meta_version if meta_version is None else meta_version
+        bw.commit(claim, ts, mv)
+        first = claim.first_seq
+        self._seq = first + claim.n
+        self._publish_batch(claim, ts, mv)
+        return first
+
+    def offer_batch(
+        self,
+        frames: np.ndarray,
+        *,
+        timestamps_ns: np.ndarray | int | None = None,
+        meta_version: int | None = None,
+    ) -> int | None:
+        """Copy ``frames`` (``(n, *shape)``: n frames of one layout) in as the next n frames;
+        return the first seq, or None if no pool fits a frame (nothing written).
+
+        Per run of consecutive slots (one run, or two at the ring's wrap): in-progress
+        marks, one strided payload copy, headers and committed marks, each one vectorized
+        operation; then one descriptor per frame. A batch longer than the ring overwrites
+        its own first frames (the ring is lossy), so keep ``n`` below ``nslots``.
+        """
+        n = len(frames)
+        if n == 0:
+            return None
+        shape = frames.shape[1:] or (1,)
+        ts = self._clock() if timestamps_ns is None else timestamps_ns
+        per_frame_ts = isinstance(ts, np.ndarray)
+        first: int | None = None
+        done = 0
+        while done < n:
+            claim = self.claim_batch(n - done, shape, frames.dtype)
+            if claim is None:
+                return first
+            rows = frames[done : done + claim.n]
+            np.copyto(claim.array, rows.reshape(claim.array.shape))
+            seq = self.commit_batch(
+                claim,
+                timestamps_ns=ts[done : done + claim.n] if per_frame_ts else ts,  # type: ignore[index]
+                meta_version=meta_version,
+            )
+            if first is None:
+                first = seq
+            done += claim.n
+        return first
+
+    def _publish_batch(self, claim: BatchClaim, ts: np.ndarray | int, mv: int) -> None:
+        n = claim.n
+        rows = self._batch_desc
+        if rows is None or len(rows) < n:
+            rows = self._batch_desc = np.zeros(max(n, 64), _DESC_ROW)
+            rows["block"] = wire.FrameDescriptorEncoder.BLOCK_LENGTH
+            rows["template"] = wire.FrameDescriptorEncoder.TEMPLATE_ID
+            rows["schema"] = wire.FrameDescriptorEncoder.SCHEMA_ID
+            rows["version"] = wire.FrameDescriptorEncoder.SCHEMA_VERSION
+            raw = memoryview(rows.view(np.uint8).reshape(-1))
+            size = _DESC_ROW.itemsize
+            self._batch_desc_views = [raw[k * size : (k + 1) * size] for k in range(len(rows))]
+        part = rows[:n]
+        part["stream_id"] = self.stream_id
+        part["epoch"] = self.epoch
+        part["seq"] = np.arange(claim.first_seq, claim.first_seq + n, dtype=np.uint64)
+        part["index"] = np.arange(claim.header_index, claim.header_index + n, dtype=np.uint32)
+        part["timestamp_ns"] = ts
+        part["meta_version"] = mv
+        stats = self.stats
+        stats.frames += n
+        stats.bytes += n * claim.layout.extent_bytes
+        offer = self._offer_desc
+        views = self._batch_desc_views
+        sent = 0
+        for k in range(n):
+            if offer(views[k]):
+                sent += 1
+        stats.descriptors_not_sent += n - sent
+        if sent and self._wake is not None:  # once per batch, after the offers
+            self._wake.post()
 
     def _publish(self, seq: int, index: int, ts: int, mv: int, nbytes: int) -> None:
         buf = self._desc_buf

@@ -59,6 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fastest in Python) or try_claim per chunk (no staging copy)",
     )
     p.add_argument(
+        "--metrics-bind",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default: bridge.metrics_bind of the config, else off)",
+    )
+    p.add_argument(
         "--max-park-us",
         type=int,
         default=200,
@@ -97,6 +104,16 @@ def run(args: argparse.Namespace) -> int:
         idle = idle_strategy("backoff", max_park_ns=max(args.max_park_us, 1) * 1000)
     else:
         idle = idle_strategy(args.idle.replace("-", "_"))
+    bind = config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind
+    metrics = None
+    if bind:  # #19.1: the agents' own counters, read when Prometheus scrapes
+        from tensorpool.observe.metrics import BridgeCollector, start_metrics
+
+        try:
+            metrics = start_metrics(bind, [BridgeCollector(app)])
+        except ValueError as exc:
+            app.close()
+            raise UserError(str(exc)) from None
     meter = RateMeter()
     meter.update(app.status(), now_ns())
     start = time.monotonic()
@@ -117,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         try:  # a closed stdout (`| head`) must not skip closing the producers
             _print(meter.update(app.status(), now_ns()), args.json, final=True)
         finally:
+            if metrics is not None:
+                metrics.close()
             app.close()
     return 0
 

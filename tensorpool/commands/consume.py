@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
     p.add_argument("--count", type=int, default=0, help="stop after N frames")
     p.add_argument("--max-outstanding-seq-gap", type=int, default=256)
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        metavar="N",
+        help="read up to N frames per poll_batch (the batch fast path; 0 = per-frame poll)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between report lines"
@@ -54,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
+    p.add_argument(
+        "--metrics-bind",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default off)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     max_wait_ns = int(args.idle_max_wait_ms * 1e6) if args.idle_max_wait_ms < 1e9 else 0
     if max_wait_ns <= 0:  # also NaN (False < 1e9) and inf
         raise UserError(f"--idle-max-wait-ms must be > 0 and finite, got {args.idle_max_wait_ms}")
+    if args.batch < 0:
+        raise UserError(f"--batch must be >= 0, got {args.batch}")
     settings = client_settings(args)
     mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
     stop = StopSignals((signal.SIGTERM,)).install()
@@ -84,6 +100,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         ctx.close()
         raise UserError(str(exc)) from None
+    metrics = None
+    if args.metrics_bind:  # #19.1: read at scrape time, nothing added per frame
+        from tensorpool.observe.metrics import ConsumerCollector, start_metrics
+
+        try:
+            metrics = start_metrics(args.metrics_bind, [ConsumerCollector(consumer)])
+        except ValueError as exc:
+            consumer.close()
+            ctx.close()
+            raise UserError(str(exc)) from None
     if args.idle == "semaphore":  # owned by the consumer: consumer.close() unlinks it
         idle: IdleStrategy | SemaphoreIdleStrategy = consumer.wake_idle_strategy(max_wait_ns)
     else:
@@ -101,6 +127,29 @@ def run(args: argparse.Namespace) -> int:
             lat[n_lat & 0xFFFF] = now_ns() - frame.timestamp_ns
             n_lat += 1
 
+    def poll_batch() -> int:
+        nonlocal n_lat, touched
+        batch = consumer.poll_batch(args.batch)
+        if not len(batch):
+            return 0
+        arrays = [batch.array] if batch.array is not None else batch.arrays
+        for arr in arrays:  # touch one byte per 4 KiB page of every frame, like a reader
+            if arr is not None and arr.size:
+                rows = arr.reshape(len(arr), -1) if arr is batch.array else arr.reshape(1, -1)
+                touched += int(rows.view(np.uint8)[:, ::4096].sum())
+        got = batch.confirm()
+        if got:
+            ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)
+            k = n_lat & 0xFFFF
+            m = min(len(ages), lat.size - k)
+            lat[k : k + m] = ages[:m]
+            n_lat += m
+        return got
+
+    def poll_frames() -> int:
+        return consumer.poll(handler, 64)
+
+    step = poll_batch if args.batch > 0 else poll_frames
     start = time.monotonic()
     end = start + args.duration if args.duration > 0 else float("inf")
     interval = args.report_interval if args.report_interval > 0 else 1.0
@@ -108,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     last = (0, 0, 0, 0)
     try:
         while not stop.requested:
-            got = consumer.poll(handler, 64)
+            got = step()
             idle.idle(got)
             now = time.monotonic()
             if now >= end or (args.count and consumer.stats.frames >= args.count):
@@ -131,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         try:  # a closed stdout (`| head`) must not skip closing the consumer
             _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True, idle=idle)
         finally:
+            if metrics is not None:
+                metrics.close()
             consumer.close()
             ctx.close()
     return 0

@@ -19,6 +19,7 @@ Everything is stopped and removed at the end, also on Ctrl-C.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -102,10 +103,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "starts when the previous one ends: the lowest latency)",
     )
     p.add_argument("--no-spark", action="store_true", help="plain consumer instead of Spark")
+    p.add_argument(
+        "--view",
+        nargs="?",
+        const="127.0.0.1:8470",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the camera live in a browser (tensorpool view; default 127.0.0.1:8470)",
+    )
 
 
 def _tp(*args: str) -> list[str]:
     return [sys.executable, "-m", "tensorpool", *args]
+
+
+def _start_view(bind: str, client: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    """``tensorpool view`` of the camera stream; opens a browser where there is one."""
+    import webbrowser
+
+    host, _, port = bind.rpartition(":")
+    url = f"http://{host or '127.0.0.1'}:{port}/"
+    proc = subprocess.Popen(
+        _tp("view", "--driver", *client, "--stream-id", str(CAMERA_STREAM), "--bind", bind),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    print(f"demo: the camera live at {url} (tensorpool view)", flush=True)
+    # only with a display: on a console webbrowser may pick a text browser that takes the tty
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        with contextlib.suppress(Exception):  # a browser that cannot start is no demo failure
+            webbrowser.open(url)
+    return proc
 
 
 def _wait_driver(config: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -192,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
         if procs[-1].poll() is not None:
             sys.stderr.write((work / "ratelimiter.log").read_text())
             raise UserError("the rate limiter exited early (its log is above)")
+        if args.view:  # #19.3: the camera in a browser, beside the Spark output
+            procs.append(_start_view(args.view, client))
         if args.no_spark:
             return subprocess.call(
                 _tp(

@@ -53,6 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest idle sleep between duty cycles in microseconds: the most an idle "
         "driver adds to a request's latency, vs its idle CPU (default %(default)s)",
     )
+    p.add_argument(
+        "--metrics-bind",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default: driver.metrics_bind of the config, else off)",
+    )
     sub = p.add_subparsers(
         dest="driver_action", metavar="[status | shutdown]", help="without one: run the driver"
     )
@@ -140,10 +147,26 @@ def _run_daemon(args: argparse.Namespace) -> int:
         aeron_dir=resolve_aeron_dir(config),
         idle=default_idle_strategy(args.idle_max_park_us * 1000),
     )
+    bind = config.driver.metrics_bind if args.metrics_bind is None else args.metrics_bind
+    metrics = None
+    if bind:  # #19.1: bound before anything is created, so a taken port changes nothing
+        from tensorpool.observe.metrics import DriverCollector, start_metrics
+
+        try:
+            metrics = start_metrics(bind)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     try:
-        return run_driver(config, options)
+        return run_driver(
+            config,
+            options,
+            on_agent=None if metrics is None else (lambda a: metrics.add(DriverCollector(a))),
+        )
     except (ConfigError, DriverStartupError, LockHeld) as exc:
         raise UserError(str(exc)) from None
+    finally:
+        if metrics is not None:
+            metrics.close()
 
 
 # --------------------------------------------------------------------------- status

@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="metadata attribute (repeatable)",
     )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="publish N frames per claim_batch/commit_batch (the batch fast path; 1 = per "
+        "frame); with --rate, N frames go out together when the first is due",
+    )
     p.add_argument("--producer-id", type=int, default=1)
     p.add_argument("--json", action="store_true", help="progress as JSON lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -94,6 +102,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
+    p.add_argument(
+        "--metrics-bind",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default off)",
+    )
 
 
 class Pattern:
@@ -110,8 +125,13 @@ class Pattern:
         if name == "moving":
             width = shape[-1]
             ramp = (np.arange(width * 2) % width) * (self.top / max(width - 1, 1))
-            self.ramp = ramp.astype(self.dtype)
+            self.ramp = ramp  # float64: scaled per frame, then cast (one row, not the frame)
             self.width = width
+            self.disc: tuple[np.ndarray, int, int] | None = None
+            if len(shape) == 2 and min(shape) >= 16:  # #19.4: a shape a person can follow
+                r = max(min(shape) // 8, 4)
+                yy, xx = np.mgrid[-r : r + 1, -r : r + 1]
+                self.disc = (xx * xx + yy * yy <= r * r, shape[0], shape[1])
         self.rng = np.random.default_rng(0)
 
     def fill(self, view: object, seq: int) -> None:
@@ -119,8 +139,18 @@ class Pattern:
 
         a: np.ndarray = view  # type: ignore[assignment]
         if self.name == "moving":
+            # a scrolling ramp whose brightness pulses (period 400 frames), and a bright disc
+            # circling the frame: the viewer shows motion, the mean intensity changes (#19.4)
             shift = (seq * 4) % self.width
-            a[...] = self.ramp[shift : shift + self.width]
+            scale = 0.55 + 0.45 * math.sin(seq * (2 * math.pi / 400))
+            a[...] = (self.ramp[shift : shift + self.width] * scale).astype(self.dtype)
+            if self.disc is not None:
+                mask, h, w = self.disc
+                d = mask.shape[0]
+                angle = seq * (2 * math.pi / 200)
+                y0 = int((h - d) / 2 * (1 + 0.8 * math.sin(angle)))
+                x0 = int((w - d) / 2 * (1 + 0.8 * math.cos(angle)))
+                a[y0 : y0 + d, x0 : x0 + d][mask] = self.top
         elif self.name == "ramp":
             a.fill(seq % (int(self.top) + 1) if self.dtype.kind in "ui" else (seq % 100) / 100)
         elif self.name == "noise":
@@ -145,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from tensorpool.shm.errors import WireLimitError
 
+    if args.batch < 1:
+        raise UserError(f"--batch must be >= 1, got {args.batch}")
     settings = client_settings(args)
     try:
         dtype = np.dtype(args.dtype)
@@ -182,8 +214,10 @@ def run(args: argparse.Namespace) -> int:
 
     stop = StopSignals((signal.SIGTERM,)).install()
     ctx = start_context(settings)
+    attach_ns = 0
     try:
         if args.driver:
+            t0 = time.monotonic_ns()
             producer = Producer(
                 ctx, args.stream_id, settings, driver=True, attach_timeout_s=args.attach_timeout
             )
@@ -192,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             except AttachError:
                 producer.close()
                 raise
+            attach_ns = time.monotonic_ns() - t0
         else:
             producer = Producer(
                 ctx,
@@ -207,16 +242,52 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         ctx.close()
         raise UserError(f"cannot create SHM regions: {exc}") from None
+    metrics = None
     try:
+        if args.metrics_bind:  # #19.1: read at scrape time, nothing added per frame
+            from tensorpool.counters import LatencyHistogram
+            from tensorpool.observe.metrics import ProducerCollector, start_metrics
+
+            hist = LatencyHistogram() if args.driver else None
+            if hist is not None:
+                hist.observe_ns(attach_ns)
+            try:
+                metrics = start_metrics(args.metrics_bind, [ProducerCollector(producer, hist)])
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         if meta:
             producer.set_metadata(meta)
         _loop(producer, pattern, args, lambda: stop.requested)
     except KeyboardInterrupt:
         pass
     finally:
+        if metrics is not None:
+            metrics.close()
         producer.close()
         ctx.close()
     return 0
+
+
+def _publish_one(p: Producer, pattern: Pattern, shape: tuple[int, ...]) -> int:
+    claim = p.claim(shape, pattern.dtype)
+    if claim is None:
+        if not p.attached:  # lease lost: the driver client reattaches in do_work
+            p.do_work()
+            time.sleep(0.01)
+            return 0
+        raise UserError(f"frame of shape {shape} does not fit any pool")
+    pattern.fill(claim.array, claim.seq)
+    return 1 if p.commit(claim) is not None else 0
+
+
+def _publish_batch(p: Producer, pattern: Pattern, shape: tuple[int, ...], n: int) -> int | None:
+    """Up to ``n`` frames through claim_batch/commit_batch (fewer at the ring's wrap)."""
+    claim = p.claim_batch(n, shape, pattern.dtype)
+    if claim is None:
+        return None
+    for k in range(claim.n):
+        pattern.fill(claim.array[k], claim.first_seq + k)
+    return claim.n if p.commit_batch(claim) is not None else 0
 
 
 def _loop(
@@ -240,19 +311,21 @@ def _loop(
                 p.do_work()
                 time.sleep(min(due - now, 0.002))
                 continue
-        claim = p.claim(args.shape, pattern.dtype)
-        if claim is None:
-            if not p.attached:  # lease lost: the driver client reattaches in do_work
-                p.do_work()
-                time.sleep(0.01)
-                continue
-            raise UserError(f"frame of shape {args.shape} does not fit any pool")
-        pattern.fill(claim.array, claim.seq)
-        if p.commit(claim) is None:
-            continue
-        sent += 1
-        if not period and sent % 64 == 0:
+        if args.batch > 1:
+            n = args.batch if not args.count else min(args.batch, args.count - sent)
+            got = _publish_batch(p, pattern, args.shape, n)
+            if got is None:
+                if not p.attached:
+                    p.do_work()
+                    time.sleep(0.01)
+                    continue
+                raise UserError(f"frame of shape {args.shape} does not fit any pool")
+            sent += got
             p.do_work()
+        else:
+            sent += _publish_one(p, pattern, args.shape)
+            if not period and sent % 64 == 0:
+                p.do_work()
         if now >= next_report:
             next_report += interval
             st = p.stats

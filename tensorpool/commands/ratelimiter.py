@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
     p.add_argument(
+        "--metrics-bind",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default: rate_limiter.metrics_bind of the config, else off)",
+    )
+    p.add_argument(
         "--attach-timeout",
         type=float,
         default=30.0,
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
             return 1
         idle = agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000)
+        metrics = _start_metrics(args, config, agent)
         _emit(args, "started", **agent.snapshot())
         t0 = time.monotonic()
         next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")
@@ -130,7 +138,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"tensorpool ratelimiter: error: {config.source}: {exc}", file=sys.stderr)
             return 2
         finally:
+            if metrics is not None:
+                metrics.close()
             agent.close()
     finally:
         ctx.close()
     return 0
+
+
+def _start_metrics(args: argparse.Namespace, config: Any, agent: Any) -> Any:
+    """#19.1: the agent's own counters, read when Prometheus scrapes."""
+    bind = config.metrics_bind if args.metrics_bind is None else args.metrics_bind
+    if not bind:
+        return None
+    from tensorpool.observe.metrics import RateLimiterCollector, start_metrics
+
+    try:
+        return start_metrics(bind, [RateLimiterCollector(agent)])
+    except ValueError as exc:
+        agent.close()
+        raise UserError(str(exc)) from None

@@ -44,6 +44,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tensorpool.counters import LatencyHistogram
 from tensorpool.driver.actions import (
     Action,
     CreateRegions,
@@ -157,6 +158,8 @@ class DriverAgent:
         self.core = core
         self.files = files
         self.counters: Counter[str] = Counter()
+        #: request received -> handled (response sent or queued, regions created): #19.1
+        self.attach_latency = LatencyHistogram()
         self.exit_code = 0
         self._ctx = ctx
         self._clock = clock
@@ -301,6 +304,7 @@ class DriverAgent:
             buffer, version, now, TEMPLATE_ATTACH_REQUEST, self._attach_dec,
             self._attach_with_free_space,
         )  # fmt: skip
+        self.attach_latency.observe_ns(self._clock() - now)
 
     def _attach_with_free_space(self, dec: Any, now: int, **kw: Any) -> list[Action]:
         """The core's attach, told how much room ``shm.base_dir`` has right now."""

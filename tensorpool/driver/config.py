@@ -58,6 +58,7 @@ from tensorpool.config_util import (
     EnvOverrides,
     IdRange,
     Section,
+    check_bind,
     check_path_component,
     is_power_of_two,
     load_toml,
@@ -176,6 +177,8 @@ class DriverSettings(Endpoints):
     stream_id_range: IdRange | None = None
     descriptor_stream_id_range: IdRange | None = None
     control_stream_id_range: IdRange | None = None
+    #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
+    metrics_bind: str = ""
 
     def __post_init__(self) -> None:
         check_endpoints(self)
@@ -365,7 +368,9 @@ def _parse_driver(sec: Section) -> DriverSettings:
         control_stream_id_range=sec.opt_range(
             "control_stream_id_range", lo=1, hi=MAX_AERON_STREAM_ID, env=True
         ),
+        metrics_bind=sec.opt_str("metrics_bind", "", env=True),
     )
+    sec.checked("metrics_bind", endpoints.metrics_bind, check_bind(endpoints.metrics_bind))
     if endpoints.aeron_dir and not os.path.isabs(endpoints.aeron_dir):
         sec.checked("aeron_dir", endpoints.aeron_dir, "must be an absolute path (or empty)")
     if endpoints.aeron_dir:  # #13.1: a media driver empties its directory

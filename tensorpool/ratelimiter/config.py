@@ -50,6 +50,7 @@ from tensorpool.config_util import (
     ConfigError,
     EnvOverrides,
     Section,
+    check_bind,
     load_toml,
 )
 from tensorpool.endpoints import (
@@ -154,6 +155,8 @@ class RateLimiterConfig:
     hold: str = "auto"
     driver: DriverAccess = field(default_factory=DriverAccess)
     source: str = "<memory>"
+    #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
+    metrics_bind: str = ""
 
     def __post_init__(self) -> None:
         # §8: forwarding with a zero stream id MUST fail fast (and so never start).
@@ -290,6 +293,9 @@ def parse_ratelimiter_config(
     hold = rl.opt_str("hold", "auto", env=True)
     if hold not in HOLD_MODES:
         rl.checked("hold", hold, f"{hold!r} is not one of {', '.join(HOLD_MODES)}")
+    metrics_bind = rl.checked(
+        "metrics_bind", bind := rl.opt_str("metrics_bind", "", env=True), check_bind(bind)
+    )
     rl.finish()
 
     if not mapping_secs:
@@ -311,6 +317,7 @@ def parse_ratelimiter_config(
         hold=hold,
         driver=driver,
         source=source,
+        metrics_bind=metrics_bind,
         **ids,
     )
     if driver.config and load_driver is not None:

@@ -28,6 +28,7 @@ from tensorpool.spark_source.source import (
     TensorPoolBatchReader,
     TensorPoolStreamReader,
     _check_user_schema,
+    flags_late,
     struct_type,
 )
 
@@ -46,7 +47,9 @@ class TensorPoolDataSource(DataSource):
         if opts.batching == BATCHING_PULSE:
             return pulse_schema_ddl(opts.include_tensor_metadata)
         # #16.4 includeStreamMetadata adds a column; #16.6 one fixed layout -> payload metadata
-        schema = struct_type(opts.include_tensor_metadata, opts.include_stream_metadata)
+        schema = struct_type(
+            opts.include_tensor_metadata, opts.include_stream_metadata, flags_late(opts)
+        )
         hint = payload_metadata(opts)
         if hint is None:
             return schema
@@ -71,7 +74,9 @@ class TensorPoolDataSource(DataSource):
         opts = parse_source_options(self.options, streaming=True)
         if opts.batching == BATCHING_PULSE:
             return PulseStreamReader.for_schema(opts, schema)
-        _check_user_schema(schema, opts.include_tensor_metadata, opts.include_stream_metadata)
+        _check_user_schema(
+            schema, opts.include_tensor_metadata, opts.include_stream_metadata, flags_late(opts)
+        )
         return TensorPoolStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 import numpy as np
@@ -84,25 +84,50 @@ class StreamPos:
     lost: int = 0
     lost_late: int = 0
     frames: int | None = 0  # None: an offset written before the field existed
+    #: #17 (:mod:`.policy`), written only when non-zero so plain queries' offsets are unchanged:
+    #: cumulative counters of late frames and frames shed for lag / the memory emergency ...
+    late: int = 0
+    shed_lag: int = 0
+    shed_memory: int = 0
+    #: ... this batch's boundaries: frames of ``[start.seq, skip_to)`` are not delivered (shed
+    #: or late-dropped), frames below ``late_to`` are delivered with ``is_late`` ...
+    skip_to: int = 0
+    late_to: int = 0
+    #: ... and the stream's watermark: highest event time delivered (ns, wall clock)
+    event_ns: int = 0
 
     def to_json(self) -> dict[str, int]:
         if self.frames is None:
-            return {
+            out = {
                 "epoch": self.epoch,
                 "seq": self.seq,
                 "lost": self.lost,
                 "lostLate": self.lost_late,
             }
-        return {
-            "epoch": self.epoch,
-            "seq": self.seq,
-            "frames": self.frames,
-            "lost": self.lost,
-            "lostLate": self.lost_late,
-        }
+        else:
+            out = {
+                "epoch": self.epoch,
+                "seq": self.seq,
+                "frames": self.frames,
+                "lost": self.lost,
+                "lostLate": self.lost_late,
+            }
+        for key, value in (
+            ("late", self.late),
+            ("shedLag", self.shed_lag),
+            ("shedMemory", self.shed_memory),
+            ("skipTo", self.skip_to),
+            ("lateTo", self.late_to),
+            ("eventNs", self.event_ns),
+        ):
+            if value:
+                out[key] = value
+        return out
 
 
 Offsets = dict[int, StreamPos]
+#: the optional #17 fields, in StreamPos order
+_POLICY_KEYS: Final = ("late", "shedLag", "shedMemory", "skipTo", "lateTo", "eventNs")
 
 
 def encode_offsets(offsets: Mapping[int, StreamPos]) -> dict[str, dict[str, int]]:
@@ -135,6 +160,7 @@ def decode_offsets(doc: object, streams: Sequence[int] | None = None) -> Offsets
             _int_field(value, "lost", key, 0),
             _int_field(value, "lostLate", key, 0),
             _int_field(value, "frames", key) if "frames" in value else None,
+            *(_int_field(value, k, key, 0) for k in _POLICY_KEYS),
         )
     if streams is not None and set(out) != set(streams):
         raise OffsetError(
@@ -435,6 +461,23 @@ class Limits:
 SizeFn = Callable[[int, int, np.ndarray], Sequence[int]]
 
 
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What the source's policies (#17, :mod:`.policy`) decided for one stream's pending
+    frames. Every part is a prefix of them, so the offsets record it as seq boundaries."""
+
+    skip: int = 0  # leading frames not delivered: shed (lag, memory) or late and dropped
+    flag: int = 0  # frames after those delivered with is_late
+    cap: int | None = None  # most frames to deliver after ``skip`` (alignment, rate); None: all
+    shed_lag: int = 0
+    shed_memory: int = 0
+    late: int = 0  # late frames among ``skip`` and ``flag``
+
+
+#: admit(ready streams) -> Cut per stream id (streams left out: no cut)
+AdmitFn = Callable[[Sequence["_Ready"]], Mapping[int, Cut]]
+
+
 # --- descriptor intake ---------------------------------------------------------------------------
 class DescriptorFeed(Protocol):
     """Per-stream queues of received ``FrameDescriptor`` s (the driver's attachment)."""
@@ -716,6 +759,7 @@ class StreamPlanner:
         sizes: SizeFn | None = None,
         late: Mapping[int, int] | None = None,
         feed: DescriptorFeed | None = None,
+        admit: AdmitFn | None = None,
     ) -> Plan:
         plan = Plan({}, [], [], 0)
         end = plan.end
@@ -729,7 +773,7 @@ class StreamPlanner:
             old_head = self.seen_head(sid, pos.epoch)
             if st is not None:
                 self.observe(sid, st)
-            stay = StreamPos(pos.epoch, pos.seq, pos.lost, pos.lost_late + add_late, base)
+            stay = replace(pos, lost_late=pos.lost_late + add_late, frames=base)
             if st is None or st.epoch < pos.epoch:
                 # Not mapped (producer gone / not yet announced) or an older incarnation still
                 # announcing: nothing new for this stream.
@@ -751,7 +795,9 @@ class StreamPlanner:
                 first = st.oldest if self.start_at.get(sid, "earliest") == "earliest" else st.head
                 first = min(first, head)
                 self.begin(sid, st, first)
-                end[sid] = StreamPos(st.epoch, first, pos.lost, pos.lost_late + add_late, base)
+                end[sid] = replace(
+                    pos, epoch=st.epoch, seq=first, lost_late=pos.lost_late + add_late, frames=base
+                )
                 continue
             if st.epoch > pos.epoch:
                 lost = self._transition(sid, pos, st, old_head, feed, plan)
@@ -769,8 +815,13 @@ class StreamPlanner:
                 self._ledgers[sid] = {
                     e: v for e, v in self._ledgers.get(sid, {}).items() if e >= st.epoch
                 }
-                end[sid] = StreamPos(
-                    st.epoch, first, pos.lost + lost, pos.lost_late + add_late, base
+                end[sid] = replace(
+                    pos,
+                    epoch=st.epoch,
+                    seq=first,
+                    lost=pos.lost + lost,
+                    lost_late=pos.lost_late + add_late,
+                    frames=base,
                 )
                 continue
             led = self._ledger(sid, st.epoch)
@@ -783,31 +834,59 @@ class StreamPlanner:
             ready.append(_Ready(sid, st, pos.seq, head, st.present(pos.seq, head)))
             end[sid] = stay
 
-        wants = [len(r.present) for r in ready]
+        # #17: the source's policies cut each stream's pending frames (prefixes, see Cut)
+        cuts = admit(ready) if admit is not None and ready else {}
+        no_cut = Cut()
+        views = ready
+        if cuts:
+            views = []
+            for r in ready:
+                c = cuts.get(r.sid, no_cut)
+                stop = None if c.cap is None else c.skip + c.cap
+                views.append(_Ready(r.sid, r.state, r.first, r.head, r.present[c.skip : stop]))
+        wants = [len(v.present) for v in views]
         if limits.max_frames is not None:
             wants = split_budget(limits.max_frames, wants)
         if limits.max_bytes is not None and any(wants):
-            wants = self._cut_bytes(ready, wants, limits.max_bytes, sizes)
+            wants = self._cut_bytes(views, wants, limits.max_bytes, sizes)
         for r, n in zip(ready, wants, strict=True):
             sid, st, present = r.sid, r.state, r.present
-            if n >= len(present):
+            c = cuts.get(sid, no_cut)
+            used = c.skip + n  # frames of present consumed: skipped, then delivered
+            if used >= len(present):
                 end_seq = max(r.head, r.first)
             else:
-                end_seq = int(present[n - 1]) + 1 if n else r.first
-            admitted = present[:n]
+                end_seq = int(present[used - 1]) + 1 if used else r.first
+            admitted = present[c.skip : used]
             lost = 0
             if end_seq > r.first:
-                self._fill(feed, sid, st.epoch, end_seq, n, plan)
-                lost = self._classify(sid, st, r.first, end_seq, admitted, plan)
+                self._fill(feed, sid, st.epoch, end_seq, used, plan)
+                lost = self._classify(sid, st, r.first, end_seq, present[:used], plan)
             led = self._ledger(sid, st.epoch)
             led.retire(end_seq)
             if self.is_sparse(sid, st.epoch):
-                led.add_known(present[n:])
+                led.add_known(present[used:])
             runs = to_runs(admitted)
             plan.runs[sid] = runs
-            self._remember((sid, st.epoch, r.first, end_seq), runs)
+            first = int(present[c.skip - 1]) + 1 if c.skip else r.first
+            self._remember((sid, st.epoch, first, end_seq), runs)
             e = end[sid]
-            end[sid] = StreamPos(st.epoch, end_seq, e.lost + lost, e.lost_late, (e.frames or 0) + n)
+            if end_seq == r.first:
+                plan.frames += n
+                continue  # nothing consumed: the stream's offset stays as it was
+            flagged = min(c.flag, n)
+            end[sid] = replace(
+                e,
+                epoch=st.epoch,
+                seq=end_seq,
+                lost=e.lost + lost,
+                frames=(e.frames or 0) + n,
+                late=e.late + c.late - (c.flag - flagged),
+                shed_lag=e.shed_lag + c.shed_lag,
+                shed_memory=e.shed_memory + c.shed_memory,
+                skip_to=first if c.skip else 0,
+                late_to=int(present[c.skip + flagged - 1]) + 1 if flagged else 0,
+            )
             plan.frames += n
         return plan
 
@@ -902,8 +981,9 @@ def batch_ranges(start: Mapping[int, StreamPos], end: Mapping[int, StreamPos]) -
         if s is None or s.epoch != e.epoch:
             continue  # epoch transition batch: nothing to read for this stream
         expect = None if e.frames is None else e.frames - (s.frames or 0)
-        if e.seq > s.seq and expect != 0:
-            out.append(Range(sid, e.epoch, s.seq, e.seq, expect))
+        first = max(s.seq, e.skip_to)  # #17: frames below skip_to were shed / late-dropped
+        if e.seq > first and expect != 0:
+            out.append(Range(sid, e.epoch, first, e.seq, expect))
     return out
 
 
@@ -944,6 +1024,8 @@ __all__ = [
     "OVERWRITTEN",
     "REGIONS_GONE",
     "REGIONS_GONE_HINT",
+    "AdmitFn",
+    "Cut",
     "DescriptorFeed",
     "Limits",
     "Loss",

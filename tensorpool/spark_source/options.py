@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from tensorpool.client.settings import ClientSettings
 from tensorpool.endpoints import (
@@ -37,6 +37,10 @@ from tensorpool.endpoints import (
 )
 from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.config import TransportConfig
+
+if TYPE_CHECKING:
+    from tensorpool.spark_source.policy_options import PolicyOptions
+    from tensorpool.spark_source.remote import RemoteHosts
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
@@ -111,6 +115,26 @@ SOURCE_OPTIONS: Final = (
     "onStaleStream",
     "minFramesPerTrigger",
     "maxTriggerDelay",
+    # streams on other hosts through `tensorpool serve` (#18; spark_source/remote.py)
+    "hosts",
+    "flightToken",
+    "flightTlsRootCerts",
+    "preferLocalReads",
+    "flightRetryMs",
+    # #17: event time, admission, adaptive sizing (tensorpool.spark_source.policy_options)
+    "alignEventTime",
+    "maxEventTimeSkewMs",
+    "idleStreamTimeoutMs",
+    "lateFrames",
+    "allowedLatenessMs",
+    "maxFramesPerSecond",
+    "maxBurstFrames",
+    "maxLagMs",
+    "maxJitterMs",
+    "targetBatchLatencyMs",
+    "maxBatchMemory",
+    "memoryHighWater",
+    "memoryEmergency",
 )
 SINK_OPTIONS: Final = (
     "stream",
@@ -486,6 +510,10 @@ class SourceOptions:
     #: ``startingOffsets=earliest`` on a live ring skips the frames the producer overwrites
     #: within this many ms (#16.1, :mod:`~tensorpool.spark_source.margin`); 0 = the oldest frame
     earliest_margin_ms: int = DEFAULT_EARLIEST_MARGIN_MS
+    #: ``hosts`` (#18): the streams are read through ``tensorpool serve`` on those hosts
+    remote: RemoteHosts | None = None
+    #: #17: event time, admission and adaptive sizing (None: none of those options given)
+    policy: PolicyOptions | None = None
 
 
 def _batching(
@@ -596,8 +624,12 @@ def parse_source_options(
     opts = _normalise(options, SOURCE_OPTIONS, "source")
     if "streams" not in opts:
         raise _fail("streams", "required: the stream id(s) to read, e.g. option('streams', '1,2')")
-    pattern = parse_stream_pattern("streams", opts["streams"])
-    streams = () if pattern is not None else parse_stream_ids("streams", opts["streams"])
+    remote = _remote(opts)  # hosts (#18): streams="camA/1,camB/2"
+    if remote is not None:
+        pattern, streams = None, tuple(sid for sid, _ in remote.stream_host)
+    else:
+        pattern = parse_stream_pattern("streams", opts["streams"])
+        streams = () if pattern is not None else parse_stream_ids("streams", opts["streams"])
     if pattern is not None and opts.get("batching", "").strip().lower() == BATCHING_PULSE:
         raise _fail("streams", "'*' and ranges cannot be combined with batching=pulse; list ids")
     default_start = LATEST if streaming else EARLIEST
@@ -612,6 +644,9 @@ def parse_source_options(
     batching, batch_length_ns, gated = _batching(opts, streams, streaming)
     stale_ms, on_stale, min_frames, delay_ms = _health_and_min(opts, streaming)
     by_ts = _by_timestamp(opts, streams, pattern, streaming, batching)
+    from tensorpool.spark_source.policy_options import parse_policy  # it imports this module
+
+    policy = parse_policy(opts, streaming, batching)
     return SourceOptions(
         streams=streams,
         connection=_connection(opts),
@@ -619,7 +654,9 @@ def parse_source_options(
         starting=starting,
         ending=ending,
         max_frames_per_trigger=_int(opts, "maxFramesPerTrigger", None, 1, MAX_SEQ),
-        max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None, 1, MAX_SEQ),
+        max_bytes_per_trigger=None
+        if policy is not None and policy.auto_bytes
+        else _int(opts, "maxBytesPerTrigger", None, 1, MAX_SEQ),
         min_partitions=_int(opts, "minPartitions", None, 1, 100_000),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         include_tensor_metadata=_bool(opts, "includeTensorMetadata", True),
@@ -638,6 +675,56 @@ def parse_source_options(
         earliest_margin_ms=_int(  # type: ignore[arg-type]
             opts, "earliestMarginMs", DEFAULT_EARLIEST_MARGIN_MS, 0, 3_600_000
         ),
+        remote=remote,
+        policy=policy,
+    )
+
+
+#: options that need the SHM or Aeron of the Spark driver's host: refused with ``hosts`` (#18)
+_LOCAL_ONLY: Final = (
+    "batching",
+    "includeStreamMetadata",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "driver",
+)
+
+
+def _remote(opts: dict[str, str]) -> RemoteHosts | None:
+    """``hosts`` / ``flightToken`` / ``flightTlsRootCerts`` / ``preferLocalReads`` (#18)."""
+    from tensorpool.spark_source.remote import FlightAccess, RemoteHosts, parse_hosts
+
+    if "hosts" not in opts:
+        for name in ("flightToken", "flightTlsRootCerts", "preferLocalReads", "flightRetryMs"):
+            if name in opts:
+                raise _fail(name, "only applies with 'hosts' (streams served by tensorpool serve)")
+        return None
+    for name in _LOCAL_ONLY:
+        if name in opts and not (name == "batching" and opts[name].strip().lower() == "none"):
+            raise _fail(name, "is not available with 'hosts' (remote streams) yet")
+    try:
+        hosts, stream_host = parse_hosts(opts["hosts"], opts["streams"])
+    except ValueError as exc:
+        name, _, message = str(exc).partition(": ")
+        raise _fail(name, message) from None
+    certs = None
+    if "flightTlsRootCerts" in opts:
+        path = opts["flightTlsRootCerts"]
+        try:
+            with open(path, "rb") as f:
+                certs = f.read()
+        except OSError as exc:
+            raise _fail("flightTlsRootCerts", f"cannot read {path}: {exc.strerror}") from None
+    token = opts.get("flightToken") or os.environ.get("TENSORPOOL_SERVE_TOKEN") or None
+    return RemoteHosts(
+        hosts,
+        stream_host,
+        FlightAccess(
+            token=token,
+            tls_root_certs=certs,
+            retry_s=_int(opts, "flightRetryMs", 15_000, 0, 3_600_000) / 1000,  # type: ignore[operator]
+        ),
+        _bool(opts, "preferLocalReads", True),
     )
 
 

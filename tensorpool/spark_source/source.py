@@ -48,6 +48,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    BooleanType,
     IntegerType,
     LongType,
     MapType,
@@ -58,6 +59,7 @@ from pyspark.sql.types import (
 )
 
 from tensorpool.spark_source import discovery, mapped_rings, spool, stream_meta, timestamps
+from tensorpool.spark_source import remote as remote_io
 from tensorpool.spark_source.attach import (
     AnnounceProbe,
     Attachment,
@@ -92,6 +94,7 @@ from tensorpool.spark_source.offsets import (
     loss_message,
     possible_loss_message,
     runs_count,
+    runs_seqs,
     split_ranges,
     to_runs,
 )
@@ -102,6 +105,8 @@ from tensorpool.spark_source.options import (
     SourceOptions,
     TensorPoolOptionError,
 )
+from tensorpool.spark_source.policy import SourcePolicy
+from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -127,7 +132,9 @@ def schema_ddl(include_meta: bool, include_stream_meta: bool = False) -> str:
     return ddl + ", metadata map<string,string>" if include_stream_meta else ddl
 
 
-def struct_type(include_meta: bool, include_stream_meta: bool = False) -> StructType:
+def struct_type(
+    include_meta: bool, include_stream_meta: bool = False, include_late: bool = False
+) -> StructType:
     """The schema as a StructType (built by hand: DDL parsing needs a live SparkContext)."""
     fields = [
         StructField("stream_id", IntegerType()),
@@ -146,20 +153,34 @@ def struct_type(include_meta: bool, include_stream_meta: bool = False) -> Struct
     fields.append(StructField("payload", BinaryType()))
     if include_stream_meta:  # includeStreamMetadata (#16.4), last like Kafka's headers
         fields.append(StructField(stream_meta.COLUMN, MapType(StringType(), StringType())))
+    if include_late:  # lateFrames=flag (#17): route late frames with a filter
+        fields.append(StructField(IS_LATE, BooleanType()))
     return StructType(fields)
 
 
-def arrow_schema(include_meta: bool, include_stream_meta: bool = False) -> pa.Schema:
+def arrow_schema(
+    include_meta: bool, include_stream_meta: bool = False, include_late: bool = False
+) -> pa.Schema:
     """The exact Arrow schema Spark expects back (it compares with ``equals``)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(struct_type(include_meta, include_stream_meta), timezone="UTC")
+    return to_arrow_schema(
+        struct_type(include_meta, include_stream_meta, include_late), timezone="UTC"
+    )
+
+
+def flags_late(opts: SourceOptions) -> bool:
+    """``lateFrames=flag`` (#17): the schema has the ``is_late`` column."""
+    return opts.policy is not None and opts.policy.late == LATE_FLAG
 
 
 def _check_user_schema(
-    schema: StructType, include_meta: bool, include_stream_meta: bool = False
+    schema: StructType,
+    include_meta: bool,
+    include_stream_meta: bool = False,
+    include_late: bool = False,
 ) -> None:
-    want = struct_type(include_meta, include_stream_meta)
+    want = struct_type(include_meta, include_stream_meta, include_late)
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
         ddl = schema_ddl(include_meta, include_stream_meta)
         raise TensorPoolOptionError(
@@ -194,6 +215,10 @@ class FramePartition(InputPartition):
     #: a batch read from 'earliest' (#16.1): frames overwritten before the task read them are
     #: older than the ring's oldest frame at read time -- outside 'earliest', not loss
     from_earliest: bool = field(default=False, compare=False)
+    #: lateFrames=flag (#17): frames below this seq get is_late=true; None: no such column
+    late_to: int | None = field(default=None, compare=False)
+    #: a stream served by ``tensorpool serve`` on its host (#18): read locally or over Flight
+    remote: remote_io.RemoteRead | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.value = (self.stream_id, self.epoch, self.first, self.end)
@@ -289,6 +314,9 @@ class AgedOut:
 def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, FramePartition):
         return  # Spark's placeholder partition of an empty batch read
+    if partition.late_to is not None:  # lateFrames=flag (#17): is_late from the offsets
+        yield from _with_is_late(partition, schema)
+        return
     # #16.3: a task that cannot see the planned SHM (another host or mount namespace) fails
     # naming both hosts, whatever failOnDataLoss says: it is a deployment error, not loss
     check_origin(partition.stream_id, partition.origin)
@@ -311,6 +339,9 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
             for seq in seqs:
                 rec(seq, mapped_rings.REGION_UNAVAILABLE)
             return
+        if partition.remote is not None:  # #18: on the stream's host, or over Flight
+            yield from remote_io.read_partition(partition, on_loss, schema)
+            return
         versions = partition.stream_meta
         batches = mapped_rings.read_range(
             partition.region,
@@ -331,6 +362,19 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
         if aged is not None:
             aged.report()
         rec.report()
+
+
+def _with_is_late(partition: FramePartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The frames with ``is_late = seq < lateTo`` (the boundary the plan recorded, so a replay
+    flags exactly the same frames)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    late_to = partition.late_to
+    base = schema.remove(schema.get_field_index(IS_LATE))
+    for b in read_partition(replace(partition, late_to=None), base):
+        flag = pc.less(b.column("seq"), pa.scalar(late_to, pa.int64()))
+        yield pa.RecordBatch.from_arrays([*b.columns, flag], schema=schema)
 
 
 # --- batch ---------------------------------------------------------------------------------------
@@ -371,7 +415,11 @@ class TensorPoolBatchReader(DataSourceReader):
         opts = discovery.discovered_options(self.opts, _settings(self.opts))
         conn = opts.connection
         timeout = conn.attach_timeout_ms / 1000
-        if conn.driver:
+        # #18: streams served by `tensorpool serve`: snapshots from their hosts, no Aeron here
+        served = remote_io.snapshot(opts) if opts.remote is not None else None
+        if served is not None:
+            meta = None
+        elif conn.driver:
             with open_attachment(
                 opts.streams, _settings(opts), driver=True, background=False, intake_capacity=None
             ) as att:
@@ -396,9 +444,12 @@ class TensorPoolBatchReader(DataSourceReader):
         hints: list[str] = []  # #16.3: these were gone before the read, not "fell behind"
         from_earliest: set[int] = set()
         for sid in opts.streams:
-            spec = mapped_rings.RegionSpec.from_layout(layouts[sid])
+            if served is not None:
+                spec, st = served[sid].spec, served[sid].state
+            else:
+                spec = mapped_rings.RegionSpec.from_layout(layouts[sid])
+                st = mapped_rings.mapped(spec, conn.base_dirs).scan()
             specs[sid] = spec
-            st = mapped_rings.mapped(spec, conn.base_dirs).scan()
             starting = timestamps.starting_for(opts, sid, spec)  # or *ByTimestamp (#16.4)
             if starting == EARLIEST:  # past what the producer overwrites before tasks read
                 first = earliest_start(sid, st, opts, spec.clock_domain)
@@ -429,7 +480,11 @@ class TensorPoolBatchReader(DataSourceReader):
             if opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(message)
             log.warning("tensorpool: batch read skipped lost frames: %s", message)
-        origins = {sid: plan_origin(spec, opts, BATCH) for sid, spec in specs.items()}
+        origins = {
+            sid: None if served is not None else plan_origin(spec, opts, BATCH)
+            for sid, spec in specs.items()
+        }
+        remote_reads = {} if served is None else remote_io.batch_reads(opts, served)
         return [
             FramePartition(
                 specs[r.stream_id],
@@ -445,6 +500,7 @@ class TensorPoolBatchReader(DataSourceReader):
                 stream_meta.for_partition(meta, r.stream_id, r.epoch),
                 origins[r.stream_id],
                 r.stream_id in from_earliest,
+                remote=remote_reads.get(r.stream_id),
             )
             for r in split_ranges(ranges, opts.min_partitions)
         ]
@@ -531,13 +587,22 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._health: HealthMonitor | None = None  # #16.2: liveness clocks, lag, ages
         self._gate: MinFramesGate | None = None  # #16.4: minFramesPerTrigger
         self._discovery: discovery.StreamDiscovery | None = None  # streams="*" / a range
+        # #17: event time, admission, adaptive sizing (.policy); is_late with lateFrames=flag
+        self._policy = SourcePolicy(opts.policy) if opts.policy is not None else None
+        if flags_late(opts):
+            self._schema = arrow_schema(
+                opts.include_tensor_metadata, opts.include_stream_metadata, True
+            )
 
     # --- driver-side plumbing -------------------------------------------------------------------
     def _attach(self) -> Attachment:
         att = self._att
         if att is None:
             opts = self.opts
-            att = self._att = attach_query(opts)
+            if opts.remote is not None:  # #18: heads from each host's server, no Aeron here
+                att = self._att = remote_io.RemoteAttachment(opts.remote, opts.streams)  # type: ignore[assignment]
+            else:
+                att = self._att = attach_query(opts)
             if opts.stream_pattern is not None:
                 opts = self._discover_initial(att)
             start_at = {
@@ -605,9 +670,11 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return grow_offsets(offsets, self.opts.streams)
 
     def _scan(self) -> dict[int, RingState | None]:
-        states = scan_streams(
-            self._attach(), self.opts, self._specs, mapped_rings.MappedStream.scan
-        )
+        att = self._attach()
+        if isinstance(att, remote_io.RemoteAttachment):  # #18
+            states = remote_io.scan_streams(att, self._specs)
+        else:
+            states = scan_streams(att, self.opts, self._specs, mapped_rings.MappedStream.scan)
         self._states = states
         return states
 
@@ -680,7 +747,14 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for sid, n in self._late_extra.items():
             late[sid] = late.get(sid, 0) + n
         self._late_extra = {}
-        plan = self._planner.plan(begin, states, limits, late=late, feed=feed)
+        pol = self._policy
+        if pol is not None:  # #17: lag, jitter, late, memory, alignment, rate; adaptive bytes
+            pol.begin(begin, states, self._wall_shifts(states), now, time.time_ns())
+            limits = pol.limits(limits)
+        admit = None if pol is None else pol.admit
+        plan = self._planner.plan(begin, states, limits, late=late, feed=feed, admit=admit)
+        if pol is not None:
+            pol.finish(begin, plan.end, plan.runs, states)
         if self._gate is not None:
             self._gate.admitted(plan.frames, now)
         self._observe_rings(states, plan.end)
@@ -726,12 +800,38 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             hints.append(explicit_start_hint(ls.stream_id, pos.seq, st.oldest, st.nslots))
         return " ".join(hints) or None
 
+    def _wall_shifts(self, states: dict[int, RingState | None]) -> dict[int, int]:
+        """Per stream: add to a frame's ``timestamp_ns`` for wall-clock time (#17)."""
+        out = {}
+        for sid, st in states.items():
+            spec = None if st is None else self._specs.get((sid, st.epoch))
+            if spec is not None:
+                out[sid] = mapped_rings.wall_clock_offset_ns(spec.clock_domain)
+        return out
+
+    def _planned_bytes(self, ranges: Sequence[Range]) -> int:
+        """Payload bytes of a batch's frames from the last scan (#17 adaptive sizing)."""
+        total = 0
+        for r in ranges:
+            st = self._states.get(r.stream_id)
+            if st is None or st.epoch != r.epoch or r.runs is None:
+                continue
+            lens = st.lens_of(runs_seqs(r.runs))
+            total += 0 if lens is None else int(lens.sum())
+        return total
+
     def reportLatestOffset(self) -> dict | None:
         """Per stream: the producer's head and health (progress ``latestOffset``; report only,
         Spark never compares or checkpoints it -- see :mod:`.health`)."""
         if self._health is None:
             return None
-        return self._health.report(self.opts.streams, time.monotonic_ns(), time.time_ns())
+        report = self._health.report(self.opts.streams, time.monotonic_ns(), time.time_ns())
+        if self._policy is not None:  # #17: watermarks, jitter, tokens, batch budget
+            per, src = self._policy.report(self.opts.streams)
+            for sid, entry in per.items():
+                report.setdefault(str(sid), {}).update(entry)
+            report["source"] = src
+        return report
 
     # --- health and minFramesPerTrigger (#16.2, #16.4; the rules live in .health) ---------------
     def _watch(self, now_ns: int) -> None:
@@ -820,8 +920,12 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._late_extra[ls.stream_id] = self._late_extra.get(ls.stream_id, 0) + (
                     ls.count or 0
                 )
+        att = self._att
+        remote = att if isinstance(att, remote_io.RemoteAttachment) else None  # #18
         origins = {
-            (r.stream_id, r.epoch): plan_origin(self._specs[(r.stream_id, r.epoch)], opts, STREAM)
+            (r.stream_id, r.epoch): None
+            if remote is not None
+            else plan_origin(self._specs[(r.stream_id, r.epoch)], opts, STREAM)
             for r in ranges
         }
         # #16.1: the first batch from startingOffsets=earliest reads from the oldest frame
@@ -834,6 +938,9 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             and initial.get(sid) == pos
             and self.opts.starting.for_stream(sid) == EARLIEST
         }
+        if self._policy is not None:
+            self._policy.planned(self._planned_bytes(ranges), time.monotonic_ns())
+        flag = flags_late(opts)
         return [
             FramePartition(
                 self._specs[(p.stream_id, p.epoch)],
@@ -849,6 +956,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._stream_meta(p.stream_id, p.epoch),
                 origins[(p.stream_id, p.epoch)],
                 p.stream_id in first_earliest,
+                remote=None if remote is None else remote_io.remote_read_for(remote, p.stream_id),
+                late_to=finish[p.stream_id].late_to if flag else None,
             )
             for p in split_ranges(ranges, opts.min_partitions)
         ]
@@ -888,7 +997,11 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             losses.append(Loss(sid, epoch, r.first, n, REGIONS_GONE, 0, r.end - 1))
             return None
         try:
-            st = mapped_rings.mapped(spec, self.opts.connection.base_dirs).scan()
+            att = self._att
+            if isinstance(att, remote_io.RemoteAttachment):  # #18: the serving host's scan
+                st = remote_io.scan_one(att, sid, epoch)
+            else:
+                st = mapped_rings.mapped(spec, self.opts.connection.base_dirs).scan()
         except Exception as exc:  # regions vanished since the announce
             log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, epoch, exc)
             losses.append(Loss(sid, epoch, r.first, r.expect, REGIONS_GONE, 0, r.end - 1))

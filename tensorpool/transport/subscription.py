@@ -199,6 +199,13 @@ class Subscriber:
         self.counters.fragments += n
         return n
 
+    def poll_with(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Like :meth:`poll` with another handler for this call (unguarded, assembled): a
+        batch reader records descriptors with a tiny handler instead of the per-message one."""
+        n: int = self._poll(handler, fragment_limit)
+        self.counters.fragments += n
+        return n
+
     # -- images ---------------------------------------------------------------------------
 
     def _push(self, event: ImageEvent) -> None:

@@ -40,6 +40,11 @@ RANK: dict[str, int] = {
     "ratelimiter": 4,
     "bridge": 4,
     "spark_source": 4,
+    # metrics, top and the viewer (#19): readers of everything below, used by the commands
+    "observe": 5,
+    # `tensorpool serve` (#18): the Spark source's reads served over Arrow Flight; it builds on
+    # spark_source (mapped rings, read into Arrow, the protocol in spark_source/remote.py)
+    "serve": 5,
     # the command line composes everything
     "commands": 5,
     "cli": 5,
@@ -52,7 +57,13 @@ LEAVES = frozenset({"ingest", "batching"})
 PEERS_ALLOWED = frozenset({1, 5})
 #: Pairs ruled out although the ranks would allow them: the driver is the server its clients
 #: talk to, so code both sides need lives below both (``shm``, ``endpoints``), not in ``client``.
-FORBIDDEN = {("driver", "client"): "the driver serves the client layer; share code via shm/"}
+FORBIDDEN = {
+    ("driver", "client"): "the driver serves the client layer; share code via shm/",
+    ("observe", "commands"): "observe is a library the commands use, never the other way",
+    ("observe", "cli"): "observe is a library the commands use, never the other way",
+    ("serve", "commands"): "serve is a library the serve command uses, never the other way",
+    ("serve", "cli"): "serve is a library the serve command uses, never the other way",
+}
 #: ``pyaeron`` is the transport layer's business (plus the agents and commands that run a media
 #: driver or decode raw Aeron fragments); never below it.
 NO_AERON = frozenset({"specs", "shm", "client", "ingest", "batching", "config_util", "endpoints"})

@@ -461,3 +461,36 @@ def test_s10_3_2_older_meta_version_is_ignored() -> None:
     assert core.accept_meta_version(3)
     assert not core.accept_meta_version(2)
     assert core.meta_version == 3
+
+
+# --- the batch path (#15): a consecutive run accepted in one call -------------------------------
+def test_15_accept_run_takes_a_consecutive_run_like_per_descriptor_reads() -> None:
+    core = _mapped()
+    _feed(core, 0)
+    assert core.accept_run(1, 10)
+    assert (core.last_seq, core.head_seq, core.drops_gap) == (10, 10, 0)
+    assert _feed(core, 11) == READ  # the per-descriptor path continues from the run
+
+
+@pytest.mark.parametrize(
+    ("first", "why"),
+    [(0, "repeats the last seq"), (3, "leaves a gap"), (2, "at or behind the known head")],
+)
+def test_15_accept_run_refuses_what_needs_a_per_descriptor_decision(first: int, why: str) -> None:
+    core = _mapped()
+    _feed(core, 0)
+    if first == 2:
+        _feed(core, 1)
+        core.on_read_miss(2, 5, Reason.SEQ_MISMATCH)  # the producer is already at 5
+        core.last_seq = 1
+    before = (core.last_seq, core.head_seq, core.drops_gap, core.drops.snapshot())
+    assert not core.accept_run(first, 4), why
+    assert (core.last_seq, core.head_seq, core.drops_gap, core.drops.snapshot()) == before
+
+
+def test_15_accept_run_refuses_unmapped_and_rate_limited_consumers() -> None:
+    core = _core()
+    assert not core.accept_run(0, 4)
+    core = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
+    _feed(core, 0)
+    assert not core.accept_run(1, 4)  # the rate grid decides frame by frame

@@ -1,0 +1,139 @@
+"""`tensorpool serve`: this host's streams, read-only, over Arrow Flight (#18).
+
+A Spark job on other hosts reads them with ``hosts="thishost:8815"`` and
+``streams="thishost/1"`` (docs/spark.md). The server learns its streams from announces
+(standalone) or from the SHM driver (``--driver``), maps what was announced with the usual
+checks, and never opens a path a client names. It binds 127.0.0.1 unless ``--bind`` says
+otherwise; ``--token-file`` (or ``TENSORPOOL_SERVE_TOKEN``) requires a bearer token on every
+call, ``--tls-cert``/``--tls-key`` turn on TLS. SIGTERM or SIGINT stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from tensorpool.commands._common import (
+    add_channel_args,
+    add_shm_args,
+    add_transport_args,
+    client_settings,
+)
+
+ENV_TOKEN = "TENSORPOOL_SERVE_TOKEN"
+DEFAULT_PORT = 8815
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stream-id",
+        type=int,
+        action="append",
+        required=True,
+        help="a stream to serve (repeatable); other ids are refused",
+    )
+    p.add_argument(
+        "--bind", default="127.0.0.1", help="address to listen on (%(default)s; 0.0.0.0: all)"
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (%(default)s)")
+    p.add_argument(
+        "--token-file",
+        help=f"file holding the bearer token clients must send (or env {ENV_TOKEN})",
+    )
+    p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key: serve over TLS)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--attach-timeout",
+        type=float,
+        default=0.0,
+        help="wait up to S seconds for every stream's first announce before serving (0: no wait)",
+    )
+    add_transport_args(p)
+    add_shm_args(p)
+    add_channel_args(p)
+
+
+def _read(path: str, what: str) -> bytes:
+    from tensorpool.cli import UserError
+
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise UserError(f"{what}: cannot read {path}: {exc.strerror}") from None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    from tensorpool.cli import UserError
+
+    if args.token_file:
+        token = _read(args.token_file, "--token-file").decode(errors="replace").strip()
+        if not token:
+            raise UserError(f"--token-file: {args.token_file} is empty")
+        return token
+    return os.environ.get(ENV_TOKEN) or None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorpool.cli import UserError
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UserError("--tls-cert and --tls-key go together")
+    if not 0 <= args.port < 65536:
+        raise UserError(f"--port: {args.port} is not a TCP port")
+    streams = tuple(sorted(set(args.stream_id)))
+    if any(not 1 <= s <= 2**31 - 1 for s in streams):
+        raise UserError("--stream-id: ids must be in 1..2147483647")
+    token = _token(args)
+    tls = (
+        [(_read(args.tls_cert, "--tls-cert"), _read(args.tls_key, "--tls-key"))]
+        if args.tls_cert
+        else None
+    )
+    settings = client_settings(args)
+
+    from tensorpool.serve.server import TensorPoolFlightServer
+    from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment
+    from tensorpool.transport.process import StopSignals
+
+    stop = StopSignals().install()
+    att = open_attachment(streams, settings, driver=args.driver, intake_capacity=None)
+    server = None
+    try:
+        if args.attach_timeout > 0:
+            try:
+                att.wait_for_layouts(args.attach_timeout)
+            except StreamsNotAttached as exc:
+                print(f"tensorpool serve: {exc}; serving them once they appear", file=sys.stderr)
+        scheme = "grpc+tls" if tls else "grpc"
+        host = f"[{args.bind}]" if ":" in args.bind else args.bind
+        try:
+            server = TensorPoolFlightServer(
+                f"{scheme}://{host}:{args.port}",
+                streams=streams,
+                directory=att,
+                base_dirs=settings.base_dirs,
+                shm_base_dir=settings.shm_base_dir,
+                token=token,
+                tls_certificates=tls,
+            )
+        except Exception as exc:  # port in use, bad certificate, bad address
+            raise UserError(f"cannot serve on {scheme}://{host}:{args.port}: {exc}") from None
+        print(
+            f"tensorpool serve: streams {list(streams)} on {scheme}://{host}:{server.port}"
+            + (" (token required)" if token else ""),
+            flush=True,
+        )
+        while not stop.requested:
+            time.sleep(0.1)
+        return 0
+    finally:
+        if server is not None:
+            server.shutdown()
+            counts = dict(server.counters)
+            if counts:
+                print(f"tensorpool serve: stopped; {counts}", file=sys.stderr, flush=True)
+        att.close()
+        stop.restore()

@@ -1,0 +1,250 @@
+"""`tensorpool top`: every stream on the host, live (#19.2).
+
+    tensorpool top                            # refreshes every second until Ctrl-C
+    tensorpool top --once --json              # one JSON document for scripts
+
+Reads, without any cooperation from the processes: the header ring of every stream under
+``--shm-base-dir/<namespace>/*/epoch-*`` (superblock, ring occupancy, newest seq and timestamp,
+the same read-only scan as ``inspect``) and the SHM driver's status file when one runs there.
+The model (rates from two refreshes) is :mod:`tensorpool.observe.top`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from tensorpool.cli import UserError
+from tensorpool.commands.inspect import HEADER_RING_FILENAME, InspectError, inspect_region
+from tensorpool.endpoints import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_SHM_BASE_DIR,
+    Endpoints,
+    default_aeron_dir,
+)
+from tensorpool.transport.process import StopSignals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--shm-base-dir",
+        default=os.environ.get("TENSORPOOL_SHM_BASE_DIR", DEFAULT_SHM_BASE_DIR),
+        help="base directory of SHM regions (default %(default)s)",
+    )
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="(default %(default)s)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    p.add_argument("--once", action="store_true", help="one snapshot (rates over --interval)")
+    p.add_argument("--json", action="store_true", help="with --once: print JSON")
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    d = Endpoints()
+    p.add_argument(
+        "--aeron-dir",
+        default=os.environ.get("TENSORPOOL_AERON_DIR") or default_aeron_dir(),
+        help="media driver to listen to QoS on (default %(default)s; none running: no QoS)",
+    )
+    p.add_argument("--qos-channel", default=d.qos_channel, help="(default %(default)s)")
+    p.add_argument("--qos-stream-id", type=int, default=d.qos_stream_id, help="(%(default)s)")
+    p.add_argument("--no-qos", action="store_true", help="do not listen to QoS traffic")
+
+
+def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
+    """stream id -> inspect report of its newest header ring (highest epoch, newest activity)."""
+    from tensorpool.shm.paths import PathPolicy
+
+    policy = PathPolicy([base])
+    root = os.path.join(base, namespace)
+    best: dict[int, tuple[tuple[int, int], dict[str, Any]]] = {}
+    now = time.monotonic_ns()
+    try:
+        instances = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return {}
+    for inst in instances:
+        try:
+            epochs = [e.path for e in os.scandir(inst) if e.name.startswith("epoch-")]
+        except OSError:
+            continue
+        for d in epochs:
+            path = os.path.join(d, HEADER_RING_FILENAME)
+            if not os.path.exists(path):
+                continue
+            try:
+                rep = inspect_region(path, policy, now_ns=now, probe=_pid_alive)
+            except (InspectError, OSError):
+                continue  # removed or replaced while we looked: the next refresh sees it
+            sb = rep["superblock"]
+            key = (sb["epoch"], sb["activity_timestamp_ns"])
+            sid = int(sb["stream_id"])
+            if sid not in best or key > best[sid][0]:
+                rep["directory"] = d
+                best[sid] = (key, rep)
+    return {sid: rep for sid, (_, rep) in best.items()}
+
+
+def _pid_alive(pid: int) -> bool | None:
+    from tensorpool.commands.inspect import pid_alive
+
+    return pid_alive(pid)
+
+
+#: tensorpool subcommands that produce streams, recognised in a producer's command line
+_ROLES = ("produce", "ratelimiter", "bridge", "driver", "demo", "serve")
+
+
+def producer_commands(pids: set[int]) -> dict[int, str]:
+    """pid -> the tensorpool subcommand it runs (or its program name), from /proc."""
+    out: dict[int, str] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        role = next((a for a in argv if a in _ROLES), None)
+        out[pid] = role or (os.path.basename(argv[0]) if argv else "")
+    return out
+
+
+class QosListener:
+    """QoS messages from the host's media driver into a :class:`QosBook` (None: no driver)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from tensorpool.observe.top import QosBook
+
+        self.book = QosBook()
+        self.note = ""
+        self._ctx: Any = None
+        self._sub: Any = None
+        if args.no_qos:
+            return
+        try:
+            self._start(args)
+        except Exception as exc:  # no media driver, bad channel: top still shows the rings
+            self.close()
+            self.note = f" (no QoS: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+    def _start(self, args: argparse.Namespace) -> None:
+        from tensorpool.specs import peek_header
+        from tensorpool.specs.generated import wire
+        from tensorpool.transport.config import TransportConfig
+        from tensorpool.transport.context import AeronContext
+        from tensorpool.transport.mediadriver import is_active
+
+        if not (
+            os.path.exists(os.path.join(args.aeron_dir, "cnc.dat")) and is_active(args.aeron_dir)
+        ):
+            raise RuntimeError(f"no media driver in {args.aeron_dir}")
+        self._ctx = AeronContext(
+            TransportConfig(aeron_dir=args.aeron_dir, client_name="tensorpool-top")
+        ).start()
+        dec = wire.QosConsumerDecoder()
+        book = self.book
+
+        def on_qos(buffer: Any, _header: Any) -> None:
+            try:
+                _, template_id, schema_id, _ = peek_header(buffer)
+                if schema_id != dec.SCHEMA_ID or template_id != dec.TEMPLATE_ID:
+                    return
+                dec.wrap(buffer)
+            except Exception:  # malformed: counted (QosBook.malformed), never fatal
+                book.malformed += 1
+                return
+            book.on_consumer(
+                int(dec.stream_id), int(dec.consumer_id), int(dec.epoch),
+                int(dec.last_seq_seen), int(dec.drops_gap), int(dec.drops_late),
+                int(dec.mode_raw), time.monotonic_ns(),
+            )  # fmt: skip
+
+        self._sub = self._ctx.add_subscription(args.qos_channel, args.qos_stream_id, on_qos)
+
+    def poll_for(self, seconds: float) -> None:
+        """Sleep ``seconds`` while taking QoS messages as they come."""
+        end = time.monotonic() + seconds
+        while True:
+            if self._sub is not None:
+                self._sub.poll()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.02))
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+
+def read_driver(base: str, namespace: str) -> dict[str, Any] | None:
+    from tensorpool.driver.status import STATUS_FILE_NAME, StatusUnavailable, read_status
+
+    try:
+        return read_status(os.path.join(base, namespace, STATUS_FILE_NAME))
+    except (StatusUnavailable, OSError, ValueError):
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensorpool.observe.top import render, rows
+
+    if not args.interval > 0:
+        raise UserError(f"--interval must be > 0, got {args.interval}")
+    if args.json and not args.once:
+        raise UserError("--json needs --once (a live table is for people)")
+    base = os.path.abspath(args.shm_base_dir)
+    title = f"tensorpool top: {base}/{args.namespace}"
+    stop = StopSignals((signal.SIGTERM,)).install()
+    qos = QosListener(args)
+
+    def snapshot(memo: dict[int, tuple[int, int]] | None) -> tuple[Any, ...]:
+        driver = read_driver(base, args.namespace)
+        regions = read_regions(base, args.namespace)
+        pids = {int(r["superblock"].get("pid", 0) or 0) for r in regions.values()}
+        out, new_memo = rows(
+            regions, memo, driver, now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
+            qos=qos.book, commands=producer_commands(pids - {0}),
+        )  # fmt: skip
+        return out, new_memo, driver
+
+    try:
+        _, memo, _ = snapshot(None)
+        if args.once:
+            qos.poll_for(max(args.interval, 1.2 if qos.note == "" and not args.no_qos else 0))
+            out, _, driver = snapshot(memo)
+            if args.json:
+                doc = {
+                    "shm_base_dir": base,
+                    "namespace": args.namespace,
+                    "qos": qos.note.strip(" ()") or ("off" if args.no_qos else "listening"),
+                    "driver": None
+                    if driver is None
+                    else {k: driver.get(k) for k in ("instance_id", "pid", "state")},
+                    "streams": [r.as_json() for r in out],
+                }
+                print(json.dumps(doc))
+            else:
+                from rich.console import Console
+
+                Console().print(render(out, driver, title, qos.note))
+            return 0
+
+        from rich.console import Console
+        from rich.live import Live
+
+        end = time.monotonic() + args.duration if args.duration > 0 else float("inf")
+        with Live(console=Console(), auto_refresh=False, screen=False) as live:
+            while not stop.requested and time.monotonic() < end:
+                qos.poll_for(args.interval)
+                out, memo, driver = snapshot(memo)
+                live.update(render(out, driver, title, qos.note), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        qos.close()
+    return 0

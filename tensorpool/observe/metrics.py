@@ -1,0 +1,481 @@
+"""Prometheus metrics for every tensorpool process (#19.1), read at scrape time.
+
+Why collectors and not ``Counter.inc()`` per frame: the agents already count everything the
+issue asks for (frames, bytes, drops by reason, leases, epochs) in plain ints and
+:class:`~tensorpool.counters.DropCounters`. A custom collector turns those into metric
+families only when Prometheus scrapes, so metrics cost the hot path nothing at all, and the
+names stay one vocabulary: the ``reason`` label is the existing reason name.
+
+Threading: ``prometheus_client`` serves scrapes on its own thread while the agent runs on the
+main thread. Reads of ints are atomic under the GIL; a snapshot that iterates a dict the agent
+grows meanwhile can raise ``RuntimeError``, which :func:`_retrying` absorbs by reading again
+(it is rare: reason dicts are pre-seeded). A scrape never blocks or slows the agent.
+
+Names follow Prometheus conventions: ``tensorpool_`` prefix, base units in the name
+(``_bytes``, ``_seconds``), ``_total`` for counters. The list is in docs/observe.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from tensorpool.config_util import parse_bind
+from tensorpool.counters import LatencyHistogram
+
+if TYPE_CHECKING:
+    from tensorpool.bridge.app import BridgeApp
+    from tensorpool.client.consumer import Consumer
+    from tensorpool.client.producer import Producer
+    from tensorpool.driver.agent import DriverAgent
+    from tensorpool.ratelimiter.agent import RateLimiterAgent
+
+log = logging.getLogger("tensorpool.observe.metrics")
+
+_NS = 1e-9
+
+
+def _retrying(read: Callable[[], list[Metric]]) -> list[Metric]:
+    """Run a snapshot read again if the agent thread changed a dict under it."""
+    for _ in range(5):
+        try:
+            return read()
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    log.warning("metrics snapshot kept racing the agent; this scrape is empty")
+    return []
+
+
+def _drops(
+    name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], Mapping[str, int]]]
+) -> CounterMetricFamily:
+    """One counter family with a ``reason`` label from reason -> count dicts."""
+    fam = CounterMetricFamily(name, doc, labels=[*labels, "reason"])
+    for values, counts in rows:
+        for reason, n in sorted(counts.items()):
+            fam.add_metric([*values, reason], n)
+    return fam
+
+
+def histogram(name: str, doc: str, hist: LatencyHistogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=hist.cumulative(), sum_value=hist.sum_s)
+
+
+class ProducerCollector(Collector):
+    """``tensorpool produce`` (and any Producer): frames and bytes published, drops, epoch."""
+
+    def __init__(self, producer: Producer, attach_latency: LatencyHistogram | None = None) -> None:
+        self.producer = producer
+        self.attach_latency = attach_latency
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        p = self.producer
+        st = p.stats
+        s = [str(p.stream_id)]
+        out: list[Metric] = []
+        for name, doc, value in (
+            ("tensorpool_frames_published", "frames committed to the ring", st.frames),
+            ("tensorpool_bytes_published", "payload bytes committed", st.bytes),
+            (
+                "tensorpool_descriptors_not_sent",
+                "frames committed whose descriptor Aeron refused (no subscriber or back pressure)",
+                st.descriptors_not_sent,
+            ),
+            ("tensorpool_announces_sent", "ShmPoolAnnounce messages sent", st.announces),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["stream"])
+            fam.add_metric(s, value)
+            out.append(fam)
+        out.append(
+            _drops(
+                "tensorpool_producer_drops",
+                "frames the producer refused, by reason",
+                ["stream"],
+                [(s, st.drops.snapshot())],
+            )
+        )
+        epoch = GaugeMetricFamily("tensorpool_epoch", "current epoch", labels=["stream", "role"])
+        epoch.add_metric([*s, "producer"], p.epoch or 0)
+        out.append(epoch)
+        if self.attach_latency is not None:
+            out.append(
+                histogram(
+                    "tensorpool_attach_latency_seconds",
+                    "client side: attach request sent -> lease granted",
+                    self.attach_latency,
+                )
+            )
+        return out
+
+
+class ConsumerCollector(Collector):
+    """``tensorpool consume`` (and any Consumer): frames accepted, drops by reason, announces."""
+
+    def __init__(self, consumer: Consumer, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.consumer = consumer
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        c = self.consumer
+        st = c.stats
+        s = [str(c.stream_id)]
+        out: list[Metric] = []
+        for name, doc, value in (
+            ("tensorpool_frames_accepted", "frames read and validated", st.frames),
+            ("tensorpool_bytes_accepted", "payload bytes of accepted frames", st.bytes),
+            ("tensorpool_remaps", "times the consumer mapped a new epoch", st.remaps),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["stream"])
+            fam.add_metric(s, value)
+            out.append(fam)
+        # slot-read reasons (their LATE_REASONS sum is QoS drops_late) plus "gap" (QoS drops_gap:
+        # seqs never seen); the reason label is the counter's own name
+        drops = st.drops.snapshot()
+        drops["gap"] = c.drops_gap
+        out.append(
+            _drops(
+                "tensorpool_frames_dropped",
+                "frames the consumer missed or refused, by reason (gap: never seen)",
+                ["stream"],
+                [(s, drops)],
+            )
+        )
+        out.append(
+            _drops(
+                "tensorpool_control_dropped",
+                "control messages refused, by reason",
+                ["stream"],
+                [(s, st.control.snapshot())],
+            )
+        )
+        epoch = GaugeMetricFamily("tensorpool_epoch", "current epoch", labels=["stream", "role"])
+        epoch.add_metric([*s, "consumer"], c.epoch or 0)
+        out.append(epoch)
+        stamp = getattr(c.core, "_newest_announce_ns", 0)
+        if stamp:  # the announcer's CLOCK_MONOTONIC: the same clock on one host
+            age = GaugeMetricFamily(
+                "tensorpool_announce_age_seconds",
+                "time since the newest ShmPoolAnnounce this consumer saw",
+                labels=["stream"],
+            )
+            age.add_metric(s, max(self.clock() - stamp, 0) * _NS)
+            out.append(age)
+        return out
+
+
+class DriverCollector(Collector):
+    """The SHM driver: streams, epochs, leases by role and state, events, attach latency."""
+
+    ROLES = ("PRODUCER", "CONSUMER")
+
+    def __init__(self, agent: DriverAgent, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.agent = agent
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        agent = self.agent
+        status = agent.core.status(self.clock())
+        out: list[Metric] = []
+        info = GaugeMetricFamily(
+            "tensorpool_driver_info", "driver identity", labels=["instance", "state"]
+        )
+        info.add_metric([status.instance_id, status.state], 1)
+        out.append(info)
+        epoch = GaugeMetricFamily("tensorpool_driver_epoch", "stream epoch", labels=["stream"])
+        consumers = GaugeMetricFamily(
+            "tensorpool_driver_consumers", "consumer leases per stream", labels=["stream"]
+        )
+        producer = GaugeMetricFamily(
+            "tensorpool_driver_producer_attached",
+            "1 if the stream has a producer lease",
+            labels=["stream"],
+        )
+        for row in status.streams:
+            sid = [str(row.stream_id)]
+            epoch.add_metric(sid, row.epoch)
+            consumers.add_metric(sid, row.consumer_count)
+            producer.add_metric(sid, 1 if row.producer_lease_id is not None else 0)
+        out += [epoch, consumers, producer]
+        counts: dict[tuple[str, str], int] = {}
+        for lease in status.leases:
+            key = (lease.role, lease.state)
+            counts[key] = counts.get(key, 0) + 1
+        leases = GaugeMetricFamily(
+            "tensorpool_driver_leases", "live leases by role and state", labels=["role", "state"]
+        )
+        for role in self.ROLES:  # both roles always present, so a dashboard sees 0, not gaps
+            if not any(r == role for r, _ in counts):
+                counts[(role, "ACTIVE")] = 0
+        for (role, state), n in sorted(counts.items()):
+            leases.add_metric([role.lower(), state.lower()], n)
+        out.append(leases)
+        events = CounterMetricFamily(
+            "tensorpool_driver_events",
+            "driver events (attaches, epochs, announces, ...) by name",
+            labels=["source", "event"],
+        )
+        dropped: dict[str, int] = {}
+        for source, table in (("core", status.counters), ("agent", dict(agent.counters))):
+            for name, n in sorted(table.items()):
+                if name.startswith("malformed_"):
+                    dropped[name.removeprefix("malformed_")] = n
+                else:
+                    events.add_metric([source, name], n)
+        out.append(events)
+        out.append(
+            _drops(
+                "tensorpool_driver_messages_dropped",
+                "control messages the driver refused, by reason",
+                [],
+                [([], dropped)],
+            )
+        )
+        out.append(
+            histogram(
+                "tensorpool_driver_attach_latency_seconds",
+                "attach request seen -> handled (regions created, response sent)",
+                agent.attach_latency,
+            )
+        )
+        return out
+
+
+class RateLimiterCollector(Collector):
+    """A rate limiter: accepted (published) and dropped frames per mapping, by reason."""
+
+    def __init__(self, agent: RateLimiterAgent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        snap = self.agent.snapshot()
+        labels = ["source_stream", "dest_stream"]
+        fams: dict[str, Metric] = {
+            "offered": CounterMetricFamily(
+                "tensorpool_ratelimiter_frames_offered",
+                "source frames offered to the rate gate",
+                labels=labels,
+            ),
+            "published": CounterMetricFamily(
+                "tensorpool_ratelimiter_frames_published",
+                "frames republished on the destination stream (accepted by the gate)",
+                labels=labels,
+            ),
+            "published_bytes": CounterMetricFamily(
+                "tensorpool_ratelimiter_bytes_published",
+                "payload bytes republished",
+                labels=labels,
+            ),
+            "rate_hz": GaugeMetricFamily(
+                "tensorpool_ratelimiter_rate_hz", "effective rate limit (0: none)", labels=labels
+            ),
+        }
+        epochs = GaugeMetricFamily(
+            "tensorpool_ratelimiter_epoch", "epoch per side", labels=[*labels, "side"]
+        )
+        dropped: list[tuple[list[str], Mapping[str, int]]] = []
+        source_dropped: list[tuple[list[str], Mapping[str, int]]] = []
+        for m in snap["mappings"]:
+            lv = [str(m["source_stream_id"]), str(m["dest_stream_id"])]
+            for key, fam in fams.items():
+                fam.add_metric(lv, m[key])
+            epochs.add_metric([*lv, "source"], m["source_epoch"] or 0)
+            epochs.add_metric([*lv, "dest"], m["dest_epoch"] or 0)
+            # superseded: a newer frame replaced it before its slot (the gate's rate drop)
+            reasons = {
+                "superseded": m["superseded"],
+                "discarded_on_reset": m["discarded_on_reset"],
+                **m["drops"],
+            }
+            dropped.append((lv, reasons))
+            source_dropped.append((lv, m["source_drops"]))
+        out = [*fams.values(), epochs]
+        out.append(
+            _drops(
+                "tensorpool_ratelimiter_frames_dropped",
+                "source frames not republished, by reason (superseded: rate limit)",
+                labels,
+                dropped,
+            )
+        )
+        out.append(
+            _drops(
+                "tensorpool_ratelimiter_source_frames_dropped",
+                "frames the source consumer refused, by reason",
+                labels,
+                source_dropped,
+            )
+        )
+        out.append(
+            _drops(
+                "tensorpool_ratelimiter_messages_dropped",
+                "control messages refused or not forwarded, by reason",
+                [],
+                [([], {**snap["counters"], **snap["forward_drops"]})],
+            )
+        )
+        return out
+
+
+class BridgeCollector(Collector):
+    """A bridge: frames, bytes and chunks per mapping and role, reassembly drops by reason."""
+
+    def __init__(self, app: BridgeApp) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        rows = self.app.status()
+        labels = ["mapping", "role"]
+        counters = {
+            key: CounterMetricFamily(f"tensorpool_bridge_{name}", doc, labels=labels)
+            for key, name, doc in (
+                ("frames", "frames", "frames sent or reassembled"),
+                ("bytes", "bytes", "payload bytes sent or reassembled"),
+                ("chunks", "chunks", "payload chunks sent or received"),
+            )
+        }
+        epoch = GaugeMetricFamily(
+            "tensorpool_bridge_source_epoch", "source stream epoch", labels=labels
+        )
+        frame_drops: list[tuple[list[str], Mapping[str, int]]] = []
+        chunk_drops: list[tuple[list[str], Mapping[str, int]]] = []
+        control_drops: list[tuple[list[str], Mapping[str, int]]] = []
+        for row in rows:
+            lv = [str(row["mapping"]), str(row["role"])]
+            for key, fam in counters.items():
+                fam.add_metric(lv, int(row.get(key, 0) or 0))
+            epoch.add_metric(lv, int(row.get("source_epoch") or 0))
+            if row["role"] == "sender":
+                frame_drops.append((lv, {**row["drops"], **row["source_drops"]}))
+            else:  # receiver: reassembly drops (assembly_timeout, ...)
+                frame_drops.append((lv, row["frame_drops"]))
+                chunk_drops.append((lv, row["chunk_drops"]))
+            control_drops.append((lv, row["control_drops"]))
+        return [
+            *counters.values(),
+            epoch,
+            _drops(
+                "tensorpool_bridge_frames_dropped",
+                "frames not sent or not reassembled, by reason",
+                labels,
+                frame_drops,
+            ),
+            _drops(
+                "tensorpool_bridge_chunks_dropped",
+                "received chunks refused, by reason",
+                labels,
+                chunk_drops,
+            ),
+            _drops(
+                "tensorpool_bridge_control_dropped",
+                "control messages refused, by reason",
+                labels,
+                control_drops,
+            ),
+        ]
+
+
+class MetricsServer:
+    """A private registry served over HTTP on its own thread; ``close()`` stops it.
+
+    A private registry (not prometheus_client's global one) so two servers in one process (tests,
+    an embedded driver) never see each other's collectors. Process CPU and RSS come from
+    prometheus_client's own ``ProcessCollector`` (``process_cpu_seconds_total``,
+    ``process_resident_memory_bytes``).
+    """
+
+    def __init__(self, host: str, port: int, collectors: Iterable[Collector]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        for c in collectors:
+            self.registry.register(c)
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.host = host
+        self.port = int(self._server.server_address[1])
+
+    def add(self, collector: Collector) -> None:
+        self.registry.register(collector)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_metrics(bind: str, collectors: Iterable[Collector] = ()) -> MetricsServer | None:
+    """Serve metrics on ``bind`` (``HOST:PORT`` or ``PORT``); None when ``bind`` is empty.
+
+    Raises ValueError with a one-line reason for a bad bind or a port that is taken.
+    """
+    if not bind:
+        return None
+    parsed = parse_bind(bind)
+    if isinstance(parsed, str):
+        raise ValueError(f"--metrics-bind {parsed}")
+    host, port = parsed
+    try:
+        server = MetricsServer(host, port, collectors)
+    except OSError as exc:
+        raise ValueError(f"--metrics-bind {bind}: cannot listen: {exc.strerror or exc}") from None
+    log.info("metrics on %s", server.url)
+    return server
+
+
+def scrape_values(text: str) -> dict[str, float]:
+    """Parse an exposition text into ``{'name{labels}': value}`` (tests, ``top``, benches)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
+    return out
+
+
+def add_metrics_argument(p: Any, *, config_key: str | None = None) -> None:
+    """The one ``--metrics-bind`` option every command shares (default: off)."""
+    where = f"; overrides {config_key} in the config" if config_key else ""
+    p.add_argument(
+        "--metrics-bind",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        f"127.0.0.1; default off{where})",
+    )

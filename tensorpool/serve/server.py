@@ -1,0 +1,325 @@
+"""The Arrow Flight server of ``tensorpool serve``: one host's streams, read-only (#18).
+
+The server learns its streams the way any consumer does -- announces (standalone) or leases
+from the SHM driver (``driver=True``) -- through the Spark source's control-plane attachment,
+and maps exactly what was announced, through the path containment and superblock checks of
+every consumer (:class:`~tensorpool.spark_source.mapped_rings.MappedStream`). A client names a
+stream id, an epoch and seqs; never a path.
+
+Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
+
+* ``list_flights`` / ``get_flight_info(path=[stream id])``: each served stream, its schema and a
+  JSON summary in the schema metadata (layout, epoch, head seq, oldest seq in the ring,
+  producer liveness, the server's view of its files);
+* ``do_action("scan", {"streams": [...]})``: per stream, the summary plus the whole ring scan
+  (one Arrow IPC table each) -- what the Spark driver plans with;
+* ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
+  read with the seqlock by :func:`~tensorpool.spark_source.mapped_rings.read_range`; frames not
+  delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
+
+Failures are Flight errors with one clear message (bad ticket, stream not served, bad or
+missing token); the server never dies on them. Every refusal and every lost frame is counted
+(:attr:`TensorPoolFlightServer.counters`).
+
+Threads: Flight runs handlers on a gRPC thread pool, and the mapping cache and Arrow buffer
+pool of ``mapped_rings`` are per process and not thread-safe: one lock covers every mapping,
+scan and batch build; batches are sent outside it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from tensorpool.client.announce import StreamLayout
+from tensorpool.serve.core import BadTicket, plan_get
+from tensorpool.spark_source import mapped_rings, remote
+from tensorpool.spark_source.hosts import STREAM, PlanOrigin
+from tensorpool.spark_source.margin import now_for
+from tensorpool.spark_source.offsets import RingState
+
+log = logging.getLogger("tensorpool.serve")
+
+
+class StreamDirectory(Protocol):
+    """Where the server learns its streams (the Spark source's ``Attachment``)."""
+
+    def layouts(self) -> dict[int, StreamLayout]: ...
+
+    def liveness(self, now_ns: int) -> dict[int, tuple[bool, int | None]]: ...
+
+
+def arrow_schema(include_meta: bool) -> pa.Schema:
+    """The Spark source's Arrow schema (what Spark compares batches with), built without
+    pyspark; ``tests/unit/test_serve_core.py`` checks it equals the source's."""
+    fields = [
+        pa.field("stream_id", pa.int32()),
+        pa.field("epoch", pa.int64()),
+        pa.field("seq", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestamp_ns", pa.int64()),
+    ]
+    if include_meta:
+        fields += [
+            pa.field("meta_version", pa.int32()),
+            pa.field("dtype", pa.string()),
+            pa.field("shape", pa.list_(pa.field("element", pa.int32()))),
+            pa.field("strides", pa.list_(pa.field("element", pa.int32()))),
+        ]
+    fields.append(pa.field("payload", pa.binary()))
+    return pa.schema(fields)
+
+
+SCHEMAS = {True: arrow_schema(True), False: arrow_schema(False)}
+
+
+class BearerToken(flight.ServerMiddlewareFactory):
+    """``authorization: Bearer <token>`` on every call, compared in constant time."""
+
+    def __init__(self, token: str, counters: Counter[str]) -> None:
+        super().__init__()
+        self._token = token.encode()
+        self._counters = counters
+
+    def start_call(self, info: Any, headers: dict[str, list[Any]]) -> None:
+        values = headers.get("authorization") or []
+        for v in values:
+            raw = v.encode() if isinstance(v, str) else bytes(v)
+            scheme, _, given = raw.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(given, self._token):
+                return None
+        reason = "auth_missing" if not values else "auth_bad_token"
+        self._counters[reason] += 1
+        raise flight.FlightUnauthenticatedError(
+            "tensorpool serve: "
+            + ("no bearer token" if not values else "wrong bearer token")
+            + " (send 'authorization: Bearer <token>'; the Spark option is flightToken)"
+        )
+
+
+class TensorPoolFlightServer(flight.FlightServerBase):
+    """Serves ``streams`` of one host over Flight (see the module docstring)."""
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        streams: tuple[int, ...],
+        directory: StreamDirectory,
+        base_dirs: tuple[str, ...],
+        shm_base_dir: str,
+        token: str | None = None,
+        tls_certificates: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        self.counters: Counter[str] = Counter()
+        middleware = {"auth": BearerToken(token, self.counters)} if token else None
+        super().__init__(
+            location,
+            tls_certificates=tls_certificates or None,
+            middleware=middleware,
+        )
+        self.streams = tuple(sorted(streams))
+        self.directory = directory
+        self.base_dirs = base_dirs
+        self.shm_base_dir = shm_base_dir
+        self._lock = threading.Lock()
+
+    # --- what a stream is now -------------------------------------------------------------------
+    def _served(self, sid: int) -> None:
+        if sid not in self.streams:
+            self.counters["stream_not_served"] += 1
+            raise flight.FlightServerError(
+                f"tensorpool serve: stream {sid} is not served here (serves {list(self.streams)})"
+            )
+
+    def _spec(self, sid: int) -> mapped_rings.RegionSpec | None:
+        layout = self.directory.layouts().get(sid)
+        return None if layout is None else mapped_rings.RegionSpec.from_layout(layout)
+
+    def _summary_and_scan(
+        self, sid: int
+    ) -> tuple[dict[str, Any], RingState, dict[str, Any]] | None:
+        spec = self._spec(sid)
+        if spec is None:
+            return None
+        with self._lock:
+            m = mapped_rings.mapped(spec, self.base_dirs)
+            scan = m.ring.scan()
+            fields = {
+                "committed": scan.committed.copy(),
+                "values_len": scan.fields["values_len"].copy(),
+                "timestamp_ns": scan.fields["timestamp_ns"].copy(),
+            }
+            origin = PlanOrigin.of(m.regions[0].path, self.shm_base_dir, STREAM)
+        st = RingState.from_slots(
+            spec.epoch, scan.seq, fields["committed"], fields["values_len"], fields["timestamp_ns"]
+        )
+        live, age = self.directory.liveness(time.monotonic_ns()).get(sid, (False, None))
+        summary = {
+            "stream": sid,
+            "region": remote.spec_to_json(spec),
+            "epoch": spec.epoch,
+            "head": st.head,
+            "oldest": st.oldest,
+            "nslots": spec.nslots,
+            "live": live,
+            "announce_age_ms": age,
+            "origin": remote.origin_to_json(origin),
+            "base_dirs": list(self.base_dirs),
+            "now_ns": now_for(spec.clock_domain),  # the client shifts the stamps by its own now
+        }
+        return summary, st, fields
+
+    # --- Flight calls ---------------------------------------------------------------------------
+    def _info(self, sid: int) -> flight.FlightInfo:
+        got = self._summary_and_scan(sid)
+        summary: dict[str, Any] = (
+            {"stream": sid, "missing": "no producer announced"} if got is None else got[0]
+        )
+        schema = SCHEMAS[True].with_metadata({remote.SUMMARY_KEY: json.dumps(summary).encode()})
+        descriptor = flight.FlightDescriptor.for_path(str(sid))
+        endpoints = []
+        if got is not None:
+            st = got[1]
+            t = remote.Ticket(sid, st.epoch, st.oldest, st.head)
+            endpoints.append(flight.FlightEndpoint(t.encode(), []))
+            records = st.head - st.oldest
+        else:
+            records = 0
+        return flight.FlightInfo(schema, descriptor, endpoints, records, -1)
+
+    def list_flights(self, context: Any, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        for sid in self.streams:
+            try:
+                yield self._info(sid)
+            except Exception:  # one stream's trouble must not hide the others
+                log.exception("tensorpool serve: describing stream %d failed", sid)
+
+    def get_flight_info(
+        self, context: Any, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        path = descriptor.path or []
+        try:
+            sid = int(path[0]) if len(path) == 1 else -1
+        except ValueError:
+            sid = -1
+        if sid < 0:
+            self.counters["bad_descriptor"] += 1
+            raise flight.FlightServerError(
+                "tensorpool serve: describe a stream by its id, as a one-element path ['1']"
+            )
+        self._served(sid)
+        return self._info(sid)
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return [(remote.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)")]
+
+    def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+        if action.type != remote.ACTION_SCAN:
+            self.counters["bad_action"] += 1
+            raise flight.FlightServerError(f"tensorpool serve: unknown action {action.type!r}")
+        try:
+            doc = json.loads(action.body.to_pybytes())
+            sids = [int(s) for s in doc["streams"]]
+        except (ValueError, KeyError, TypeError):
+            self.counters["bad_action"] += 1
+            raise flight.FlightServerError(
+                "tensorpool serve: scan needs a JSON body {'streams': [ids]}"
+            ) from None
+        for sid in sids:
+            self._served(sid)
+        out = []
+        for sid in sids:
+            got = self._summary_and_scan(sid)
+            if got is None:
+                out.append(json.dumps({"stream": sid, "missing": "no producer announced"}).encode())
+                continue
+            tbl = remote.scan_table(*got)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, tbl.schema) as w:
+                w.write_table(tbl)
+            out.append(sink.getvalue().to_pybytes())
+        self.counters["scans"] += 1
+        return iter(out)
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        try:
+            t = remote.decode_ticket(ticket.ticket)
+        except remote.TicketError as exc:
+            self.counters["bad_ticket"] += 1
+            raise flight.FlightServerError(f"tensorpool serve: bad ticket: {exc}") from None
+        self._served(t.stream_id)
+        spec = self._spec(t.stream_id)
+        st = None
+        if spec is not None:
+            try:
+                with self._lock:
+                    st = mapped_rings.mapped(spec, self.base_dirs).scan()
+            except Exception as exc:  # regions gone since the announce: all lost
+                log.warning("tensorpool serve: stream %d not mappable: %s", t.stream_id, exc)
+                spec = None
+        try:
+            plan = plan_get(t, None if spec is None else spec.epoch, st)
+        except BadTicket as exc:
+            self.counters["bad_ticket"] += 1
+            raise flight.FlightServerError(f"tensorpool serve: bad ticket: {exc}") from None
+        self.counters["gets"] += 1
+        schema = SCHEMAS[t.include_meta]
+        return flight.GeneratorStream(schema, self._stream(t, spec, plan, schema))
+
+    def _stream(
+        self,
+        t: remote.Ticket,
+        spec: mapped_rings.RegionSpec | None,
+        plan: Any,
+        schema: pa.Schema,
+    ) -> Iterator[Any]:
+        """Batches with pending loss ranges in their app_metadata; a last empty batch carries
+        what is left. Runs in the gRPC thread; a client that goes away closes it."""
+        loss = remote.LossRanges()
+        for a, b, why in plan.lost:
+            loss.add(a, b, why)
+        empty = schema.empty_table().to_batches()
+        empty_batch = empty[0] if empty else pa.RecordBatch.from_pylist([], schema=schema)
+        frames = 0
+        try:
+            if spec is not None and plan.reads:
+                batches = mapped_rings.read_range(
+                    spec,
+                    self.base_dirs,
+                    plan.first,
+                    plan.end,
+                    include_meta=t.include_meta,
+                    on_loss=loss,
+                    schema=schema,
+                    runs=plan.runs,
+                )
+                while True:
+                    with self._lock:
+                        batch = next(batches, None)
+                    if batch is None:
+                        break
+                    frames += batch.num_rows
+                    lost = loss.take()
+                    yield (batch, remote.encode_loss(lost)) if lost else batch
+            lost = loss.take()
+            if lost:
+                yield (empty_batch, remote.encode_loss(lost))
+        except GeneratorExit:
+            self.counters["client_gone"] += 1
+            raise
+        finally:
+            self.counters["frames"] += frames
+            self.counters["frames_lost"] += loss.frames
+
+
+__all__ = ["SCHEMAS", "BearerToken", "StreamDirectory", "TensorPoolFlightServer", "arrow_schema"]

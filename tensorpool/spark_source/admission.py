@@ -1,0 +1,127 @@
+"""SLA admission of the Spark source per stream: lag, jitter, rate (seed 004 §5, #17).
+
+Sans-IO: callers pass event times (ns, wall clock) and ``now_ns``; the state is a token bucket
+and a jitter window per stream, kept by the reader on the driver across triggers.
+
+Order of the checks, as seed 004's ``StreamAdmissionController.try_admit``:
+
+1. **lag** -- a frame whose age at admission (``now - event time``) exceeds ``maxLagMs`` is
+   *shed* (counted ``shedLag``). Frames are planned oldest first and event time is
+   non-decreasing in seq (:func:`~tensorpool.spark_source.eventtime.running_max`), so the shed
+   frames are a prefix of what is pending and the offsets record them as a seq boundary.
+2. **jitter** -- the inter-arrival time of each stream's frames (their stamps, seq order) is
+   measured; ``jitter`` is ``|interval - median interval|`` over the last
+   :data:`JITTER_WINDOW` intervals, reported as p50/p99. Above ``maxJitterMs`` the stream is
+   *flagged* (progress, one warning per episode), not throttled: seed 004 rejects an event
+   that arrives later than the budget after the last one, which for a pull-based source is
+   the stream going quiet -- Spark cannot make a producer stutter less, the operator can.
+3. **rate** -- a token bucket per stream across triggers: ``maxFramesPerSecond`` tokens a
+   second up to ``maxBurstFrames``; a trigger admits at most the tokens it holds. Frames over
+   the rate are *deferred* (they stay in the ring for the next trigger -- seed 004's
+   ``PreferThrottle``), not shed: whether waiting frames then age out is the lag check's job.
+
+Shed frames are the source's decision, not loss: they never fail a query, whatever
+``failOnDataLoss`` says, and are counted apart (``shedLag`` / ``shedMemory``, never ``lost``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+#: intervals kept per stream for the jitter percentiles
+JITTER_WINDOW: Final = 1024
+_NS_PER_S: Final = 1_000_000_000
+
+
+def lag_count(times: np.ndarray, now_ns: int, max_lag_ns: int | None) -> int:
+    """Leading frames (non-decreasing ``times``) older than ``max_lag_ns`` at ``now_ns``."""
+    if max_lag_ns is None or not len(times):
+        return 0
+    return int(np.searchsorted(times, now_ns - max_lag_ns, side="left"))
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` held; starts full (a fresh query may take a
+    burst at once, as seed 004's controller does)."""
+
+    rate: float
+    burst: int
+    tokens: float = -1.0
+    last_ns: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = float(self.burst)
+
+    def available(self, now_ns: int) -> int:
+        """Whole tokens held at ``now_ns`` (refills; never more than ``burst``)."""
+        if self.last_ns is not None and now_ns > self.last_ns:
+            self.tokens = min(
+                float(self.burst), self.tokens + (now_ns - self.last_ns) * self.rate / _NS_PER_S
+            )
+        if self.last_ns is None or now_ns > self.last_ns:
+            self.last_ns = now_ns
+        return int(self.tokens)
+
+    def take(self, n: int) -> None:
+        """``n`` frames were admitted (at most :meth:`available`)."""
+        self.tokens = max(0.0, self.tokens - n)
+
+
+@dataclass(slots=True)
+class JitterMeter:
+    """Inter-arrival intervals of one stream, from its frames' stamps, last seq measured."""
+
+    intervals: np.ndarray = field(default_factory=lambda: np.zeros(JITTER_WINDOW, np.int64))
+    count: int = 0  # intervals recorded in total (the window holds the last JITTER_WINDOW)
+    last_seq: int = -1
+    last_ns: int | None = None
+
+    def observe(self, seqs: np.ndarray, times: np.ndarray) -> None:
+        """Frames seen in a plan (ascending seqs); ones measured before are skipped, so frames
+        deferred to the next trigger are not counted twice."""
+        if not len(seqs):
+            return
+        start = int(np.searchsorted(seqs, self.last_seq, side="right"))
+        if start >= len(seqs):
+            return
+        t = times[start:]
+        d = np.diff(t) if self.last_ns is None else np.diff(t, prepend=self.last_ns)
+        self.last_seq = int(seqs[-1])
+        self.last_ns = int(t[-1])
+        if not len(d):
+            return
+        d = d[-JITTER_WINDOW:]
+        k = len(d)
+        i = self.count % JITTER_WINDOW
+        first = min(k, JITTER_WINDOW - i)
+        self.intervals[i : i + first] = d[:first]
+        if k > first:
+            self.intervals[: k - first] = d[first:]
+        self.count += k
+
+    def percentiles(self) -> tuple[float, float] | None:
+        """(p50, p99) of ``|interval - median interval|`` in ms; None before two frames."""
+        n = min(self.count, JITTER_WINDOW)
+        if n == 0:
+            return None
+        w = self.intervals[:n]
+        dev = np.abs(w - np.median(w))
+        p50, p99 = np.percentile(dev, (50, 99))
+        return float(p50) / 1e6, float(p99) / 1e6
+
+
+@dataclass(slots=True)
+class StreamAdmission:
+    """One stream's admission state (bucket, jitter window, flag episode)."""
+
+    bucket: TokenBucket | None
+    jitter: JitterMeter = field(default_factory=JitterMeter)
+    flagged: bool = False
+
+
+__all__ = ["JITTER_WINDOW", "JitterMeter", "StreamAdmission", "TokenBucket", "lag_count"]

@@ -1,0 +1,150 @@
+"""Event time of the Spark source: per-stream watermarks, the minimum rule, late frames (#17).
+
+Sans-IO: callers pass each stream's newest event time, its head and ``now_ns`` (the driver's
+monotonic clock); nothing here reads a ring or a clock.
+
+Why the source aligns at all
+----------------------------
+Spark keeps *one* watermark per query, ``max(event time of every row) - delay``. A source over
+several streams hands it rows of all of them, so a stream that runs behind in event time has
+its rows dropped as late by every downstream stateful operator. Seed 004's
+``WatermarkAligner`` instead combines per-source watermarks by the **minimum rule**. The
+source cannot change Spark's watermark, but it can decide which frames enter a micro-batch:
+with ``alignEventTime`` it admits, per stream, only frames whose event time is at or below
+``min(newest event time of every live stream) + maxEventTimeSkewMs`` (:meth:`Aligner.bound`),
+so the maximum Spark sees never runs ahead of the slowest live stream by more than the skew.
+
+Idleness: a stream whose head has not moved for ``idleStreamTimeoutMs`` (or that has never
+had a frame since the reader first looked at it for that long) stops holding the others back.
+With no live stream at all the bound is None: nothing is held (seed 004's aligner with zero
+sources reports no watermark).
+
+Watermarks
+----------
+A stream's watermark is the highest event time the source has delivered for it (cumulative,
+carried in the offsets as ``eventNs`` so a restarted query keeps it). The source's global
+watermark is the minimum over live streams, never decreasing (seed 004 §2.1, "per-edge
+non-decreasing"). Frames below ``global - allowedLatenessMs`` are *late*.
+
+Event time within a stream is taken as non-decreasing in seq (:func:`running_max`): a
+producer stamps frames as it publishes them, and treating a stamp older than its predecessor
+at its predecessor's time keeps every decision a seq *prefix* -- so the offsets can record it
+as a seq boundary and a replayed batch reads exactly the same frames without re-deciding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+_MS: Final = 1_000_000
+
+
+def running_max(stamps: np.ndarray) -> np.ndarray:
+    """Event times made non-decreasing in seq order (see the module doc)."""
+    if len(stamps) < 2:
+        return stamps
+    return np.maximum.accumulate(stamps)
+
+
+def count_below(times: np.ndarray, threshold: int | None) -> int:
+    """Leading frames of ``times`` (non-decreasing) strictly below ``threshold``."""
+    if threshold is None or not len(times):
+        return 0
+    return int(np.searchsorted(times, threshold, side="left"))
+
+
+def count_at_or_below(times: np.ndarray, bound: int | None) -> int:
+    """Leading frames of ``times`` (non-decreasing) at or below ``bound`` (None: all)."""
+    if bound is None:
+        return len(times)
+    return int(np.searchsorted(times, bound, side="right"))
+
+
+@dataclass(slots=True)
+class _StreamClock:
+    head: int = -1
+    newest_ns: int | None = None
+    moved_ns: int = 0  # driver monotonic time the head last moved (or was first looked at)
+
+
+@dataclass(slots=True)
+class Aligner:
+    """The minimum rule over the streams of one query (seed 004 ``WatermarkAligner``).
+
+    ``skew_ns``: how far ahead of the slowest live stream a frame may be; ``idle_ns``: silence
+    after which a stream no longer holds the others back.
+    """
+
+    skew_ns: int
+    idle_ns: int
+    _clocks: dict[int, _StreamClock] = field(default_factory=dict)
+    #: the source's global watermark (ns, wall clock), monotone; None before any frame
+    global_ns: int | None = None
+
+    def observe(self, sid: int, head: int | None, newest_ns: int | None, now_ns: int) -> None:
+        """One ring scan of ``sid``: its head (None: not mapped) and newest frame's event time."""
+        c = self._clocks.get(sid)
+        if c is None:
+            c = self._clocks[sid] = _StreamClock(moved_ns=now_ns)
+        if head is not None and head != c.head:
+            c.moved_ns = now_ns
+            c.head = head
+        if newest_ns is not None:
+            c.newest_ns = newest_ns
+
+    def idle(self, sid: int, now_ns: int) -> bool:
+        c = self._clocks.get(sid)
+        return c is not None and now_ns - c.moved_ns >= self.idle_ns
+
+    def live(self, now_ns: int) -> list[int]:
+        return sorted(s for s in self._clocks if not self.idle(s, now_ns))
+
+    def bound(self, now_ns: int) -> int | None:
+        """Highest event time admissible now; None: no live stream holds anything back.
+
+        A live stream with no frame yet holds every other stream (its first frames may be
+        older than anything seen) until it has been silent for the idle timeout.
+        """
+        lows: list[int] = []
+        for sid in self.live(now_ns):
+            newest = self._clocks[sid].newest_ns
+            if newest is None:
+                return -(2**63)
+            lows.append(newest)
+        if not lows:
+            return None
+        return min(lows) + self.skew_ns
+
+    def advance(self, per_stream_ns: dict[int, int], now_ns: int) -> int | None:
+        """Fold the per-stream watermarks in: global = min over live streams, never lower."""
+        live = [per_stream_ns[s] for s in self.live(now_ns) if s in per_stream_ns]
+        if live:
+            low = min(live)
+            if self.global_ns is None or low > self.global_ns:
+                self.global_ns = low
+        return self.global_ns
+
+    def seed(self, per_stream_ns: Iterable[int]) -> None:
+        """A restarted query: the global watermark from the checkpointed per-stream ones (the
+        minimum over all of them: conservative, it may flag fewer frames late than before)."""
+        vals = [v for v in per_stream_ns if v]
+        if vals and self.global_ns is None:
+            self.global_ns = min(vals)
+
+
+def late_threshold(global_ns: int | None, allowed_ns: int) -> int | None:
+    """Event time below which a frame is late (None: no watermark yet, nothing is late)."""
+    return None if global_ns is None else global_ns - allowed_ns
+
+
+__all__ = [
+    "Aligner",
+    "count_at_or_below",
+    "count_below",
+    "late_threshold",
+    "running_max",
+]

@@ -1,0 +1,281 @@
+"""The source's event-time, admission and sizing policies, put together for the reader (#17).
+
+:class:`SourcePolicy` is what :class:`~tensorpool.spark_source.source.TensorPoolStreamReader`
+holds on the Spark driver when any policy option is given. Per trigger, the reader calls
+:meth:`~SourcePolicy.begin` (ring scans, clocks), passes :meth:`~SourcePolicy.admit` to
+:meth:`~tensorpool.spark_source.offsets.StreamPlanner.plan` as its ``admit`` hook and
+:meth:`~SourcePolicy.limits` as its limits, then :meth:`~SourcePolicy.finish` (tokens spent,
+watermarks). Sans-IO like its parts: clocks and event times come in as numbers.
+
+Replay: every decision is recorded in the end offset as seq boundaries (``seq`` for frames
+held back by alignment or rate, ``skipTo`` for shed / late-dropped frames, ``lateTo`` for
+frames delivered with ``is_late``) so :func:`~tensorpool.spark_source.offsets.batch_ranges`
+gives a replayed batch exactly the frames it had, without asking any policy again.
+
+Per stream the checks run in this order (seed 004 §5 first, then §2):
+
+1. lag (shed, ``shedLag``), 2. jitter (measured, flagged), 3. late (drop or flag, ``late``),
+4. the memory emergency (shed oldest, ``shedMemory``), 5. alignment (hold), 6. rate (hold).
+Then the per-trigger limits: ``maxFramesPerTrigger`` and the byte budget (fixed, or the
+adaptive one of :mod:`.sizing`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from tensorpool.spark_source.admission import StreamAdmission, TokenBucket, lag_count
+from tensorpool.spark_source.eventtime import (
+    Aligner,
+    count_at_or_below,
+    count_below,
+    late_threshold,
+    running_max,
+)
+from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos
+from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
+from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
+
+log = logging.getLogger("tensorpool.spark_source")
+
+_MS = 1_000_000
+
+
+def _times(st: RingState, seqs: np.ndarray, shift: int) -> np.ndarray | None:
+    """Wall-clock event times of ``seqs`` from the scan (None: the scan has no stamps)."""
+    if st.stamps is None:
+        return None
+    return st.stamps[np.asarray(seqs, np.int64) & (st.nslots - 1)].astype(np.int64) + shift
+
+
+class SourcePolicy:
+    """Driver-side state of the policies of one streaming query (see the module doc)."""
+
+    def __init__(self, popts: PolicyOptions) -> None:
+        self.p = popts
+        self.aligner = Aligner(popts.skew_ms * _MS, popts.idle_ms * _MS)
+        self.streams: dict[int, StreamAdmission] = {}
+        self.sizer = (
+            BatchSizer(
+                SizingConfig(
+                    popts.target_ms * _MS, popts.max_batch_memory, popts.high_water, popts.emergency
+                )
+            )
+            if popts.auto_bytes
+            else None
+        )
+        self._now_mono = 0
+        self._now_wall = 0
+        self._shift: dict[int, int] = {}
+        self._seeded = False
+        self._watermarks: dict[int, int] = {}
+
+    def _stream(self, sid: int) -> StreamAdmission:
+        s = self.streams.get(sid)
+        if s is None:
+            bucket = None
+            if self.p.max_fps is not None:
+                bucket = TokenBucket(self.p.max_fps, self.p.max_burst)
+            s = self.streams[sid] = StreamAdmission(bucket)
+        return s
+
+    # --- per trigger ------------------------------------------------------------------------------
+    def begin(
+        self,
+        start: Mapping[int, StreamPos],
+        states: Mapping[int, RingState | None],
+        shift: Mapping[int, int],
+        now_mono: int,
+        now_wall: int,
+    ) -> None:
+        """A trigger: the rings as scanned, each stream's stamp-to-wall-clock shift, clocks."""
+        self._now_mono, self._now_wall = now_mono, now_wall
+        self._shift = dict(shift)
+        if not self._seeded:
+            self._seeded = True
+            self._watermarks = {s: p.event_ns for s, p in start.items() if p.event_ns}
+            self.aligner.seed(self._watermarks.values())
+        if self.sizer is not None:
+            self.sizer.triggered(now_mono)
+        for sid in start:
+            st = states.get(sid)
+            newest = None
+            if st is not None and not st.empty and st.stamps is not None:
+                newest = int(st.stamps[(st.head - 1) & (st.nslots - 1)]) + self._shift.get(sid, 0)
+            self.aligner.observe(sid, None if st is None else st.head, newest, now_mono)
+
+    def limits(self, limits: Limits) -> Limits:
+        """The trigger's limits with the adaptive byte budget (maxBytesPerTrigger=auto)."""
+        if self.sizer is None:
+            return limits
+        return Limits(limits.max_frames, self.sizer.budget())
+
+    def admit(self, ready: Sequence[Any]) -> dict[int, Cut]:
+        """The ``admit`` hook of :meth:`StreamPlanner.plan`: one :class:`Cut` per stream."""
+        p, now_wall = self.p, self._now_wall
+        bound = self.aligner.bound(self._now_mono) if p.align else None
+        late_at = (
+            late_threshold(self.aligner.global_ns, p.allowed_lateness_ms * _MS)
+            if p.late is not None
+            else None
+        )
+        max_lag = None if p.max_lag_ms is None else p.max_lag_ms * _MS
+        cuts: dict[int, Cut] = {}
+        rest_lens: list[np.ndarray] = []
+        for r in ready:
+            seqs = r.present
+            raw = _times(r.state, seqs, self._shift.get(r.sid, 0))
+            if raw is None or not len(seqs):
+                cuts[r.sid] = Cut()
+                rest_lens.append(np.zeros(0, np.int64))
+                continue
+            times = running_max(raw)
+            adm = self._stream(r.sid)
+            k_lag = lag_count(times, now_wall, max_lag)  # 1. lag
+            if p.admission:
+                adm.jitter.observe(seqs, raw)  # 2. jitter
+            k_late = count_below(times[k_lag:], late_at)  # 3. late
+            drop = p.late == LATE_DROP
+            skip = k_lag + (k_late if drop else 0)
+            cuts[r.sid] = Cut(skip, 0 if drop else k_late, None, k_lag, 0, k_late)
+            lens = r.state.lens_of(seqs[skip:])
+            rest_lens.append(np.zeros(len(seqs) - skip, np.int64) if lens is None else lens)
+        if self.sizer is not None:  # 4. the memory emergency: shed the oldest
+            keep = self.sizer.emergency_keep(int(sum(int(x.sum()) for x in rest_lens)))
+            if keep is not None:
+                for r, extra in zip(ready, shed_oldest(rest_lens, keep), strict=True):
+                    if extra:
+                        c = cuts[r.sid]
+                        unflag = min(c.flag, extra)
+                        cuts[r.sid] = replace(
+                            c,
+                            skip=c.skip + extra,
+                            flag=c.flag - unflag,
+                            late=c.late - unflag,
+                            shed_memory=extra,
+                        )
+        for r in ready:
+            c = cuts[r.sid]
+            raw = _times(r.state, r.present, self._shift.get(r.sid, 0))
+            if raw is None:
+                continue
+            after = running_max(raw)[c.skip :]
+            cap = None
+            if bound is not None:  # 5. alignment
+                cap = count_at_or_below(after, bound)
+            bucket = self._stream(r.sid).bucket
+            if bucket is not None:  # 6. rate
+                tokens = bucket.available(self._now_mono)
+                cap = tokens if cap is None else min(cap, tokens)
+            if cap is not None:
+                cuts[r.sid] = replace(c, cap=cap)
+        return cuts
+
+    def finish(
+        self,
+        start: Mapping[int, StreamPos],
+        end: dict[int, StreamPos],
+        runs: Mapping[int, np.ndarray],
+        states: Mapping[int, RingState | None],
+    ) -> None:
+        """After the plan: spend tokens, record each stream's watermark in ``end`` (in place)
+        and advance the global one."""
+        for sid, e in list(end.items()):
+            s = start.get(sid)
+            n = (e.frames or 0) - ((s.frames or 0) if s is not None else 0)
+            if n <= 0 or s is None or s.epoch != e.epoch:
+                continue
+            adm = self._stream(sid)
+            if adm.bucket is not None:
+                adm.bucket.take(n)
+            st = states.get(sid)
+            rr = runs.get(sid)
+            if st is None or rr is None or not len(rr):
+                continue
+            last = np.asarray([int(rr[-1, 1]) - 1], np.int64)
+            first = np.asarray([int(x) for x in rr[:, 0]], np.int64)
+            t = _times(st, np.concatenate([first, last]), self._shift.get(sid, 0))
+            if t is None:
+                continue
+            newest = max(int(t.max()), e.event_ns)
+            if newest != e.event_ns:
+                end[sid] = replace(e, event_ns=newest)
+            self._watermarks[sid] = newest
+        self.aligner.advance(self._watermarks, self._now_mono)
+        self._check_jitter()
+
+    def planned(self, nbytes: int, now_mono: int) -> None:
+        """``partitions()`` planned a batch of ``nbytes`` (adaptive sizing's latency clock)."""
+        if self.sizer is not None:
+            self.sizer.planned(nbytes, now_mono)
+
+    def _check_jitter(self) -> None:
+        limit = self.p.max_jitter_ms
+        if limit is None:
+            return
+        for sid, adm in self.streams.items():
+            pct = adm.jitter.percentiles()
+            over = pct is not None and pct[1] > limit
+            if over and not adm.flagged:
+                assert pct is not None
+                log.warning(
+                    "tensorpool: stream %d: inter-arrival jitter p99 %.1f ms exceeds maxJitterMs "
+                    "%d (p50 %.1f ms): its producer stutters",
+                    sid,
+                    pct[1],
+                    limit,
+                    pct[0],
+                )
+            adm.flagged = over
+
+    # --- progress ---------------------------------------------------------------------------------
+    def report(self, streams: Sequence[int]) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+        """Per-stream and source-wide entries for ``reportLatestOffset`` (progress)."""
+        now = self._now_mono
+        per: dict[int, dict[str, Any]] = {}
+        for sid in streams:
+            wm = self._watermarks.get(sid)
+            entry: dict[str, Any] = {"watermarkMs": None if wm is None else wm // _MS}
+            if self.p.event_time:
+                entry["idle"] = self.aligner.idle(sid, now)
+            adm = self.streams.get(sid)
+            if self.p.admission:
+                pct = None if adm is None else adm.jitter.percentiles()
+                entry["jitterP50Ms"] = None if pct is None else round(pct[0], 3)
+                entry["jitterP99Ms"] = None if pct is None else round(pct[1], 3)
+                entry["jitterExceeded"] = bool(adm is not None and adm.flagged)
+            if adm is not None and adm.bucket is not None:
+                entry["tokens"] = int(adm.bucket.tokens)
+            per[sid] = entry
+        g = self.aligner.global_ns
+        src: dict[str, Any] = {
+            "watermarkMs": None if g is None else g // _MS,
+            "liveStreams": self.aligner.live(now),
+        }
+        if self.p.align:
+            b = self.aligner.bound(now)
+            src["alignBoundMs"] = None if b is None or b < 0 else b // _MS
+        if self.sizer is not None:
+            z = self.sizer
+            cost = z.cost_ns_per_byte()
+            src.update(
+                batchBudgetBytes=z.last_budget,
+                targetBatchLatencyMs=self.p.target_ms,
+                lastBatchLatencyMs=None if not z.samples else z.samples[-1][1] // _MS,
+                costNsPerByte=None if cost is None else round(cost, 4),
+                pressure=z.pressure,
+                highWater=z.high_water,
+                emergencies=z.emergencies,
+            )
+        return per, src
+
+
+#: maps a stream to its stamps' shift onto the wall clock (the reader's region specs)
+ShiftFn = Callable[[int, int], int]
+
+__all__ = ["ShiftFn", "SourcePolicy"]

@@ -1,0 +1,167 @@
+"""Adaptive micro-batch sizing under a memory bound (seed 004 §6, seed 001 memory bounds, #17).
+
+``maxBytesPerTrigger=auto`` (or ``targetBatchLatencyMs``): the byte budget of each micro-batch
+comes from the cost of recent batches instead of a fixed number. Sans-IO: the reader tells
+:class:`BatchSizer` when a batch was planned (``partitions()``, bytes) and when the next
+trigger came (``latestOffset()``); the clock is passed in, so the rules run under a driven
+clock in the unit tests.
+
+Rules
+-----
+* **latency** -- a batch's latency is measured from its ``partitions()`` to the next
+  ``latestOffset()`` (Spark asks for the next offset when the batch is done; with a
+  ``processingTime`` trigger the sample is at least the trigger interval, so give a target at
+  or above it). The cost per byte is ``sum(latency) / sum(bytes)`` over the last
+  :data:`WINDOW` batches (ratio of sums: a batch's fixed overhead weighs by its size), and the
+  budget is ``targetBatchLatencyMs / cost``, grown at most :data:`MAX_GROWTH` times the largest
+  recent batch per step (a small batch says little about a large one).
+* **high water** (seed 001 ``high_water_mark``, 0.8) -- no batch is planned above
+  ``memoryHighWater x maxBatchMemory``: a latency budget above it is shrunk to it (counted
+  ``highWater``; progress ``pressure: "high"``). ``maxBatchMemory`` is thus a hard bound with
+  headroom for the frames' Arrow overhead.
+* **emergency** (seed 001 ``emergency_threshold``, 0.95) -- the bytes the query owes (committed
+  frames not yet planned, every stream) above ``memoryEmergency x maxBatchMemory``: the oldest
+  frames are shed until what is owed is back at the high water (counted ``shedMemory``;
+  progress ``pressure: "emergency"``). The query thus never falls more than
+  ``maxBatchMemory`` of frames behind: it skips ahead, as seed 001's emergency flush does,
+  instead of reading ever older frames until the ring overwrites them (which would be loss).
+
+Before the first measured batch the budget is :data:`INITIAL_BYTES` (capped by the high water).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from tensorpool.spark_source.offsets import split_budget
+
+#: batches whose cost the budget is computed from
+WINDOW: Final = 4
+#: a budget never grows past this multiple of the largest recent batch in one step
+MAX_GROWTH: Final = 4.0
+#: the budget before any batch was measured
+INITIAL_BYTES: Final = 1 << 20
+#: ``maxBatchMemory`` default: a fixed value that fits an executor with Spark's default 1 GiB
+#: heap many times over (the Python data source's driver process cannot see executor memory)
+DEFAULT_MAX_BATCH_MEMORY: Final = 64 << 20
+DEFAULT_HIGH_WATER: Final = 0.8
+DEFAULT_EMERGENCY: Final = 0.95
+DEFAULT_TARGET_MS: Final = 1000
+
+NORMAL: Final = "normal"
+HIGH: Final = "high"
+EMERGENCY: Final = "emergency"
+
+
+@dataclass(frozen=True, slots=True)
+class SizingConfig:
+    target_ns: int
+    max_memory: int = DEFAULT_MAX_BATCH_MEMORY
+    high_water: float = DEFAULT_HIGH_WATER
+    emergency: float = DEFAULT_EMERGENCY
+
+    @property
+    def high_bytes(self) -> int:
+        return max(1, int(self.max_memory * self.high_water))
+
+    @property
+    def emergency_bytes(self) -> int:
+        return max(1, int(self.max_memory * self.emergency))
+
+
+@dataclass(slots=True)
+class BatchSizer:
+    cfg: SizingConfig
+    samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    pending: tuple[int, int] | None = None  # (bytes, planned at) of the batch being run
+    last_budget: int = 0
+    pressure: str = NORMAL
+    high_water: int = 0  # budgets shrunk to the high water
+    emergencies: int = 0  # plans that shed for the emergency threshold
+
+    def planned(self, nbytes: int, now_ns: int) -> None:
+        """``partitions()`` of a batch holding ``nbytes`` (empty batches are not measured)."""
+        self.pending = (nbytes, now_ns) if nbytes > 0 else None
+
+    def triggered(self, now_ns: int) -> None:
+        """``latestOffset()``: the batch planned before is done; its latency is a sample."""
+        if self.pending is not None:
+            nbytes, t0 = self.pending
+            self.pending = None
+            if now_ns > t0:
+                self.samples.append((nbytes, now_ns - t0))
+
+    def cost_ns_per_byte(self) -> float | None:
+        if not self.samples:
+            return None
+        total_b = sum(b for b, _ in self.samples)
+        total_t = sum(t for _, t in self.samples)
+        return total_t / total_b if total_b else None
+
+    def budget(self) -> int:
+        """The byte budget of the next batch (latency rule, then the high water)."""
+        cost = self.cost_ns_per_byte()
+        if cost is None:
+            b = INITIAL_BYTES
+        else:
+            b = int(self.cfg.target_ns / cost) if cost > 0 else self.cfg.high_bytes
+            grow = int(MAX_GROWTH * max(nb for nb, _ in self.samples))
+            b = max(1, min(b, grow))
+        high = self.cfg.high_bytes
+        if b > high:
+            b = high
+            if cost is not None:
+                self.high_water += 1
+            self.pressure = HIGH
+        else:
+            self.pressure = NORMAL
+        self.last_budget = b
+        return b
+
+    def emergency_keep(self, owed_bytes: int) -> int | None:
+        """Bytes to keep of what the query owes when over the emergency threshold (then shed
+        the oldest down to the high water), else None."""
+        if owed_bytes <= self.cfg.emergency_bytes:
+            return None
+        self.emergencies += 1
+        self.pressure = EMERGENCY
+        return self.cfg.high_bytes
+
+
+def shed_oldest(lens: Sequence[np.ndarray], keep: int) -> list[int]:
+    """Leading frames to shed per stream so that at most ``keep`` bytes remain in all.
+
+    ``keep`` is shared among the streams in proportion to what each is owed
+    (:func:`~tensorpool.spark_source.offsets.split_budget`, deterministic); each stream
+    sheds its oldest frames down to its share.
+    """
+    totals = [int(x.sum()) for x in lens]
+    shares = split_budget(keep, totals)
+    out: list[int] = []
+    for sz, total, share in zip(lens, totals, shares, strict=True):
+        if total <= share:
+            out.append(0)
+            continue
+        csum = np.cumsum(sz)
+        out.append(int(np.searchsorted(csum, total - share, side="left")) + 1)
+    return out
+
+
+__all__ = [
+    "DEFAULT_EMERGENCY",
+    "DEFAULT_HIGH_WATER",
+    "DEFAULT_MAX_BATCH_MEMORY",
+    "DEFAULT_TARGET_MS",
+    "EMERGENCY",
+    "HIGH",
+    "INITIAL_BYTES",
+    "NORMAL",
+    "BatchSizer",
+    "SizingConfig",
+    "shed_oldest",
+]

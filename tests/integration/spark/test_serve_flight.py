@@ -1,0 +1,257 @@
+"""#18.1 / #18.4: ``tensorpool serve`` as a real process, and every way a client can be wrong.
+
+One server (token required) over one real producer; each failure is one test, and each checks
+afterwards that the server still answers (it never dies on bad input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from spark_helpers import SHM_ROOT, ProducerProc, check_payload
+
+from tensorpool.transport.mediadriver import MediaDriverProcess
+from tensorpool.transport.process import stop_process
+
+flight = pytest.importorskip("pyarrow.flight")
+
+from tensorpool.serve.server import arrow_schema  # noqa: E402
+from tensorpool.spark_source import remote  # noqa: E402
+
+SID = 181
+BIG = 182  # 1 MiB frames: a full read of the ring is two 32 MiB batches
+NSLOTS = 64
+TOKEN = "s3cret-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """A producer and a ``tensorpool serve`` process over it."""
+
+    def __init__(self, md: MediaDriverProcess, shm: str, token_file: str, *extra: str) -> None:
+        self.prod = ProducerProc(md.dir, shm, "--stream-id", str(SID), "--nslots", str(NSLOTS))
+        self.next_seq = self.prod.produce(10)
+        self.big = ProducerProc(
+            md.dir, shm, "--stream-id", str(BIG), "--nslots", str(NSLOTS), "--shape", "262144"
+        )
+        self.big.produce(NSLOTS)
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "tensorpool", "serve", "--stream-id", str(SID)]
+        cmd += ["--stream-id", str(BIG)]
+        cmd += ["--port", str(self.port), "--aeron-dir", md.dir, "--shm-base-dir", shm]
+        cmd += ["--token-file", token_file, "--attach-timeout", "20", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert "tensorpool serve: streams [181, 182]" in line, line + self.proc.stderr.read()
+        self.address = f"127.0.0.1:{self.port}"
+        self.access = remote.FlightAccess(token=TOKEN, retry_s=0)
+
+    def client(self) -> Any:
+        return flight.FlightClient(f"grpc://{self.address}")
+
+    def snapshot(self) -> remote.StreamSnapshot:
+        snap = remote.scan_host(self.address, [SID], self.access)[SID]
+        assert snap is not None
+        return snap
+
+    def close(self) -> str:
+        stop_process(self.proc)
+        assert self.proc.stderr is not None
+        err = self.proc.stderr.read()
+        self.prod.close()
+        self.big.close()
+        return err
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    shm = tempfile.mkdtemp(prefix="tp-test-", dir=SHM_ROOT)
+    fd, token_file = tempfile.mkstemp(prefix="tp-test-token-")
+    os.write(fd, TOKEN.encode() + b"\n")
+    os.close(fd)
+    try:
+        with MediaDriverProcess() as md:
+            s = Served(md, shm, token_file)
+            try:
+                yield s
+            finally:
+                err = s.close()
+                # the server ran to a clean stop and counted what it refused
+                assert "stopped;" in err, err
+    finally:
+        os.unlink(token_file)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def _alive(s: Served) -> None:
+    """The server still answers a good request after the bad one."""
+    assert s.proc.poll() is None
+    assert s.snapshot().state.head >= 10
+
+
+def _read(s: Served, ticket: remote.Ticket) -> tuple[list[Any], list[tuple[int, str]]]:
+    lost: list[tuple[int, str]] = []
+    batches = list(remote.fetch(s.address, s.access, ticket, lambda q, w: lost.append((q, w))))
+    return batches, lost
+
+
+def test_18_1_describe_and_read(served: Served) -> None:
+    """#18.1: list_flights / get_flight_info describe the stream (layout, epoch, head, oldest,
+    liveness); do_get streams its frames in the Spark source's schema, checksums intact."""
+    opts = served.access.call_options()
+    infos = list(served.client().list_flights(options=opts))
+    assert [i.descriptor.path for i in infos] == [[str(SID).encode()], [str(BIG).encode()]]
+    info = served.client().get_flight_info(flight.FlightDescriptor.for_path(str(SID)), opts)
+    import json
+
+    summary = json.loads(info.schema.metadata[remote.SUMMARY_KEY])
+    assert summary["epoch"] == served.prod.epoch and summary["live"] is True
+    assert summary["nslots"] == NSLOTS and summary["oldest"] == 0 and summary["head"] >= 10
+    assert summary["region"]["header_uri"].startswith("shm:file?path=")
+    snap = served.snapshot()
+    batches, lost = _read(served, remote.Ticket(SID, snap.spec.epoch, 0, 10))
+    assert lost == []
+    rows = [r for b in batches for r in b.to_pylist()]
+    assert [r["seq"] for r in rows] == list(range(10))
+    assert all(check_payload(r["payload"], r["seq"]) for r in rows)
+    assert batches[0].schema.equals(arrow_schema(True))
+    from tensorpool.spark_source.source import arrow_schema as spark_schema
+
+    assert arrow_schema(True).equals(spark_schema(True))
+    assert arrow_schema(False).equals(spark_schema(False))
+    # the planned-runs form reads exactly those seqs
+    batches, lost = _read(served, remote.Ticket(SID, snap.spec.epoch, 2, 9, ((2, 4), (6, 9))))
+    assert [r["seq"] for b in batches for r in b.to_pylist()] == [2, 3, 6, 7, 8] and lost == []
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token", "s3cret-tokeN"])
+def test_18_4_token_missing_or_wrong(served: Served, token: str | None) -> None:
+    """#18.4: no token, or a wrong one, is refused with an authentication error on every call
+    (describe, scan, read), and the server goes on serving."""
+    bad = remote.FlightAccess(token=token, retry_s=0)
+    want = "no bearer token" if token is None else "wrong bearer token"
+    with pytest.raises(flight.FlightUnauthenticatedError, match=want):
+        remote.scan_host(served.address, [SID], bad)
+    with pytest.raises(flight.FlightUnauthenticatedError, match=want):
+        list(remote.fetch(served.address, bad, remote.Ticket(SID, 1, 0, 1), lambda q, w: None))
+    with pytest.raises(flight.FlightUnauthenticatedError, match=want):
+        list(served.client().list_flights(options=bad.call_options()))
+    _alive(served)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"v": 1, "stream": 181, "epoch": 1, "first": 5, "end": 2}', "'end'"),
+        (b'{"v": 1, "stream": 181, "epoch": 1, "first": 0, "end": 5, "path": "/etc"}', "unknown"),
+        (b'{"v": 2}', "version"),
+    ],
+)
+def test_18_4_bad_ticket_json(served: Served, raw: bytes, why: str) -> None:
+    """#18.4: a malformed ticket is a clear Flight error naming the problem, and a ticket field
+    naming a path is refused (the server never touches a path a client names)."""
+    client = served.client()
+    with pytest.raises(flight.FlightServerError, match=f"bad ticket: .*{why}"):
+        client.do_get(flight.Ticket(raw), served.access.call_options()).read_all()
+    _alive(served)
+
+
+def test_18_4_stream_not_served(served: Served) -> None:
+    """#18.4: a ticket (or a scan, or a describe) for a stream the server does not serve."""
+    with pytest.raises(
+        flight.FlightServerError, match=r"stream 999 is not served here \(serves \[181, 182\]\)"
+    ):
+        list(
+            remote.fetch(
+                served.address, served.access, remote.Ticket(999, 1, 0, 1), lambda q, w: None
+            )
+        )
+    with pytest.raises(flight.FlightServerError, match="stream 999 is not served"):
+        remote.scan_host(served.address, [999], served.access)
+    with pytest.raises(flight.FlightServerError, match="stream 999 is not served"):
+        served.client().get_flight_info(
+            flight.FlightDescriptor.for_path("999"), served.access.call_options()
+        )
+    _alive(served)
+
+
+def test_18_4_range_far_outside_the_ring(served: Served) -> None:
+    """#18.4: frames long overwritten come back as one loss range (not one message per seq,
+    however wide the range), the ring's frames are read; a range past the head is refused; a
+    ticket for another epoch reads nothing and reports all of it lost."""
+    served.next_seq = served.prod.produce(3 * NSLOTS)
+    snap = served.snapshot()
+    oldest, head, epoch = snap.state.oldest, snap.state.head, snap.spec.epoch
+    assert oldest > 0
+    ranges: list[tuple[int, int, str]] = []
+
+    class Rec:
+        def __call__(self, seq: int, why: str) -> None:
+            raise AssertionError("per-frame loss for a range")
+
+        def add_range(self, a: int, b: int, why: str) -> None:
+            ranges.append((a, b, why))
+
+    batches = list(
+        remote.fetch(served.address, served.access, remote.Ticket(SID, epoch, 0, head), Rec())
+    )
+    assert ranges == [(0, oldest, "seq_mismatch")]
+    assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(oldest, head))
+    with pytest.raises(flight.FlightServerError, match="newest frame is seq"):
+        _read(served, remote.Ticket(SID, epoch, head, head + 10**12))
+    ranges.clear()
+    list(
+        remote.fetch(served.address, served.access, remote.Ticket(SID, epoch + 7, 0, 10**12), Rec())
+    )
+    assert ranges == [(0, 10**12, "region_unavailable")]
+    _alive(served)
+
+
+def test_18_4_client_disconnects_mid_stream(served: Served) -> None:
+    """#18.4: a client that goes away after the first of two 32 MiB batches (the server is
+    blocked writing the second) does not hurt the server: the next client reads normally."""
+    snap = remote.scan_host(served.address, [BIG], served.access)[BIG]
+    assert snap is not None
+    head = snap.state.head
+    probe = (
+        "import sys, pyarrow.flight as f\n"
+        f"c = f.FlightClient('grpc://{served.address}')\n"
+        f"o = f.FlightCallOptions(headers=[(b'authorization', b'Bearer {TOKEN}')])\n"
+        f"r = c.do_get(f.Ticket(sys.argv[1].encode()), o)\n"
+        "r.read_chunk()\n"
+        "print('got one', flush=True)\n"
+        "import os; os._exit(0)\n"
+    )
+    t = remote.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head).encode().decode()
+    for _ in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, t], capture_output=True, text=True, timeout=60
+        )
+        assert "got one" in out.stdout, out.stderr
+    with contextlib.closing(served.client()) as c:
+        # and a read cancelled from this side
+        r = c.do_get(flight.Ticket(t.encode()), served.access.call_options())
+        r.read_chunk()
+        r.cancel()
+    _alive(served)
+    batches, lost = _read(served, remote.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head))
+    assert [b.num_rows for b in batches] == [32, 32] and lost == []
+    seqs = [s for b in batches for s in b.column("seq").to_pylist()]
+    assert seqs == list(range(head - NSLOTS, head))
