@@ -34,6 +34,22 @@ from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
 REPEATS: Final = 5
+BATCH: Final = 64
+"""Frames per batch of the batch-path rows (the issue's "batches of 64")."""
+
+
+def touch_batch(batch: object) -> int:
+    """One byte per 4 KiB page of every frame of a batch, one numpy reduction for a stacked
+    batch (the batch path's counterpart of ``make_touch``)."""
+    arr = batch.array  # type: ignore[attr-defined]
+    if arr is not None:
+        rows = arr.reshape(len(arr), -1).view(np.uint8)
+        return int(rows[:, :: w.PAGE].sum())
+    return sum(
+        int(a.reshape(-1).view(np.uint8)[:: w.PAGE].sum()) for a in batch.arrays if a is not None
+    )  # type: ignore[attr-defined]
+
+
 _cpu = time.process_time
 
 
@@ -134,7 +150,43 @@ def tensorpool_costs(size: int) -> dict[str, float]:
                     n += 4 * w.NSLOTS
                 return t, n
 
+            # the batch path (#15): offer_batch of a whole ring's worth, poll_batch(64)
+            bper = min(BATCH, w.NSLOTS)
+            stacked = np.full((bper, size), 7, np.uint8)
+            brounds = max(4, (rounds * per) // bper)
+
+            def drain_batch() -> None:
+                while True:
+                    b = c.poll_batch(BATCH)
+                    if not len(b):
+                        return
+                    touch_batch(b)
+                    b.confirm()
+
+            def produce_batch() -> tuple[float, int]:
+                t = 0.0
+                for _ in range(brounds):
+                    p.do_work()
+                    t0 = _cpu()
+                    p.offer_batch(stacked)
+                    t += _cpu() - t0
+                    drain_batch()
+                return t, brounds * bper
+
+            def consume_batch() -> tuple[float, int]:
+                t = 0.0
+                f0 = c.stats.frames
+                for _ in range(brounds):
+                    p.do_work()
+                    p.offer_batch(stacked)
+                    t0 = _cpu()
+                    drain_batch()
+                    t += _cpu() - t0
+                return t, c.stats.frames - f0
+
             out["tp_offer"] = _best(produce)
+            out["tp_offer_batch"] = _best(produce_batch)
+            out["tp_accept_batch"] = _best(consume_batch)
             out["tp_claim_commit"] = _best(claim)
             out["tp_accept"] = _best(consume)
             if size <= 64 * 1024:  # writing 256 large frames per repeat just to drop them: skip
@@ -264,6 +316,11 @@ def mpq_costs(size: int) -> dict[str, float]:
 
 ROWS: Final = (
     ("tensorpool", "tp_offer", "tp_accept"),
+    (
+        "tensorpool batch path: offer_batch(64) / poll_batch(64)",
+        "tp_offer_batch",
+        "tp_accept_batch",
+    ),
     ("tensorpool claim/commit (8-byte stamp)", "tp_claim_commit", ""),
     ("tensorpool, descriptor dropped (ring lapped)", "", "tp_drop"),
     ("(a) pyaeron inline", "inline_offer", "inline_accept"),

@@ -66,6 +66,12 @@ TP: Final = "tp"  # tensorpool Producer.offer (copies the frame in)
 TP_CLAIM: Final = "tp_claim"  # tensorpool claim/commit, stamps 8 bytes (Julia like-for-like)
 INLINE: Final = "inline"  # baseline (a): payload inline over Aeron IPC
 MPQ: Final = "mpq"  # baseline (b): shared_memory + multiprocessing.Queue of slot indexes
+TP_BATCH: Final = "tp_batch"  # tensorpool batch path: offer_batch / poll_batch (issue 15)
+IOX: Final = "iox2"  # baseline (c): iceoryx2 publish-subscribe, loaned slices
+BATCH_PUBLISH: Final = 16
+"""Frames per ``offer_batch`` in the batch path's throughput runs (a camera's burst); the
+consumer takes up to ``BATCH_POLL`` per ``poll_batch``. Paced runs publish one frame per call."""
+BATCH_POLL: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +177,52 @@ def make_touch(size: int) -> Callable[[np.ndarray], int]:
     return lambda u8: int(u8[::PAGE].sum())
 
 
+IOX_PREFIX: Final = "tpbench_"
+"""iceoryx2 file-name prefix of the bench's shared memory (with the orchestrator's pid), so
+``bench_ipc`` removes exactly its own segments afterwards; its node and service files go to a
+private root directory under the bench's temp dir."""
+
+
+def iox_prefix(owner_pid: int) -> str:
+    return f"{IOX_PREFIX}{owner_pid}_"
+
+
+class IoxEndpoint:
+    """Baseline (c): one iceoryx2 node and publish-subscribe service (``Slice[c_uint8]``) per
+    scenario, like tensorpool's ring: a subscriber buffer of ``nslots`` samples and safe
+    overflow (lossy: the oldest unread sample is replaced, the publisher never blocks)."""
+
+    def __init__(self, sc: Scenario) -> None:
+        import ctypes
+
+        import iceoryx2 as iox2
+
+        iox2.set_log_level_from_env_or(iox2.LogLevel.Warn)
+        cfg = iox2.config.default()
+        g = cfg.global_cfg
+        g.prefix = iox2.FileName.new(iox_prefix(os.getppid()))
+        g.root_path = iox2.Path.new(os.environ["TP_BENCH_IOX_ROOT"])
+        self.node = iox2.NodeBuilder.new().config(cfg).create(iox2.ServiceType.Ipc)
+        self.service = (
+            self.node.service_builder(iox2.ServiceName.new(f"tpbench/{sc.key}"))
+            .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+            .enable_safe_overflow(True)
+            .subscriber_max_buffer_size(sc.nslots)
+            .history_size(0)
+            .max_publishers(1)
+            .max_subscribers(1)
+            .open_or_create()
+        )
+        self.ports: list[Any] = []
+
+    def close(self) -> None:
+        for port in self.ports:
+            port.delete()
+        self.ports.clear()
+        self.service = None  # service and node are released with their last reference
+        self.node = None
+
+
 def make_idle(name: str) -> IdleStrategy:
     return BackoffIdleStrategy() if name == "backoff" else BusySpinIdleStrategy()
 
@@ -200,9 +252,13 @@ class _ProducerRun:
         self.src = np.full(sc.size, 7, np.uint8)
         self.idle_work: Callable[[], object] = _nothing
         self.ran = False
+        self.per_publish = 1
+        self.iox: Any = None
         try:
-            if sc.transport in (TP, TP_CLAIM):
+            if sc.transport in (TP, TP_CLAIM, TP_BATCH):
                 self._setup_tp(shm_base_dir, aeron_dir)
+            elif sc.transport == IOX:
+                self._setup_iox()
             elif sc.transport == INLINE:
                 self._setup_inline(aeron_dir)
             elif sc.transport == MPQ:
@@ -229,6 +285,15 @@ class _ProducerRun:
             def publish() -> None:
                 offer(src)
 
+        elif sc.transport == TP_BATCH:
+            per = BATCH_PUBLISH if sc.mode == "tput" else 1
+            self.per_publish = per
+            offer_batch = p.offer_batch
+            frames = np.full((per, sc.size), 7, np.uint8)
+
+            def publish() -> None:
+                offer_batch(frames)
+
         else:
             claim = p.claim
             commit = p.commit
@@ -240,6 +305,30 @@ class _ProducerRun:
                 c = claim(shape, u8)
                 c.array[:8] = stamp  # a few bytes, as a camera would stamp a frame counter
                 commit(c)
+
+        self.publish = publish
+
+    def _setup_iox(self) -> None:
+        sc = self.sc
+        self.iox = IoxEndpoint(sc)
+        pub = self.iox.service.publisher_builder().initial_max_slice_len(sc.size).create()
+        self.iox.ports.append(pub)
+        loan = pub.loan_slice_uninit
+        size = sc.size
+        src = self.src
+        frombuffer = np.frombuffer
+        copyto = np.copyto
+        u8 = np.uint8
+        i64 = np.int64
+        self.not_sent = lambda: 0
+        self.idle_work = pub.update_connections
+
+        def publish() -> None:
+            sample = loan(size)  # a slice of iceoryx2's shared memory, written with numpy
+            dst = frombuffer(sample.payload().as_memory_view(), u8)
+            copyto(dst, src)
+            dst[:8].view(i64)[0] = _mono()  # publish time, as tensorpool's descriptor carries
+            sample.assume_init().send()
 
         self.publish = publish
 
@@ -296,6 +385,8 @@ class _ProducerRun:
     def close(self) -> None:
         if self.sc.transport == MPQ and self.ran:
             self.mpq.put(None)  # end-of-run sentinel: the consumer drains up to it
+        if self.iox is not None:
+            self.iox.close()
         if self.producer is not None:
             self.producer.close()
         if self.ctx is not None:
@@ -336,18 +427,22 @@ def _producer_flat_out(
     n = 0
     measure_ns, end_ns = win.measure_ns, win.end_ns
     t0 = n0 = ns0 = 0
+    per = run.per_publish
     now = mono()
+    k = 0
     while now < measure_ns:
         publish()
-        n += 1
-        if not n & 63:
+        n += per
+        k += 1
+        if not k & 63:
             idle_work()
         now = mono()
     t0, n0, ns0, cpu0 = now, n, run.not_sent(), _cpu()
     while now < end_ns:
         publish()
-        n += 1
-        if not n & 63:
+        n += per
+        k += 1
+        if not k & 63:
             idle_work()
         now = mono()
     return n, t0, n0, ns0, now, n, run.not_sent(), _cpu() - cpu0
@@ -519,9 +614,14 @@ class _ConsumerRun:
         self.latency = sc.mode != "tput"
         self.sentinel_seen = False
         self.ran = False
+        self.iox: Any = None
         try:
             if sc.transport in (TP, TP_CLAIM):
                 self._setup_tp(shm_base_dir, aeron_dir)
+            elif sc.transport == TP_BATCH:
+                self._setup_tp_batch(shm_base_dir, aeron_dir)
+            elif sc.transport == IOX:
+                self._setup_iox()
             elif sc.transport == INLINE:
                 self._setup_inline(aeron_dir)
             else:
@@ -573,6 +673,85 @@ class _ConsumerRun:
 
         self.step = step
         self.drops = drops
+
+    def _setup_tp_batch(self, shm_base_dir: str, aeron_dir: str) -> None:
+        sc = self.sc
+        settings = settings_for(sc, shm_base_dir, aeron_dir)
+        self.ctx = AeronContext(settings.transport).start()
+        kw = {} if sc.seq_gap is None else {"max_outstanding_seq_gap": sc.seq_gap}
+        c = Consumer(self.ctx, tp_stream_id(sc), settings, **kw)
+        self.consumer = c
+        rec = self.rec
+        latency = self.latency
+        mono = _mono
+        touch = sc.touch
+        poll_batch = c.poll_batch
+        stats = c.stats
+        page = PAGE
+
+        def step() -> int:
+            batch = poll_batch(BATCH_POLL)
+            if not len(batch):
+                return 0
+            arr = batch.array
+            if touch:  # one byte per 4 KiB page of every frame: one reduction per batch
+                if arr is not None:
+                    int(arr.reshape(len(arr), -1).view(np.uint8)[:, ::page].sum())
+                else:
+                    for a in batch.arrays:
+                        if a is not None:
+                            int(a.reshape(-1).view(np.uint8)[::page].sum())
+            got = batch.confirm()
+            if latency and got:
+                now = mono()
+                for ts in batch.timestamps_ns[batch.valid].tolist():
+                    if rec.lat_from <= ts < rec.lat_to:
+                        rec.lat.append(now - ts)
+            return got
+
+        def drops() -> dict[str, int]:
+            d = stats.drops.snapshot()
+            d["gap"] = c.drops_gap
+            d["frames"] = stats.frames
+            return d
+
+        self.step = step
+        self.drops = drops
+
+    def _setup_iox(self) -> None:
+        sc = self.sc
+        self.iox = IoxEndpoint(sc)
+        sub = self.iox.service.subscriber_builder().buffer_size(sc.nslots).create()
+        self.iox.ports.append(sub)
+        receive = sub.receive
+        rec = self.rec
+        latency = self.latency
+        touch = make_touch(sc.size) if sc.touch else None
+        mono = _mono
+        frombuffer = np.frombuffer
+        u8 = np.uint8
+        unpack_ts = _i64.unpack_from
+
+        def step() -> int:
+            n = 0
+            while n < 64:
+                sample = receive()
+                if sample is None:
+                    break
+                view = sample.payload().as_memory_view()
+                if touch is not None:
+                    touch(frombuffer(view, u8))
+                if latency:
+                    ts = unpack_ts(view, 0)[0]
+                    if rec.lat_from <= ts < rec.lat_to:
+                        rec.lat.append(mono() - ts)
+                sample.delete()  # back to the publisher's pool
+                n += 1
+            rec.frames += n
+            return n
+
+        self.step = step
+        self.drops = lambda: {"frames": rec.frames}
 
     def _setup_inline(self, aeron_dir: str) -> None:
         sc = self.sc
@@ -659,6 +838,8 @@ class _ConsumerRun:
                         break
                 except queue_mod.Empty:
                     continue
+        if self.iox is not None:
+            self.iox.close()
         if self.consumer is not None:
             self.consumer.close()
         if self.ctx is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -83,27 +84,15 @@ _OTHER_TENSORPOOL_SCHEMAS = frozenset({driver_schema.SCHEMA_ID, bridge_schema.SC
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 _SLOT_MISS = frozenset({Reason.SEQ_MISMATCH, Reason.NOT_COMMITTED})
 _BATCH_REASONS = BATCH_REASONS
+_CODE_SEQ_MISMATCH = BATCH_REASONS.index(Reason.SEQ_MISMATCH)
+_CODE_NOT_COMMITTED = BATCH_REASONS.index(Reason.NOT_COMMITTED)
 DEFAULT_MAX_OUTSTANDING_SEQ_GAP = core_mod.DEFAULT_MAX_OUTSTANDING_SEQ_GAP
-#: A ``FrameDescriptor`` message (8-byte SBE header + 36-byte block) as a numpy record: the
-#: batch path copies each message's bytes into a row and decodes the whole batch at once.
+#: A ``FrameDescriptor`` message (8-byte SBE header + 36-byte block): the batch path copies
+#: each message's bytes into a row of a buffer and checks the whole batch at once.
 _DESC_LEN = 8 + wire.FrameDescriptorDecoder.BLOCK_LENGTH
-_DESC_DTYPE = np.dtype(
-    {
-        "names": ["block", "template", "schema", "version", "stream_id", "epoch", "seq", "index"],
-        "formats": ["<u2", "<u2", "<u2", "<u2", "<u4", "<u8", "<u8", "<u4"],
-        "offsets": [
-            0,
-            2,
-            4,
-            6,
-            8 + wire.FrameDescriptorDecoder.STREAM_ID_OFFSET,
-            8 + wire.FrameDescriptorDecoder.EPOCH_OFFSET,
-            8 + wire.FrameDescriptorDecoder.SEQ_OFFSET,
-            8 + wire.FrameDescriptorDecoder.HEADER_INDEX_OFFSET,
-        ],
-        "itemsize": _DESC_LEN,
-    }
-)
+_SEQ_AT = 8 + wire.FrameDescriptorDecoder.SEQ_OFFSET
+_unpack_seq = struct.Struct("<Q").unpack_from
+assert _SEQ_AT == 20 and wire.FrameDescriptorDecoder.HEADER_INDEX_OFFSET + 8 == 28
 
 __all__ = [
     "AFTER_HANDLER_ERROR",
@@ -125,20 +114,22 @@ __all__ = [
 FrameBatch = SlotBatch
 
 
-def _desc_header_words(stream_id: int, epoch: int) -> np.ndarray:
-    """The first five u32 words every descriptor of the mapped stream and epoch starts with
-    (SBE header: block length, template, schema, version; then stream id and epoch)."""
+def _desc_template(stream_id: int, epoch: int, rows: int) -> np.ndarray:
+    """Rows of the first eight u32 words of a ``FrameDescriptor``: the five every descriptor
+    of the mapped stream and epoch starts with (SBE header: block length, template, schema,
+    version; stream id; epoch), then seq and header index, filled per batch."""
     dec = wire.FrameDescriptorDecoder
-    return np.array(
-        [
-            dec.BLOCK_LENGTH | dec.TEMPLATE_ID << 16,
-            dec.SCHEMA_ID | dec.SCHEMA_VERSION << 16,
-            stream_id,
-            epoch & 0xFFFFFFFF,
-            epoch >> 32,
-        ],
-        np.uint32,
-    )
+    head = [
+        dec.BLOCK_LENGTH | dec.TEMPLATE_ID << 16,
+        dec.SCHEMA_ID | dec.SCHEMA_VERSION << 16,
+        stream_id,
+        epoch & 0xFFFFFFFF,
+        epoch >> 32,
+        0,
+        0,
+        0,
+    ]
+    return np.tile(np.array(head, np.uint32), (rows, 1))
 
 
 class Frame:
@@ -301,8 +292,8 @@ class Consumer:
         self._rec_buf = bytearray(_DESC_LEN * 64)
         self._rec_odd: dict[int, bytes] = {}
         self._record = self._make_recorder()
-        self._desc_expect = _desc_header_words(stream_id, 0)
-        self._run_steps = np.arange(64, dtype=np.int64)
+        self._desc_tmpl = _desc_template(stream_id, 0, 64)
+        self._run_steps = np.arange(64, dtype=np.uint64)
 
         self._ctx = ctx
         ch = self.settings.channels
@@ -437,32 +428,51 @@ class Consumer:
         core = self.core
         breader = self._batch_reader
         assert breader is not None
-        d = np.frombuffer(self._rec_buf, _DESC_DTYPE, n)
-        seqs = d["seq"].astype(np.int64)
-        first = int(seqs[0])
-        head = np.frombuffer(self._rec_buf, np.uint32, n * (_DESC_LEN // 4)).reshape(n, -1)
-        if (
-            not self._rec_odd
-            and bool((head[:, :5] == self._desc_expect).all())
-            and int(seqs[-1]) - first == n - 1
-            and np.array_equal(seqs, self._steps(n) + first)
-            and np.array_equal(d["index"], seqs & core.mask)
-            and core.accept_run(first, n)
-        ):
-            batch = breader.read_run(first, n, copy)
+        first = _unpack_seq(self._rec_buf, _SEQ_AT)[0]
+        batch: FrameBatch | None = None
+        if n == 1:
+            # a single frame (a paced stream): the per-frame decision and slot read, so the
+            # batch path costs no latency over poll()
+            want_seq: list[int] = []
+            want_idx: list[int] = []
+            batch = self._decide_rows(0, 1, want_seq, want_idx, copy)
+            if batch is None:
+                breader = self._batch_reader
+                batch = (
+                    breader.read_one(want_seq[0], want_idx[0], copy)
+                    if want_seq and breader is not None
+                    else empty_batch()
+                )
+        elif not self._rec_odd and self._clean_run(n, first):
+            # one stream, the mapped epoch, consecutive seqs in their own slots: the core
+            # takes the run in one call (after deciding its first descriptor alone if needed)
+            skipped = core.accept_run(first, n)
+            if skipped >= 0:
+                batch = breader.read_run(first + skipped, n - skipped, copy)
+            else:
+                want_seq, want_idx = [], []
+                batch = self._decide_rows(0, 1, want_seq, want_idx, copy)
+                rest = -1 if batch is not None or n == 1 else core.accept_run(first + 1, n - 1)
+                if rest >= 0:
+                    if want_seq and rest == 0:
+                        batch = breader.read_run(first, n, copy)
+                    elif not want_seq:
+                        batch = breader.read_run(first + 1 + rest, n - 1 - rest, copy)
+                    else:
+                        want_seq += range(first + 1 + rest, first + n)
+                        want_idx += [q & core.mask for q in range(first + 1 + rest, first + n)]
+                        batch = self._batch_of(want_seq, want_idx, copy)
+                elif batch is None:
+                    batch = self._decide_rows(1, n, want_seq, want_idx, copy)
+                    if batch is None:
+                        batch = self._batch_of(want_seq, want_idx, copy)
         else:
-            batch = self._read_rows(n, copy)
-            breader = self._batch_reader
-            if breader is None:
-                return batch
+            want_seq, want_idx = [], []
+            batch = self._decide_rows(0, n, want_seq, want_idx, copy)
+            if batch is None:
+                batch = self._batch_of(want_seq, want_idx, copy)
         if len(batch) and not batch.valid.all():
-            reader = self._reader
-            reasons = batch.codes
-            for k in np.flatnonzero(~batch.valid).tolist():
-                reason = _BATCH_REASONS[int(reasons[k])]
-                index = int(batch.header_index[k])
-                if reason in _SLOT_MISS and reader is not None and 0 <= index <= core.mask:
-                    core.on_read_miss(int(batch.seqs[k]), reader.slot_seq(index), reason)
+            self._read_misses(batch)
         batch.stream_id = self.stream_id
         batch.epoch = core.epoch
         batch.on_confirm = self._count_batch
@@ -472,23 +482,59 @@ class Consumer:
             self._pending = batch
         return batch
 
-    def _steps(self, n: int) -> np.ndarray:
-        steps = self._run_steps
-        if len(steps) < n:
-            steps = self._run_steps = np.arange(n, dtype=np.int64)
-        return steps[:n]
+    def _read_misses(self, batch: FrameBatch) -> None:
+        """``on_read_miss`` for the rows whose slot no longer (or never) held their frame. A
+        lapped consumer has many: rows whose slot is ahead only teach the head (one call with
+        the newest), the rare rows whose slot is behind (forged) are re-counted one by one."""
+        reader = self._reader
+        breader = self._batch_reader
+        if reader is None or breader is None:
+            return
+        codes = batch.codes
+        miss = (codes == _CODE_SEQ_MISMATCH) | (codes == _CODE_NOT_COMMITTED)
+        if not miss.any():
+            return
+        rows = np.flatnonzero(miss)
+        seqs = batch.seqs[rows]
+        slot_seqs = breader.slot_seqs(batch.header_index[rows])
+        core = self.core
+        ahead = slot_seqs >= seqs
+        if ahead.any():
+            k = int(np.argmax(np.where(ahead, slot_seqs, -1)))
+            core.on_read_miss(int(seqs[k]), int(slot_seqs[k]), _BATCH_REASONS[int(codes[rows[k]])])
+        for k in np.flatnonzero(~ahead).tolist():
+            reason = _BATCH_REASONS[int(codes[rows[k]])]
+            core.on_read_miss(int(seqs[k]), int(slot_seqs[k]), reason)
 
-    def _read_rows(self, n: int, copy: bool) -> FrameBatch:
-        """The per-descriptor route of the batch path: anything but a clean consecutive run
-        (gaps, other streams or epochs, odd messages, the rate grid) goes through the core one
-        descriptor at a time, exactly as :meth:`poll` would, before one batch read."""
+    def _clean_run(self, n: int, first: int) -> bool:
+        """Whether the recorded descriptors are plain ``FrameDescriptor``s of this stream and
+        the mapped epoch for ``first .. first+n-1``, each naming its own slot: the first eight
+        u32 words of every row against a template, one compare for the whole batch."""
+        tmpl = self._desc_tmpl
+        if len(tmpl) < n:
+            tmpl = np.tile(tmpl[:1], (max(n, 2 * len(tmpl)), 1))
+            self._desc_tmpl = tmpl
+            self._run_steps = np.arange(len(tmpl), dtype=np.uint64)
+        part = tmpl[:n]
+        seqs = self._run_steps[:n] + np.uint64(first)
+        part[:, 5:7].view(np.uint64)[:, 0] = seqs
+        part[:, 7] = seqs & np.uint64(self.core.mask)
+        rows = np.frombuffer(self._rec_buf, np.uint32, n * (_DESC_LEN // 4)).reshape(n, -1)
+        return bool((rows[:, :8] == part).all())
+
+    def _decide_rows(
+        self, lo: int, hi: int, want_seq: list[int], want_idx: list[int], copy: bool
+    ) -> FrameBatch | None:
+        """The per-descriptor route of the batch path for recorded rows ``[lo, hi)``: anything
+        but a clean consecutive run (gaps, other streams or epochs, odd messages, the rate
+        grid) goes through the core one descriptor at a time, exactly as :meth:`poll` would.
+        The rows to read are appended to ``want_*``; returns the batch read so far when a
+        proven regression closed the mapping (the rest of the rows are then not mapped)."""
         core = self.core
         buf = self._rec_buf
         odd = self._rec_odd
-        want_seq: list[int] = []
-        want_idx: list[int] = []
         batch: FrameBatch | None = None
-        for k in range(n):
+        for k in range(lo, hi):
             off = k * _DESC_LEN
             raw = odd.get(off)
             try:
@@ -517,16 +563,15 @@ class Consumer:
                     if verdict == REMAP:
                         # read what was accepted before the regression, then drop the mapping
                         batch = self._batch_of(want_seq, want_idx, copy)
-                        want_seq, want_idx = [], []
+                        want_seq.clear()
+                        want_idx.clear()
                         self._close_mapping(SEQ_REGRESSION)
                     continue
             if reader is None:
                 continue
             want_seq.append(seq)
             want_idx.append(index)
-        if batch is not None:
-            return batch
-        return self._batch_of(want_seq, want_idx, copy)
+        return batch
 
     def _batch_of(self, seqs: list[int], idx: list[int], copy: bool) -> FrameBatch:
         breader = self._batch_reader
@@ -539,6 +584,11 @@ class Consumer:
         if self._pending is batch:
             self._pending = None
         valid = batch.valid
+        if len(valid) == 1:  # plain ints for a single row
+            if valid[0]:
+                self.stats.frames += 1
+                self.stats.bytes += int(batch.values_len[0])
+            return
         n = int(np.count_nonzero(valid))
         if n:
             stats = self.stats
@@ -840,8 +890,7 @@ class Consumer:
         self._reader = SlotReader(header, regions[1:], counters=self.stats.drops)
         self._batch_reader = BatchReader(self._reader)
         self.core.on_mapped(layout, head, now)
-        self._desc_expect = _desc_header_words(self.stream_id, self.core.epoch)
-        self._run_steps = np.arange(layout.header_nslots, dtype=np.int64)
+        self._desc_tmpl = _desc_template(self.stream_id, self.core.epoch, 64)
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
     def _release(self, reader: SlotReader | None, regions: list[ShmRegion]) -> None:

@@ -374,24 +374,26 @@ class ConsumerCore:
             return self._rate(now_ns)
         return READ
 
-    def accept_run(self, first_seq: int, n: int) -> bool:
-        """Accept descriptors ``first_seq .. first_seq+n-1`` of the mapped epoch at once (the
-        batch path) when each would be ``READ`` by :meth:`on_descriptor`'s common case: the
-        run continues :attr:`last_seq`, lies beyond the known head (no resync) and no rate
-        grid applies. Returns False, changing nothing, otherwise: the agent then feeds the
-        descriptors one by one."""
-        if (
-            not self.mapped
-            or n <= 0
-            or first_seq != self.last_seq + 1
-            or first_seq <= self.head_seq
-            or self._gate is not None
-        ):
-            return False
+    def accept_run(self, first_seq: int, n: int) -> int:
+        """Take descriptors ``first_seq .. first_seq+n-1`` of the mapped epoch in one call
+        (the batch path), as :meth:`on_descriptor` would one by one when each continues
+        :attr:`last_seq`: the leading ones more than ``max_gap`` behind the known head are
+        resync drops (§15.4, counted per frame), the rest ``READ``. Returns how many leading
+        descriptors were skipped, or -1 (nothing changed) when the run needs decisions one by
+        one: not mapped, not continuing :attr:`last_seq`, or a rate grid applies."""
+        if not self.mapped or n <= 0 or first_seq != self.last_seq + 1 or self._gate is not None:
+            return -1
         last = first_seq + n - 1
+        head = self.head_seq
+        skipped = min(n, max(0, head - self.max_gap - first_seq))
+        if skipped:
+            self.stats.drops_gap += skipped
+            self.resyncs += skipped
+            self.drops.increment(RESYNC, skipped)
         self.last_seq = last
-        self.head_seq = last
-        return True
+        if last > head:
+            self.head_seq = last
+        return skipped
 
     def on_slot_check(self, seq: int, slot_seq: int, last_slot_seq: int, now_ns: int) -> int:
         """Decide a ``CHECK``ed descriptor from what the ring holds now (a hint, not a read):

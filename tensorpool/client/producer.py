@@ -211,6 +211,10 @@ _DESC_ROW = np.dtype(
 )
 
 
+#: Below this many frames ``offer_batch`` takes the per-frame path (cheaper for one or two).
+_SMALL_BATCH = 3
+
+
 class AttachError(RuntimeError):
     """The driver refused the attach (e.g. REJECTED: the stream already has a producer)."""
 
@@ -760,10 +764,25 @@ class Producer:
         n = len(frames)
         if n == 0:
             return None
-        shape = frames.shape[1:] or (1,)
         ts = self._clock() if timestamps_ns is None else timestamps_ns
         per_frame_ts = isinstance(ts, np.ndarray)
-        first: int | None = None
+        if n < _SMALL_BATCH:
+            # a frame or two (a paced source): the per-frame path is cheaper than a dozen
+            # numpy calls, and the wire is the same
+            first: int | None = None
+            for k in range(n):
+                seq = self.offer(
+                    frames[k],
+                    timestamp_ns=int(ts[k]) if per_frame_ts else ts,  # type: ignore[index,arg-type]
+                    meta_version=meta_version,
+                )
+                if seq is None:
+                    return first
+                if first is None:
+                    first = seq
+            return first
+        shape = frames.shape[1:] or (1,)
+        first = None
         done = 0
         while done < n:
             claim = self.claim_batch(n - done, shape, frames.dtype)

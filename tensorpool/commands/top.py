@@ -46,9 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("TENSORPOOL_AERON_DIR") or default_aeron_dir(),
         help="media driver to listen to QoS on (default %(default)s; none running: no QoS)",
     )
+    p.add_argument("--control-channel", default=d.control_channel, help="(default %(default)s)")
+    p.add_argument(
+        "--control-stream-id", type=int, default=d.control_stream_id, help="(%(default)s)"
+    )
     p.add_argument("--qos-channel", default=d.qos_channel, help="(default %(default)s)")
     p.add_argument("--qos-stream-id", type=int, default=d.qos_stream_id, help="(%(default)s)")
-    p.add_argument("--no-qos", action="store_true", help="do not listen to QoS traffic")
+    p.add_argument(
+        "--no-qos", action="store_true", help="do not listen to QoS and announce traffic"
+    )
 
 
 def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
@@ -59,30 +65,75 @@ def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
     root = os.path.join(base, namespace)
     best: dict[int, tuple[tuple[int, int], dict[str, Any]]] = {}
     now = time.monotonic_ns()
-    try:
-        instances = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return {}
-    for inst in instances:
-        try:
-            epochs = [e.path for e in os.scandir(inst) if e.name.startswith("epoch-")]
-        except OSError:
+    for d in _epoch_dirs(root):
+        path = os.path.join(d, HEADER_RING_FILENAME)
+        if not os.path.exists(path):
             continue
-        for d in epochs:
-            path = os.path.join(d, HEADER_RING_FILENAME)
-            if not os.path.exists(path):
-                continue
+        try:
+            rep = inspect_region(path, policy, now_ns=now, probe=_pid_alive)
+        except (InspectError, OSError):
+            continue  # removed or replaced while we looked: the next refresh sees it
+        sb = rep["superblock"]
+        key = (sb["epoch"], sb["activity_timestamp_ns"])
+        sid = int(sb["stream_id"])
+        if sid not in best or key > best[sid][0]:
+            rep["directory"] = d
+            best[sid] = (key, rep)
+    out = {sid: rep for sid, (_, rep) in best.items()}
+    for rep in out.values():
+        ring = rep.get("ring") or {}
+        if ring.get("slots_scanned"):
+            rep["seqs"] = committed_seqs(rep["path"], policy, int(ring["slots_scanned"]))
+    return out
+
+
+def committed_seqs(path: str, policy: Any, nslots: int) -> list[int] | None:
+    """The seqs the ring holds committed right now, sorted (a frame count between refreshes
+    that stays right for streams whose seqs skip, such as a rate limiter's, which keeps the
+    source's seq numbers)."""
+    import mmap
+
+    from tensorpool.shm.errors import ShmError
+    from tensorpool.shm.ring import HeaderRingView
+
+    try:
+        fd, _ = policy.open(path)
+    except (ShmError, OSError):
+        return None
+    try:
+        mm = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    try:
+        ring = HeaderRingView(mm, nslots)
+        try:
+            scan = ring.scan()
+        finally:
+            ring.close()
+        good = scan.committed & ~scan.misplaced(nslots)
+        return sorted((scan.word1[good] >> 1).astype("int64").tolist())
+    finally:
+        mm.close()
+
+
+def _epoch_dirs(root: str) -> list[str]:
+    """``epoch-*`` directories under ``root``: ``<instance>/epoch-*`` (standalone producers)
+    and ``<instance>/stream-<id>/epoch-*`` (the SHM driver). Symlinks are not followed."""
+    found: list[str] = []
+    level = [root]
+    for _ in range(3):
+        nxt: list[str] = []
+        for d in level:
             try:
-                rep = inspect_region(path, policy, now_ns=now, probe=_pid_alive)
-            except (InspectError, OSError):
-                continue  # removed or replaced while we looked: the next refresh sees it
-            sb = rep["superblock"]
-            key = (sb["epoch"], sb["activity_timestamp_ns"])
-            sid = int(sb["stream_id"])
-            if sid not in best or key > best[sid][0]:
-                rep["directory"] = d
-                best[sid] = (key, rep)
-    return {sid: rep for sid, (_, rep) in best.items()}
+                entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for e in entries:
+                (found if e.name.startswith("epoch-") else nxt).append(e.path)
+        level = nxt
+    return found
 
 
 def _pid_alive(pid: int) -> bool | None:
@@ -109,6 +160,46 @@ def producer_commands(pids: set[int]) -> dict[int, str]:
     return out
 
 
+class MapScan:
+    """Which processes map each stream's header ring, from ``/proc/*/maps`` (local only).
+
+    A writable shared mapping (``rw-s``) is the producer (in driver mode the superblock's pid is
+    the driver, which created the file); read-only ones are local consumers. Reading every
+    process's maps costs milliseconds, so it is redone at most every ``every_s``. Processes of
+    other users are not readable and not counted.
+    """
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self._at = -float("inf")
+        self._key: frozenset[str] = frozenset()
+        self._cache: dict[str, tuple[list[int], list[int]]] = {}
+
+    def get(self, paths: set[str]) -> dict[str, tuple[list[int], list[int]]]:
+        now = time.monotonic()
+        key = frozenset(paths)
+        if key == self._key and now - self._at < self.every_s:
+            return self._cache
+        found: dict[str, tuple[set[int], set[int]]] = {p: (set(), set()) for p in paths}
+        me = os.getpid()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/maps") as f:
+                    for line in f:
+                        parts = line.split(maxsplit=5)
+                        if len(parts) == 6 and parts[1].endswith("s"):
+                            hit = found.get(parts[5].rstrip("\n"))
+                            if hit is not None:
+                                hit[0 if parts[1][1] == "w" else 1].add(int(entry.name))
+            except OSError:  # gone, or another user's
+                continue
+        self._cache = {p: (sorted(w), sorted(r - w)) for p, (w, r) in found.items()}
+        self._at, self._key = now, key
+        return self._cache
+
+
 class QosListener:
     """QoS messages from the host's media driver into a :class:`QosBook` (None: no driver)."""
 
@@ -118,7 +209,7 @@ class QosListener:
         self.book = QosBook()
         self.note = ""
         self._ctx: Any = None
-        self._sub: Any = None
+        self._subs: list[Any] = []
         if args.no_qos:
             return
         try:
@@ -159,23 +250,39 @@ class QosListener:
                 int(dec.mode_raw), time.monotonic_ns(),
             )  # fmt: skip
 
-        self._sub = self._ctx.add_subscription(args.qos_channel, args.qos_stream_id, on_qos)
+        ann = wire.ShmPoolAnnounceDecoder()
+
+        def on_control(buffer: Any, _header: Any) -> None:
+            try:
+                _, template_id, schema_id, _ = peek_header(buffer)
+                if schema_id != ann.SCHEMA_ID or template_id != ann.TEMPLATE_ID:
+                    return  # attach requests, responses, ...: not ours
+                ann.wrap(buffer)
+            except Exception:  # malformed: counted (QosBook.malformed), never fatal
+                book.malformed += 1
+                return
+            book.on_announce(int(ann.stream_id), int(ann.epoch), time.monotonic_ns())
+
+        self._subs = [
+            self._ctx.add_subscription(args.qos_channel, args.qos_stream_id, on_qos),
+            self._ctx.add_subscription(args.control_channel, args.control_stream_id, on_control),
+        ]
 
     def poll_for(self, seconds: float) -> None:
         """Sleep ``seconds`` while taking QoS messages as they come."""
         end = time.monotonic() + seconds
         while True:
-            if self._sub is not None:
-                self._sub.poll()
+            for sub in self._subs:
+                sub.poll()
             left = end - time.monotonic()
             if left <= 0:
                 return
             time.sleep(min(left, 0.02))
 
     def close(self) -> None:
-        if self._sub is not None:
-            self._sub.close()
-            self._sub = None
+        for sub in self._subs:
+            sub.close()
+        self._subs = []
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
@@ -201,14 +308,19 @@ def run(args: argparse.Namespace) -> int:
     title = f"tensorpool top: {base}/{args.namespace}"
     stop = StopSignals((signal.SIGTERM,)).install()
     qos = QosListener(args)
+    maps = MapScan()
 
     def snapshot(memo: dict[int, tuple[int, int]] | None) -> tuple[Any, ...]:
         driver = read_driver(base, args.namespace)
         regions = read_regions(base, args.namespace)
+        by_path = maps.get({r["path"] for r in regions.values()})
+        mapped = {sid: by_path.get(r["path"], ([], [])) for sid, r in regions.items()}
         pids = {int(r["superblock"].get("pid", 0) or 0) for r in regions.values()}
+        for writers, _ in mapped.values():
+            pids.update(writers)
         out, new_memo = rows(
             regions, memo, driver, now_ns=time.monotonic_ns(), now_unix_ns=time.time_ns(),
-            qos=qos.book, commands=producer_commands(pids - {0}),
+            qos=qos.book, commands=producer_commands(pids - {0}), mapped=mapped,
         )  # fmt: skip
         return out, new_memo, driver
 

@@ -400,6 +400,36 @@ class BridgeCollector(Collector):
         ]
 
 
+class ServeCollector(Collector):
+    """``tensorpool serve`` (Arrow Flight): frames served and lost, calls and refusals.
+
+    The server counts in one ``Counter`` (frames, frames_lost, gets, scans, and a name per
+    refusal); frames and losses get their own families, everything else is an event.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _retrying(self._read)
+
+    def _read(self) -> list[Metric]:
+        counts = dict(self.server.counters)
+        frames = CounterMetricFamily("tensorpool_serve_frames", "frames sent to Flight clients")
+        frames.add_metric([], counts.pop("frames", 0))
+        lost = CounterMetricFamily(
+            "tensorpool_serve_frames_lost",
+            "frames of a requested range already overwritten in the ring",
+        )
+        lost.add_metric([], counts.pop("frames_lost", 0))
+        events = CounterMetricFamily(
+            "tensorpool_serve_events", "Flight calls and refusals by name", labels=["event"]
+        )
+        for name, n in sorted(counts.items()):
+            events.add_metric([name], n)
+        return [frames, lost, events]
+
+
 class MetricsServer:
     """A private registry served over HTTP on its own thread; ``close()`` stops it.
 

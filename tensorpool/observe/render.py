@@ -45,9 +45,10 @@ def _stretch(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.bool_:
         return a.astype(np.uint8) * 255
     f = a.astype(np.float32, copy=False)
-    finite = np.isfinite(f)
-    if not finite.all():
-        f = np.where(finite, f, 0.0)
+    if a.dtype.kind in "fc":
+        finite = np.isfinite(f)
+        if not finite.all():
+            f = np.where(finite, f, 0.0)
     sample = f[:: max(f.shape[0] // 64, 1), :: max(f.shape[1] // 64, 1)]
     lo, hi = np.percentile(sample, (1.0, 99.0))
     if hi <= lo:

@@ -1,15 +1,16 @@
 """The model behind ``tensorpool top`` (#19.2): snapshots in, rows out, no I/O.
 
 A snapshot is what the command read at one instant: for each stream the newest header ring's
-superblock and ring scan (``inspect``'s report of one region) and, when a driver runs, its
-status document. Rates need two snapshots: frames/s is how far the newest committed seq moved,
-MB/s that times the mean payload of the ring's committed slots (the ring holds the recent
-frames, so the mean is recent). The driver adds consumers, leases and the producer's lease;
-without a driver (standalone producers) those columns are empty, not guessed.
+superblock, ring scan and committed seqs, the driver's status document when a driver runs,
+and what QoS and announce traffic said. Rates need two snapshots: frames/s counts the frames
+committed since the last refresh (:func:`_new_frames`), MB/s that times the mean payload of
+the ring's committed slots (the ring holds the recent frames, so the mean is recent). Columns
+a source cannot fill (no driver: no leases) stay empty, never guessed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -47,6 +48,7 @@ class QosBook:
         self.messages = 0
         #: QoS-stream messages that did not decode (skipped and counted)
         self.malformed = 0
+        self._announces: dict[int, tuple[int, int]] = {}  # stream -> (epoch, heard_ns)
 
     def on_consumer(
         self,
@@ -75,6 +77,15 @@ class QosBook:
             key=lambda c: c.consumer_id,
         )
 
+    def on_announce(self, stream_id: int, epoch: int, now_ns: int) -> None:
+        """A ``ShmPoolAnnounce`` heard on the control stream (driver or standalone producer)."""
+        self.messages += 1
+        self._announces[stream_id] = (epoch, now_ns)
+
+    def announce_age_s(self, stream_id: int, now_ns: int) -> float | None:
+        heard = self._announces.get(stream_id)
+        return None if heard is None else max(now_ns - heard[1], 0) * _NS
+
     def stream_ids(self) -> set[int]:
         return {sid for sid, _ in self._consumers}
 
@@ -97,9 +108,13 @@ class StreamRow:
     consumers: int | None
     leases: int | None
     producer_lease: bool | None
-    driver_announce_age_s: float | None
+    driver_status_age_s: float | None
     directory: str
+    #: since the newest ShmPoolAnnounce heard on the control stream (None: none heard)
+    announce_age_s: float | None = None
     producer_command: str = ""
+    #: processes on this host mapping the ring read-only (consumers), None: not looked
+    local_readers: int | None = None
     qos_consumers: tuple[ConsumerQos, ...] = ()
 
     @property
@@ -126,13 +141,18 @@ def rows(
     now_unix_ns: int,
     qos: QosBook | None = None,
     commands: Mapping[int, str] | None = None,
+    mapped: Mapping[int, tuple[list[int], list[int]]] | None = None,
 ) -> tuple[list[StreamRow], dict[int, tuple[int, int]]]:
     """Rows for one refresh, and the ``(newest_seq, now_ns)`` memo for the next one.
 
     ``regions``: stream id -> inspect report of its newest ``header.ring`` (with ``directory``);
     ``driver``: the driver's status document or None; ``qos``: consumers heard on the QoS
-    channel; ``commands``: producer pid -> what it runs (``produce``, ``ratelimiter``, ...).
+    channel; ``commands``: producer pid -> what it runs (``produce``, ``ratelimiter``, ...);
+    ``mapped``: stream id -> (pids mapping its ring writable, pids mapping it read-only). The
+    producer is the writer that is not the driver (a driver creates the files of its streams
+    and its pid is in their superblocks), else the superblock's pid.
     """
+    commands = commands or {}
     memo: dict[int, tuple[int, int]] = {}
     by_stream: dict[int, Mapping[str, Any]] = {}
     leases: dict[int, int] = {}
@@ -157,7 +177,7 @@ def rows(
             memo[sid] = (newest, now_ns)
             prev = (previous or {}).get(sid)
             if prev is not None and now_ns > prev[1] and newest >= prev[0]:
-                fps = (newest - prev[0]) / ((now_ns - prev[1]) * _NS)
+                fps = _new_frames(region.get("seqs"), prev[0], newest) / ((now_ns - prev[1]) * _NS)
                 pools = ring.get("pools", [])
                 slots = sum(p["slots"] for p in pools)
                 mean = sum(p["values_bytes"] for p in pools) / slots if slots else 0.0
@@ -166,12 +186,18 @@ def rows(
         committed = int(occ.get("committed", 0))
         ts = ring.get("newest_timestamp_ns")
         drv = by_stream.get(sid)
+        writers, readers = (mapped or {}).get(sid, ([], []))
+        pid = int(sb.get("pid", 0) or 0)
+        alive = sb.get("pid_alive")
+        others = [w for w in writers if commands.get(w) != "driver"]
+        if others and others[0] != pid:
+            pid, alive = others[0], True
         out.append(
             StreamRow(
                 stream_id=sid,
                 epoch=int(sb.get("epoch", drv["epoch"] if drv else 0)),
-                producer_pid=int(sb.get("pid", 0) or 0),
-                producer_alive=sb.get("pid_alive"),
+                producer_pid=pid,
+                producer_alive=alive,
                 newest_seq=newest,
                 frames_per_s=fps,
                 mb_per_s=mbps,
@@ -184,13 +210,30 @@ def rows(
                 consumers=int(drv["consumer_count"]) if drv else None,
                 leases=leases.get(sid, 0) if driver else None,
                 producer_lease=(drv.get("producer_lease_id") is not None) if drv else None,
-                driver_announce_age_s=status_age if drv else None,
+                driver_status_age_s=status_age if drv else None,
                 directory=str(region.get("directory", "")),
-                producer_command=(commands or {}).get(int(sb.get("pid", 0) or 0), ""),
+                producer_command=commands.get(pid, ""),
+                local_readers=len(readers) if mapped is not None else None,
                 qos_consumers=tuple(qos.consumers(sid, now_ns)) if qos else (),
+                announce_age_s=qos.announce_age_s(sid, now_ns) if qos else None,
             )
         )
     return out, memo
+
+
+def _new_frames(seqs: list[int] | None, prev_newest: int, newest: int) -> int:
+    """Frames committed since the last refresh.
+
+    Counted in the ring when it still holds a frame from before (then no new frame can have
+    been overwritten yet): right also for streams whose seqs skip (a rate limiter keeps its
+    source's seqs). When every slot is newer the ring turned over in between, and the seq
+    distance is the only measure left (exact for a producer's own consecutive seqs).
+    """
+    if seqs:
+        new = len(seqs) - bisect.bisect_right(seqs, prev_newest)
+        if new < len(seqs):
+            return new
+    return newest - prev_newest
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -206,7 +249,7 @@ def render(rows_: list[StreamRow], driver: Mapping[str, Any] | None, title: str,
     table = Table(title=title, expand=False, header_style="bold")
     for col in (
         "stream", "epoch", "producer", "frames/s", "MB/s", "seq", "ring", "occupancy",
-        "last frame", "consumers", "drops gap/late", "leases", "status age",
+        "last frame", "consumers", "drops gap/late", "leases", "announce age",
     ):  # fmt: skip
         table.add_column(col, justify="left" if col == "producer" else "right")
     consumers = Table(title="consumers (QoS)", expand=False, header_style="bold")
@@ -216,10 +259,12 @@ def render(rows_: list[StreamRow], driver: Mapping[str, Any] | None, title: str,
         alive = {True: "", False: " dead", None: ""}[r.producer_alive]
         who = f" {r.producer_command}" if r.producer_command else ""
         n_qos = len(r.qos_consumers)
-        if r.consumers is None:
-            n_cons = str(n_qos) if n_qos else "-"
-        else:
-            n_cons = f"{n_qos} (driver {r.consumers})"
+        seen = [f"{n_qos} qos"]
+        if r.local_readers is not None:
+            seen.append(f"{r.local_readers} mapped")
+        if r.consumers is not None:
+            seen.append(f"{r.consumers} leased")
+        n_cons = ", ".join(seen)
         gap, late = r.qos_drops
         table.add_row(
             str(r.stream_id),
@@ -234,7 +279,7 @@ def render(rows_: list[StreamRow], driver: Mapping[str, Any] | None, title: str,
             n_cons,
             f"{gap}/{late}" if n_qos else "-",
             _num(r.leases, "d"),
-            "-" if r.driver_announce_age_s is None else f"{r.driver_announce_age_s:.1f} s",
+            "-" if r.announce_age_s is None else f"{r.announce_age_s:.1f} s",
         )
         for c in r.qos_consumers:
             behind = r.newest_seq - c.last_seq_seen if r.newest_seq is not None else None
@@ -243,10 +288,14 @@ def render(rows_: list[StreamRow], driver: Mapping[str, Any] | None, title: str,
                 str(c.last_seq_seen), _num(behind, "d"), str(c.drops_gap), str(c.drops_late),
             )  # fmt: skip
     if driver:
+        age = next(
+            (r.driver_status_age_s for r in rows_ if r.driver_status_age_s is not None), None
+        )
         line = (
             f"driver {driver.get('instance_id')} pid {driver.get('pid')} "
             f"{driver.get('state')}: {len(driver.get('streams', []))} streams, "
             f"{len(driver.get('leases', []))} leases"
+            + ("" if age is None else f", status written {age:.1f} s ago")
         )
     else:
         line = "no driver status found (standalone producers only)"

@@ -97,11 +97,11 @@ img {{ image-rendering: pixelated; max-width: 100%; border:1px solid #333; }}
 </style></head>
 <body>
 <div id="info">stream {stream_id}: waiting for frames ...</div>
-<img id="frame" src="/frame" alt="newest frame of stream {stream_id}">
+<img id="frame" alt="newest frame of stream {stream_id}">
 <script>
 const img = document.getElementById("frame"), info = document.getElementById("info");
 const minGapMs = {min_gap_ms};
-let lastSeq = -1;
+let lastSeq = -1, shown = 0;
 async function next() {{
   const t0 = performance.now();
   try {{
@@ -112,6 +112,10 @@ async function next() {{
       await new Promise(ok => {{ img.onload = ok; img.onerror = ok; img.src = url; }});
       URL.revokeObjectURL(url);
       lastSeq = d.seq;
+      shown += 1;  // how many frames this page has shown (tests read it from the DOM)
+      document.body.dataset.shown = shown;
+      document.body.dataset.firstSeq ??= d.seq;
+      document.body.dataset.lastSeq = d.seq;
       info.textContent = `stream ${{d.stream_id}}  seq ${{d.seq}}  epoch ${{d.epoch}}  ` +
         `${{d.dtype}}[${{d.shape.join("x")}}]  timestamp_ns ${{d.timestamp_ns}} ` +
         `(${{d.age_ms.toFixed(0)}} ms ago)\\n` +

@@ -13,6 +13,7 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
   producer liveness, the server's view of its files);
 * ``do_action("scan", {"streams": [...]})``: per stream, the summary plus the whole ring scan
   (one Arrow IPC table each) -- what the Spark driver plans with;
+* ``do_action("stats")``: the server's counters (JSON);
 * ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
   read with the seqlock by :func:`~tensorpool.spark_source.mapped_rings.read_range`; frames not
   delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
@@ -48,6 +49,9 @@ from tensorpool.spark_source.margin import now_for
 from tensorpool.spark_source.offsets import RingState
 
 log = logging.getLogger("tensorpool.serve")
+
+#: ``do_action("stats")``: the counters below as one JSON object
+ACTION_STATS = "stats"
 
 
 class StreamDirectory(Protocol):
@@ -221,9 +225,14 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         return self._info(sid)
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [(remote.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)")]
+        return [
+            (remote.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)"),
+            (ACTION_STATS, "the server's counters (JSON)"),
+        ]
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+        if action.type == ACTION_STATS:
+            return iter([json.dumps(dict(self.counters), sort_keys=True).encode()])
         if action.type != remote.ACTION_SCAN:
             self.counters["bad_action"] += 1
             raise flight.FlightServerError(f"tensorpool serve: unknown action {action.type!r}")

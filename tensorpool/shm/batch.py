@@ -78,6 +78,7 @@ REASONS: Final[tuple[str, ...]] = (
     Reason.VALUES_LEN_BELOW_EXTENT,
     Reason.TORN_READ,
 )
+_CODE_OF: Final = {reason: code for code, reason in enumerate(REASONS) if code}
 _RANGE, _NOT_COMMITTED, _SEQ_MISMATCH, _REGRESSED, _LAYOUT = 1, 2, 3, 4, 5
 _OFFSET, _SLOT_RANGE, _SLOT_MISMATCH, _POOL, _LEN_STRIDE, _LEN_EXTENT, _TORN = (
     6,
@@ -211,15 +212,21 @@ class BatchReader:
 
     __slots__ = (
         "_closed",
+        "_field_rows",
+        "_field_tmpl",
         "_full",
         "_index",
         "_key",
         "_key_rows",
+        "_no_codes",
         "_pool_u8",
         "_reader",
         "_slots",
         "_steps",
         "_stride",
+        "_tmpl_len",
+        "_tmpl_pool",
+        "_tmpl_pools",
         "_words",
         "nslots",
     )
@@ -242,6 +249,17 @@ class BatchReader:
         self._key_rows = rows64.reshape(n, _WORDS_PER_SLOT)[:, _KEY_FIRST_WORD:_KEY_END_WORD]
         self._key: tuple[np.ndarray, TensorLayout, bytes] | None = None
         self._index = np.arange(n, dtype=np.int64)
+        # slot bytes [8, 22) as u16: values_len, payload_slot, pool_id, payload_offset
+        rows16 = np.frombuffer(hmm, np.uint16, n * (HEADER_SLOT_BYTES // 2), SUPERBLOCK_SIZE)
+        first16 = SLOT_FIELDS_OFFSET // 2
+        self._field_rows = rows16.reshape(n, HEADER_SLOT_BYTES // 2)[:, first16 : first16 + 7]
+        self._field_tmpl = np.zeros((n, 7), np.uint16)
+        self._field_tmpl[:, 2] = self._index & 0xFFFF
+        self._field_tmpl[:, 3] = self._index >> 16
+        self._tmpl_pool = -1
+        self._tmpl_len = np.zeros(n, np.int64)
+        self._tmpl_pools = np.zeros(n, np.int64)
+        self._no_codes = np.zeros(n, np.int8)
         self._steps = np.arange(0, 2 * n, 2, dtype=np.uint64)
         self._stride = dict(reader._pool_stride)
         self._pool_u8 = {
@@ -257,9 +275,15 @@ class BatchReader:
         self._words = np.empty(0, np.uint64)
         self._slots = np.empty(0, SLOT_DTYPE)
         self._key_rows = np.empty((0, _KEY_END_WORD - _KEY_FIRST_WORD), np.uint64)
+        self._field_rows = np.empty((0, 7), np.uint16)
         self._pool_u8 = {}
         self._full = {}
         self._key = None
+
+    def slot_seqs(self, header_index: np.ndarray) -> np.ndarray:
+        """The seq each of these slots holds now (committed or in progress): the batch form of
+        :meth:`SlotReader.slot_seq`, a hint for how far ahead the producer is (§15.4)."""
+        return (self._words[header_index] >> _ONE).astype(np.int64)
 
     def _layout_of(self, key: bytes) -> TensorLayout | str:
         known = self._reader._known
@@ -306,48 +330,111 @@ class BatchReader:
         words = self._words
         w1 = words[i0 : i0 + n].copy()  # §8.3 first load, one aligned 8-byte load per slot
         lo = (first_seq << 1) | 1
-        expect = self._steps[:n] + np.uint64(lo)
         lc = self._reader._last_commit
         cached = self._key
-        sl = self._slots[i0 : i0 + n]
         if not (
             cached is not None
-            and np.array_equal(w1, expect)
+            and bool((w1 == self._steps[:n] + np.uint64(lo)).all())
             and lo > max(lc)  # no slot can have gone back (§15.3)
             and bool((self._key_rows[i0 : i0 + n] == cached[0]).all())
         ):
             return self._general(first_seq, n, copy)
-        vlen = sl["values_len"].astype(np.int64)
-        pool = sl["pool_id"].astype(np.int64)
-        pslot = sl["payload_slot"]
-        offs = sl["payload_offset"]
+        # values_len, payload_slot, pool_id, payload_offset of every slot against a template
+        # (the first slot's values_len and pool, each slot's own index, offset 0)
+        fields = self._field_rows[i0 : i0 + n]
+        tmpl = self._field_tmpl[i0 : i0 + n]
+        if not bool((fields == tmpl).all()) and not (
+            self._retemplate(i0, cached[1]) and bool((fields == tmpl).all())
+        ):
+            return self._general(first_seq, n, copy)
+        sl = self._slots[i0 : i0 + n]
         ts = sl["timestamp_ns"].copy()
         mv = sl["meta_version"].copy()
         layout = cached[1]
-        v0 = int(vlen[0])
-        p0 = int(pool[0])
-        stride = self._stride.get(p0, 0)
-        if not (
-            (v0 == 0 or layout.extent_bytes <= v0 <= stride)
-            and bool((vlen == v0).all())
-            and bool((pool == p0).all())
-            and not offs.any()
-            and np.array_equal(pslot, self._index[i0 : i0 + n])
-        ):
-            return self._general(first_seq, n, copy)
-        full = self._pool_view(p0, cached[2], layout)
-        array = full[i0 : i0 + n]
+        array = self._pool_view(self._tmpl_pool, cached[2], layout)[i0 : i0 + n]
         if copy:
             array = array.copy()  # one copy into owned memory, before the second load
-        if not np.array_equal(words[i0 : i0 + n], w1):  # §8.3 second load
+        if not bool((words[i0 : i0 + n] == w1).all()):  # §8.3 second load
             return self._general(first_seq, n, copy)
-        codes = np.zeros(n, np.int8)
         seqs = self._index[:n] + first_seq
         idx = self._index[i0 : i0 + n]
-        batch = SlotBatch(seqs, idx, w1, ts, mv, vlen, pool, codes, layout, array, None, copy)
+        batch = SlotBatch(
+            seqs,
+            idx,
+            w1,
+            ts,
+            mv,
+            self._tmpl_len[:n],
+            self._tmpl_pools[:n],
+            self._no_codes[:n].copy(),
+            layout,
+            array,
+            None,
+            copy,
+        )
         batch._reader = self
         if copy:
             lc[i0 : i0 + n] = w1.tolist()
+        return batch
+
+    def _retemplate(self, i0: int, layout: TensorLayout) -> bool:
+        """Rebuild the field template from slot ``i0`` (a new frame size or pool); False when
+        that slot itself would fail validation (the general path then says why)."""
+        row = self._slots[i0]
+        v0 = int(row["values_len"])
+        p0 = int(row["pool_id"])
+        stride = self._stride.get(p0, 0)
+        if not stride or not (v0 == 0 or layout.extent_bytes <= v0 <= stride):
+            return False
+        tmpl = self._field_tmpl
+        tmpl[:, 0] = v0 & 0xFFFF
+        tmpl[:, 1] = v0 >> 16
+        tmpl[:, 4] = p0
+        self._tmpl_pool = p0
+        self._tmpl_len[:] = v0
+        self._tmpl_pools[:] = p0
+        return True
+
+    def read_one(self, seq: int, header_index: int, copy: bool = False) -> SlotBatch:
+        """One descriptor: the per-frame reader's checks (cheaper than a dozen numpy calls for
+        a single row, so a paced stream keeps the per-frame latency), as a one-row batch."""
+        reader = self._reader
+        got = reader.read(header_index, seq, copy)
+        if got is None:
+            reason = reader.last_drop_reason or ""
+            code = _CODE_OF.get(reason, _LAYOUT)
+            z = np.zeros(1, np.int64)
+            index = header_index if 0 <= header_index < self.nslots else 0
+            batch = SlotBatch(
+                np.array([seq], np.int64), np.array([index], np.int64), z, z, z, z, z,
+                np.array([code], np.int8), None, None, [None], True,
+            )  # fmt: skip
+            if code == _LAYOUT:
+                batch.layout_reasons = {0: reason}
+            return batch
+        arr = got.array
+        # one allocation for the row's fields, sliced into the batch's one-element columns
+        row = np.array(
+            [seq, header_index, got.values_len_bytes, got.pool_id, got.meta_version,
+             got.timestamp_ns, got.commit_word],
+            np.uint64,
+        )  # fmt: skip
+        signed = row.view(np.int64)
+        batch = SlotBatch(
+            signed[0:1],
+            signed[1:2],
+            row[6:7],
+            row[5:6],
+            signed[4:5],
+            signed[2:3],
+            signed[3:4],
+            np.zeros(1, np.int8),
+            got.layout,
+            None if arr is None else arr[None],  # (1, *shape): a view of the slot (or copy)
+            [None] if arr is None else None,
+            copy,
+        )
+        batch._reader = self
         return batch
 
     def _general(self, first_seq: int, n: int, copy: bool) -> SlotBatch:
@@ -536,8 +623,18 @@ class BatchReader:
         if not valid.any():
             return 0
         idx = batch.header_index
-        # a closed reader: the mapping went away under the batch, nothing is proven
-        torn = valid.copy() if self._closed else valid & (self._words[idx] != batch.commit_words)
+        if len(idx) == 1 and not self._closed:  # one row: plain ints beat numpy calls
+            i = int(idx[0])
+            word = int(batch.commit_words[0])
+            if int(self._words[i]) == word:
+                self._reader._last_commit[i] = word
+                return 1
+            torn = valid.copy()
+        else:
+            # a closed reader: the mapping went away under the batch, nothing is proven
+            torn = (
+                valid.copy() if self._closed else valid & (self._words[idx] != batch.commit_words)
+            )
         reader = self._reader
         if torn.any():
             batch.codes[torn] = _TORN

@@ -52,6 +52,40 @@ not paper over that: :class:`SlotWriter` and :class:`SlotReader` raise
 (e.g. for tests or for data where occasional corruption is tolerable). Closing that gap needs a
 native fence (a tiny C extension or a future ``atomics`` module); see the compliance notes.
 
+The batch path (``shm/batch.py``): the same order, one numpy operation per step
+-------------------------------------------------------------------------------
+:class:`~tensorpool.shm.batch.BatchWriter` and :class:`~tensorpool.shm.batch.BatchReader` do
+each seqlock step for many slots in one numpy call. Why that is as safe as the per-frame code:
+
+(a) Each ``seq_commit`` access is still one aligned 8-byte load or store. The batch code reads
+and writes the words only through a ``uint64`` view whose elements are the slots' aligned
+``seq_commit`` fields (stride 256 bytes); numpy copies aligned 8-byte elements with its
+``_aligned_strided_to_*_size8`` loops, one ``uint64`` assignment (one ``mov``) per element. A
+strided gather or scatter of 8-byte elements cannot be merged into wider accesses (the elements
+are 256 bytes apart), and were it ever done with AVX-512 scatter/gather, those access each
+element as its own naturally aligned 8-byte load/store.
+
+(b) Ordering per slot is what the protocol needs, and TSO keeps program order across the calls.
+The writer issues, for the whole run of slots, all in-progress stores, then all payload stores,
+then all header stores, then all committed stores. For any one slot that is exactly §8.3's
+order (in progress < payload < header < committed in program order), and x86-64 makes stores
+visible in program order, so a reader that sees slot *i*'s committed word also sees its payload
+and header. Interleaving *across* slots does not matter: each slot has its own word. The reader
+issues all first word loads, then all header loads and the payload gather (or, zero-copy, the
+caller's reads of the views), then all second word loads; loads are not reordered with older
+loads on x86-64, so each slot's header/payload loads happen between its two word loads. A
+slot rewritten in between changes its word (the seq, hence the word, only grows), so the two
+loads differ and the row is dropped as ``torn_read``. Every numpy call is an opaque C call from
+the interpreter, so no compiler can move one step's accesses across another's.
+
+(c) aarch64: the batch classes are built from a :class:`SlotWriter`/:class:`SlotReader` and so
+inherit their platform check: refused off x86-64 unless ``allow_weak_memory_order=True``. A
+batch makes the weak-ordering window no smaller, and numpy emits no barriers either (``dmb ish``
+between the steps would be needed: a compiled helper, not worth it while x86-64 is the target).
+
+The cross-process stress test covers both paths (``tests/unit/shm/test_shm_seqlock_stress.py``,
+``tests/unit/shm/test_shm_batch_stress.py``): zero torn frames accepted, zero-copy and copied.
+
 Zero-copy views and the seqlock
 --------------------------------
 :meth:`SlotReader.read` validates the *header* under the seqlock and returns a numpy view of the

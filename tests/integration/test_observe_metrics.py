@@ -8,6 +8,7 @@ file), `produce --driver` and `consume --driver` (``--metrics-bind``), a rate li
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -179,7 +180,14 @@ profile = "small"
             for name, path in logs.items():
                 print(name, Path(path).read_text(errors="replace")[-2000:])
             raise
-        time.sleep(1.0)
+        # #19.2 with a driver: rings under <instance>/stream-<id>/epoch-*, the producers found
+        # by their writable mappings, the rate limiter's frames counted in its ring
+        top = subprocess.run(
+            [sys.executable, "-m", "tensorpool", "top", "--shm-base-dir", base, "--aeron-dir",
+             md, "--control-channel", CONTROL, "--control-stream-id", "1000", "--once",
+             "--json", "--interval", "1.5"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
         b_prod, b_cons, b_rl, b_br, b_drv = map(scrape, (p_prod, p_cons, p_rl, p_br, p_drv))
     finally:
         for p in reversed(procs):
@@ -214,6 +222,17 @@ profile = "small"
         b_drv['tensorpool_driver_events_total{event="announces",source="core"}']
         > a_drv['tensorpool_driver_events_total{event="announces",source="core"}']
     )
+    # top: the driver's view and the host's, side by side
+    doc = json.loads(top.stdout)
+    assert doc["driver"]["state"] == "RUNNING"
+    rows = {r["stream_id"]: r for r in doc["streams"]}
+    src, dst = rows[SOURCE], rows[RL_DEST]
+    assert src["producer_command"] == "produce" and dst["producer_command"] == "ratelimiter"
+    assert 100 < src["frames_per_s"] < 300, "produce --rate 200"
+    assert 5 < dst["frames_per_s"] < 30, "the rate limiter's 20 Hz, not its source's seq rate"
+    assert src["consumers"] == 3 and src["leases"] == 4  # consume, rate limiter, bridge + producer
+    assert src["local_readers"] >= 3 and len(src["qos_consumers"]) >= 2
+    assert src["announce_age_s"] is not None and src["announce_age_s"] < 2
     # process CPU and RSS in every process
     for m in (b_prod, b_cons, b_rl, b_br, b_drv):
         assert m["process_resident_memory_bytes"] > 1e6

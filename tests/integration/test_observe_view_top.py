@@ -124,6 +124,7 @@ def test_top_once_json_with_qos(camera: dict[str, Any]) -> None:
     assert row["nslots"] == 64 and row["committed"] > 0
     assert doc["driver"] is None and row["consumers"] is None
     assert doc["qos"] == "listening"
+    assert 0 <= row["announce_age_s"] < 3, "the producer announces every second"
     (qos,) = row["qos_consumers"]
     assert qos["mode"] == "rate-limited" and qos["epoch"] == row["epoch"]
     assert 0 < qos["last_seq_seen"] <= row["newest_seq"]
@@ -191,8 +192,21 @@ def test_view_in_headless_chromium(camera: dict[str, Any]) -> None:
                     _screenshot(chromium, url, os.path.join(tmp, f"{i}.png"), tmp + "/profile")
                 )
                 time.sleep(1.0)
+            # one page, live: its script fetched frame after frame (the DOM keeps count)
+            dom = subprocess.run(
+                [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                 f"--user-data-dir={tmp}/profile", "--virtual-time-budget=3000", "--dump-dom",
+                 url],
+                capture_output=True, text=True, timeout=60, check=True,
+            ).stdout  # fmt: skip
     finally:
         stop_process(view)
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None, dom[:500]
+    attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1)))
+    assert int(attrs["shown"]) >= 3, attrs
+    assert int(attrs["last-seq"]) > int(attrs["first-seq"]), "newer frames, one page"
+    assert f"stream {STREAM}  seq " in dom, "the caption the script writes"
     a, b = (s[60:530, 20:650] for s in shots)  # the image area, below the caption
     for s in (a, b):
         assert s.std() > 20, "a picture with structure, not a blank or uniform page"

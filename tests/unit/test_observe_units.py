@@ -109,7 +109,7 @@ def test_top_driver_columns() -> None:
     }
     (r,), _ = rows({7: _region(1, 0)}, None, driver, now_ns=1, now_unix_ns=3_000_000_000)
     assert (r.consumers, r.leases, r.producer_lease) == (2, 3, True)
-    assert r.driver_announce_age_s == pytest.approx(2.0)
+    assert r.driver_status_age_s == pytest.approx(2.0)
 
 
 def test_demo_camera_moves_and_its_mean_changes() -> None:
@@ -136,6 +136,69 @@ def test_qos_book_forgets_silent_consumers() -> None:
     assert b.mode == "stream"
     (only,) = book.consumers(7, QOS_FRESH_NS + 1)  # consumer 1 has been silent too long
     assert only.consumer_id == 2
-    (r,), _ = rows({7: _region(100, 0)}, None, None, now_ns=QOS_FRESH_NS + 1, now_unix_ns=0,
-                   qos=book)  # fmt: skip
+    (r, r8), _ = rows({7: _region(100, 0)}, None, None, now_ns=QOS_FRESH_NS + 1, now_unix_ns=0,
+                      qos=book)  # fmt: skip
     assert [c.consumer_id for c in r.qos_consumers] == [2] and r.qos_drops == (0, 0)
+    assert r8.stream_id == 8 and r8.newest_seq is None  # heard on QoS only: still listed
+    assert r.announce_age_s is None
+    book.on_announce(7, 2, now_ns=QOS_FRESH_NS)
+    (r, _), _ = rows({7: _region(100, 0)}, None, None, now_ns=QOS_FRESH_NS + 500_000_000,
+                     now_unix_ns=0, qos=book)  # fmt: skip
+    assert r.announce_age_s == pytest.approx(0.5)
+
+
+def test_metrics_server_serves_process_metrics_and_refuses_a_taken_port() -> None:
+    import socket
+    import urllib.request
+
+    from tensorpool.observe.metrics import scrape_values, start_metrics
+
+    assert start_metrics("") is None  # default: off
+    server = start_metrics("127.0.0.1:0")
+    assert server is not None
+    try:
+        with urllib.request.urlopen(server.url, timeout=5) as r:
+            values = scrape_values(r.read().decode())
+        assert values["process_resident_memory_bytes"] > 1e6
+        with pytest.raises(ValueError, match="cannot listen"):
+            start_metrics(f"127.0.0.1:{server.port}")
+    finally:
+        server.close()
+    with socket.socket() as s:  # closed: the port is free again (TIME_WAIT aside)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", server.port))
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        start_metrics("localhost:http")
+
+
+def test_collector_reads_again_when_the_agent_thread_races_it() -> None:
+    """A dict that grows under a snapshot raises RuntimeError: read again, never fail."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from tensorpool.observe.metrics import _retrying
+
+    calls = []
+
+    def read() -> list:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("dictionary changed size during iteration")
+        return [GaugeMetricFamily("x", "x", value=1)]
+
+    assert [m.name for m in _retrying(read)] == ["x"] and len(calls) == 3
+
+
+def test_top_counts_frames_in_the_ring_when_seqs_skip() -> None:
+    """A rate limiter keeps its source's seqs (every 10th): frames/s is what the ring got,
+    not how far the seq moved; when the ring turned over, the seq distance is all there is."""
+    first = _region(100, 0)
+    first["seqs"] = list(range(10, 101, 10))
+    _, memo = rows({7: first}, None, None, now_ns=0, now_unix_ns=0)
+    later = _region(200, 0)
+    later["seqs"] = [100, *range(130, 201, 10)]  # 9 slots, one from before: 8 new frames
+    (r,), _ = rows({7: later}, memo, None, now_ns=1_000_000_000, now_unix_ns=0)
+    assert r.frames_per_s == pytest.approx(8.0)
+    turned = _region(300, 0)
+    turned["seqs"] = list(range(293, 301))  # every slot newer than 100: the ring wrapped
+    (r,), _ = rows({7: turned}, memo, None, now_ns=1_000_000_000, now_unix_ns=0)
+    assert r.frames_per_s == pytest.approx(200.0)

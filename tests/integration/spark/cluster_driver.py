@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from spark_helpers import check_payload
+from spark_helpers import check_payload  # noqa: E402
 
 _LOCK = threading.Lock()
 
@@ -62,7 +62,11 @@ def main() -> None:
         if n >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    emit(event="ready", executors=n)
+    # local-cluster's worker keeps each application's executor logs in $SPARK_HOME/work/<app>
+    # (not configurable there): the test removes the one this run made
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(__import__("pyspark").__file__)
+    app_dir = os.path.join(home, "work", spark.sparkContext.applicationId)
+    emit(event="ready", executors=n, app_dir=app_dir)
     query: Any = None
 
     def watch(q: Any) -> None:

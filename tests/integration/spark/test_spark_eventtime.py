@@ -152,8 +152,9 @@ def test_example_pipeline_restart_no_double_counting(
 
         first = (t0 + shift) // 1000  # us, the sink's timestamps
         wait_query(
-            lambda: len([r for r in emitted() if r.window_start.timestamp() * 1e6 < first + 2e6])
-            >= 4,
+            lambda: (
+                len([r for r in emitted() if r.window_start.timestamp() * 1e6 < first + 2e6]) >= 4
+            ),
             q,
             timeout=120,
         )
@@ -206,14 +207,15 @@ def test_admission_sheds_by_lag_defers_by_rate_and_reports_jitter(
     maxFramesPerSecond/maxBurstFrames defer the rest across triggers (every frame delivered
     once, no batch above the tokens); jitter p50/p99 appear in progress."""
     p = producers("--stream-id", "195", "--nslots", "1024", "--shape", "16")
-    stamp(p, 100, 100, time.monotonic_ns() - 60_000 * MS)  # a minute old: over maxLagMs
+    stamp(p, 100, 100, time.monotonic_ns() - 120_000 * MS)  # 2 minutes old: over maxLagMs
+    stamp(p, 400, 1000, time.monotonic_ns() - 100 * 1_000_000)  # fresh, 1 kHz
     sink = Batches()
     opts = source_options(
         spark_media_driver,
         tmp_shm,
         streams="195",
         startingOffsets="earliest",
-        maxLagMs="5000",
+        maxLagMs="30000",
         maxFramesPerSecond="400",
         maxBurstFrames="80",
         maxJitterMs="1000",
@@ -221,8 +223,6 @@ def test_admission_sheds_by_lag_defers_by_rate_and_reports_jitter(
     )
     q = _query(spark, opts, sink, str(tmp_path / "ck"))
     try:
-        wait_query(lambda: bool(q.lastProgress and q.lastProgress["sources"][0]["endOffset"]), q)
-        stamp(p, 400, 1000, time.monotonic_ns() - 100 * 1_000_000)  # fresh, 1 kHz
         wait_query(lambda: len(sink.seqs()) == 400, q)
         assert sink.seqs() == list(range(100, 500))  # shed 0..99, the rest exactly once
         sizes = sink.sizes()
@@ -232,7 +232,7 @@ def test_admission_sheds_by_lag_defers_by_rate_and_reports_jitter(
             return json.loads(q.lastProgress["sources"][0]["endOffset"])["195"]
 
         wait_query(lambda: end()["frames"] == 400, q)  # progress follows the sink
-        assert end()["shedLag"] == 100 and end()["lost"] == 0 and end["lost"] == 0 and end["frames"] == 400
+        assert end()["shedLag"] == 100 and end()["lost"] == 0
         report = json.loads(q.lastProgress["sources"][0]["latestOffset"])["195"]
         assert report["jitterP99Ms"] is not None and report["jitterExceeded"] is False
     finally:
@@ -260,7 +260,11 @@ def test_adaptive_batches_start_small_and_stay_under_the_memory_bound(
     )
     q = _query(spark, opts, sink, str(tmp_path / "ck"))
     try:
-        wait_query(lambda: len(sink.seqs()) == 4000, q, timeout=120)
+        try:
+            wait_query(lambda: len(sink.seqs()) == 4000, q, timeout=60)
+        except AssertionError:
+            print("DEBUG", sink.sizes(), q.lastProgress)
+            raise
         sizes = sink.sizes()
         assert sizes[0] == (1 << 20) // 4096  # the initial budget
         high = int((4 << 20) * 0.8) // 4096

@@ -467,30 +467,39 @@ def test_s10_3_2_older_meta_version_is_ignored() -> None:
 def test_15_accept_run_takes_a_consecutive_run_like_per_descriptor_reads() -> None:
     core = _mapped()
     _feed(core, 0)
-    assert core.accept_run(1, 10)
+    assert core.accept_run(1, 10) == 0
     assert (core.last_seq, core.head_seq, core.drops_gap) == (10, 10, 0)
     assert _feed(core, 11) == READ  # the per-descriptor path continues from the run
 
 
-@pytest.mark.parametrize(
-    ("first", "why"),
-    [(0, "repeats the last seq"), (3, "leaves a gap"), (2, "at or behind the known head")],
-)
+def test_15_s15_4_accept_run_resyncs_the_same_frames_as_one_by_one() -> None:
+    """Frames more than max_gap behind the known head are resync drops, per frame."""
+    runs, singles = _mapped(max_outstanding_seq_gap=4), _mapped(max_outstanding_seq_gap=4)
+    for core in (runs, singles):
+        _feed(core, 0)
+        core.on_read_miss(1, 100, Reason.SEQ_MISMATCH)  # the slot of seq 1 holds seq 100
+    assert runs.accept_run(1, 99) == 95  # 1..95 skipped, 96..99 read
+    verdicts = [_feed(singles, seq) for seq in range(1, 100)]
+    assert verdicts == [SKIP] * 95 + [READ] * 4
+    for core in (runs, singles):
+        assert (core.last_seq, core.head_seq, core.resyncs) == (99, 100, 95)
+    assert runs.drops.snapshot() == singles.drops.snapshot()
+    assert runs.drops_gap == singles.drops_gap == 95
+
+
+@pytest.mark.parametrize(("first", "why"), [(0, "repeats the last seq"), (3, "leaves a gap")])
 def test_15_accept_run_refuses_what_needs_a_per_descriptor_decision(first: int, why: str) -> None:
     core = _mapped()
     _feed(core, 0)
-    if first == 2:
-        _feed(core, 1)
-        core.on_read_miss(2, 5, Reason.SEQ_MISMATCH)  # the producer is already at 5
-        core.last_seq = 1
+    _feed(core, 1)
     before = (core.last_seq, core.head_seq, core.drops_gap, core.drops.snapshot())
-    assert not core.accept_run(first, 4), why
+    assert core.accept_run(first, 4) == -1, why
     assert (core.last_seq, core.head_seq, core.drops_gap, core.drops.snapshot()) == before
 
 
 def test_15_accept_run_refuses_unmapped_and_rate_limited_consumers() -> None:
     core = _core()
-    assert not core.accept_run(0, 4)
+    assert core.accept_run(0, 4) == -1
     core = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
     _feed(core, 0)
-    assert not core.accept_run(1, 4)  # the rate grid decides frame by frame
+    assert core.accept_run(1, 4) == -1  # the rate grid decides frame by frame

@@ -121,9 +121,7 @@ def test_s8_3_zero_copy_run_is_one_view_and_confirm_catches_overwrites(ring: Str
     batch = br.read_run(0, 8)
     assert batch.valid.all() and not batch.copied
     assert batch.array is not None and batch.array.shape == (8, 4, 8)
-    assert not batch.array.flags.owndata and batch.timestamps_ns.tolist() == list(
-        range(1000, 1008)
-    )
+    assert not batch.array.flags.owndata and batch.timestamps_ns.tolist() == list(range(1000, 1008))
     ring.writer.write(16 + 2, np.zeros((4, 8), np.float32), timestamp_ns=0)  # laps slot 2
     assert batch.confirm() == 7
     assert batch.reasons()[2] == Reason.TORN_READ

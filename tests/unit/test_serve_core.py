@@ -1,0 +1,161 @@
+"""#18: the Flight protocol (tickets, hosts/streams options) and the server's read rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, plan_get
+from tensorpool.spark_source.mapped_rings import REGION_UNAVAILABLE
+from tensorpool.spark_source.offsets import RingState
+from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.remote import (
+    MAX_TICKET_SPAN,
+    LossRanges,
+    Ticket,
+    TicketError,
+    decode_loss,
+    decode_ticket,
+    encode_loss,
+    parse_hosts,
+)
+
+
+def ring(oldest: int, head: int, nslots: int = 64, epoch: int = 3) -> RingState:
+    return RingState(epoch, oldest, head, nslots)
+
+
+def test_18_ticket_round_trip() -> None:
+    t = Ticket(7, 3, 10, 20, ((10, 12), (15, 20)), False)
+    assert decode_ticket(t.encode()) == t
+    t = Ticket(7, 3, 10, 20)
+    assert decode_ticket(t.encode()) == t
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"\xff\xfe", "not JSON"),
+        (b"{", "not JSON"),
+        (b"7", "JSON object"),
+        (b'{"stream": 1, "epoch": 1, "first": 0, "end": 1}', "version"),
+        (b'{"v": 1, "stream": 0, "epoch": 1, "first": 0, "end": 1}', "'stream'"),
+        (b'{"v": 1, "stream": 1, "epoch": -1, "first": 0, "end": 1}', "'epoch'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": "0", "end": 1}', "'first'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 5, "end": 4}', "'end'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": true, "end": 4}', "'first'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 1, "meta": 1}', "'meta'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 9, "runs": [[3, 2]]}', "run"),
+        (
+            b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 9, "runs": [[4, 6], [5, 7]]}',
+            "run",
+        ),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 2, "end": 9, "runs": [[0, 3]]}', "run"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 9, "runs": [[0, 10]]}', "run"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 9, "runs": 5}', "'runs'"),
+        (b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 9, "path": "/x"}', "unknown"),
+    ],
+)
+def test_18_4_bad_tickets_are_refused_with_a_reason(raw: bytes, why: str) -> None:
+    with pytest.raises(TicketError, match=why):
+        decode_ticket(raw)
+
+
+def test_18_4_a_ticket_spanning_more_than_any_ring_is_malformed() -> None:
+    with pytest.raises(TicketError, match="spans more than"):
+        decode_ticket(Ticket(1, 1, 0, MAX_TICKET_SPAN + 1).encode())
+
+
+def test_18_1_plan_reads_what_the_ring_holds() -> None:
+    plan = plan_get(Ticket(1, 3, 10, 20), 3, ring(0, 30))
+    assert (plan.lost, plan.first, plan.end, plan.runs) == ([], 10, 20, None)
+
+
+def test_18_1_overwritten_frames_are_one_loss_range_however_far() -> None:
+    """Frames below the ring's oldest are lost (one range), the rest is read."""
+    plan = plan_get(Ticket(1, 3, 0, 100), 3, ring(60, 124))
+    assert plan.lost == [(0, 60, OVERWRITTEN_REASON)]
+    assert (plan.first, plan.end) == (60, 100)
+    plan = plan_get(Ticket(1, 3, 0, 10**15), 3, ring(10**15 - 64, 10**15))
+    assert plan.lost == [(0, 10**15 - 64, OVERWRITTEN_REASON)]
+
+
+def test_18_1_planned_runs_are_clipped_at_the_oldest_frame() -> None:
+    runs = ((0, 5), (8, 70), (80, 90))
+    plan = plan_get(Ticket(1, 3, 0, 90, runs), 3, ring(60, 124))
+    assert plan.lost == [(0, 5, OVERWRITTEN_REASON), (8, 60, OVERWRITTEN_REASON)]
+    assert plan.runs is not None and plan.runs.tolist() == [[60, 70], [80, 90]]
+
+
+def test_18_4_a_range_past_the_head_is_refused() -> None:
+    with pytest.raises(BadTicket, match="newest frame is seq 29"):
+        plan_get(Ticket(1, 3, 10, 31), 3, ring(0, 30))
+
+
+def test_18_1_another_epoch_or_no_producer_is_all_lost() -> None:
+    for epoch, st in ((4, ring(0, 30)), (None, None)):
+        plan = plan_get(Ticket(1, 3, 10, 20), epoch, st)
+        assert plan.lost == [(10, 20, REGION_UNAVAILABLE)] and not plan.reads
+    plan = plan_get(Ticket(1, 3, 10, 20, ((10, 12), (15, 20))), 4, ring(0, 30))
+    assert plan.lost == [(10, 12, REGION_UNAVAILABLE), (15, 20, REGION_UNAVAILABLE)]
+
+
+def test_18_1_loss_ranges_fold_and_travel() -> None:
+    rec = LossRanges()
+    for seq in (5, 6, 7, 9):
+        rec(seq, "torn_read")
+    rec(10, "not_committed")
+    rec.add(100, 200, "seq_mismatch")
+    ranges = rec.take()
+    assert ranges == [
+        (5, 8, "torn_read"),
+        (9, 10, "torn_read"),
+        (10, 11, "not_committed"),
+        (100, 200, "seq_mismatch"),
+    ]
+    assert rec.frames == 105 and rec.take() == []
+    assert decode_loss(encode_loss(ranges)) == ranges
+
+
+def test_18_2_hosts_and_streams_options() -> None:
+    o = parse_source_options(
+        {"hosts": "camA:8815, camB:9000", "streams": "camA/2,camB:9000/1"}, streaming=True
+    )
+    assert o.streams == (1, 2) and o.remote is not None
+    assert o.remote.address_of(1) == "camB:9000" and o.remote.address_of(2) == "camA:8815"
+    assert o.remote.by_address() == {"camB:9000": [1], "camA:8815": [2]}
+    assert o.remote.prefer_local_reads and o.remote.access.token is None
+    # two servers on one host: streams name host:port
+    _, streams = parse_hosts("h:1,h:2", "h:1/5,h:2/6")
+    assert streams == ((5, "h:1"), (6, "h:2"))
+
+
+@pytest.mark.parametrize(
+    ("opts", "msg"),
+    [
+        ({"hosts": "camA", "streams": "camA/1"}, "hosts: expected"),
+        ({"hosts": "camA:0", "streams": "camA/1"}, "hosts: expected"),
+        ({"hosts": "camA:1,camA:1", "streams": "camA/1"}, "hosts: .* twice"),
+        ({"hosts": "camA:1", "streams": "1"}, "streams: with 'hosts'"),
+        ({"hosts": "camA:1", "streams": "camB/1"}, "streams: .*not in 'hosts'"),
+        ({"hosts": "h:1,h:2", "streams": "h/1"}, "write host:port/id"),
+        ({"hosts": "camA:1", "streams": "camA/x"}, "not an integer"),
+        ({"hosts": "camA:1,camB:1", "streams": "camA/1,camB/1"}, "unique across hosts"),
+        ({"streams": "1", "flightToken": "t"}, "flightToken: only applies with 'hosts'"),
+        ({"hosts": "a:1", "streams": "a/1", "includeStreamMetadata": "true"}, "not available"),
+        ({"hosts": "a:1", "streams": "a/1", "driver": "true"}, "driver: is not available"),
+        ({"hosts": "a:1", "streams": "a/1", "flightTlsRootCerts": "/nonexistent"}, "cannot read"),
+    ],
+)
+def test_18_2_bad_remote_options_name_the_option(opts: dict[str, str], msg: str) -> None:
+    with pytest.raises(TensorPoolOptionError, match=msg):
+        parse_source_options(opts)
+
+
+def test_18_2_server_schema_is_the_sources() -> None:
+    """The server builds the Spark source's Arrow schema without pyspark: equal, exactly."""
+    pytest.importorskip("pyspark")
+    from tensorpool.serve.server import arrow_schema
+    from tensorpool.spark_source.source import arrow_schema as spark_schema
+
+    for meta in (True, False):
+        assert arrow_schema(meta).equals(spark_schema(meta))
