@@ -286,7 +286,8 @@ class _ProducerRun:
                 offer(src)
 
         elif sc.transport == TP_BATCH:
-            per = BATCH_PUBLISH if sc.mode == "tput" else 1
+            # a quarter of the ring at most: a batch as deep as the ring laps its own reader
+            per = min(BATCH_PUBLISH, max(1, sc.nslots // 4)) if sc.mode == "tput" else 1
             self.per_publish = per
             offer_batch = p.offer_batch
             frames = np.full((per, sc.size), 7, np.uint8)

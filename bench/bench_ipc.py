@@ -607,12 +607,22 @@ def main(argv: list[str] | None = None) -> int:
         help="also print per-frame CPU costs of each side, one process (bench._ipc_costs)",
     )
     ap.add_argument("--only-costs", action="store_true", help="just the per-frame cost table")
+    ap.add_argument(
+        "--batch-phases",
+        action="store_true",
+        help="just the CPU time of each phase of poll_batch(64) per size (issue 15)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario")
     args = ap.parse_args(argv)
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.only_costs:
         print(_ipc_costs.cost_table(sizes, size_label))
+        return 0
+    if args.batch_phases:
+        for size in sizes:
+            print(f"\n{size_label(size)} frames, batches of {_ipc_costs.BATCH}:\n")
+            print(_ipc_costs.batch_phases(size))
         return 0
     quick = args.quick
     rounds = args.rounds or (1 if quick else 3)

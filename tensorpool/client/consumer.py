@@ -288,7 +288,7 @@ class Consumer:
         # batch path (poll_batch): raw descriptor rows recorded by a minimal fragment handler
         self._batch_reader: BatchReader | None = None
         self._pending: SlotBatch | None = None
-        self._rec_rows = 0
+        self._carry = 0
         self._rec_buf = bytearray(_DESC_LEN * 64)
         self._rec_odd: dict[int, bytes] = {}
         self._record = self._make_recorder()
@@ -391,19 +391,33 @@ class Consumer:
             self._control_duties(now)
         if self._batch_reader is None:
             return empty_batch()
+        n = self._carry  # descriptors recorded last time beyond the ring's wrap
         if max_frames * _DESC_LEN > len(self._rec_buf):
+            old = self._rec_buf
             self._rec_buf = bytearray(max_frames * _DESC_LEN)
+            self._rec_buf[: n * _DESC_LEN] = old[: n * _DESC_LEN]
             self._record = self._make_recorder()
         state = self._rec_state
-        state[0] = 0
+        state[0] = n * _DESC_LEN
         sub = self._sub_desc
         record = self._record
-        n = 0
         while n < max_frames and sub.poll_with(record, max_frames - n):
             n = state[0] // _DESC_LEN
         if n == 0:
             return empty_batch()
+        self._carry = 0
+        if n > 1 and not self._rec_odd:
+            # a batch stops at the ring's wrap (one view, no gather): the rest of the
+            # descriptors stay recorded for the next call, which the caller makes at once
+            first = _unpack_seq(self._rec_buf, _SEQ_AT)[0]
+            room = self.core.mask + 1 - (first & self.core.mask)
+            if room < n:
+                self._carry = n - room
+                n = room
         batch = self._read_recorded(n, copy)
+        if self._carry:
+            buf = self._rec_buf
+            buf[: self._carry * _DESC_LEN] = buf[n * _DESC_LEN : (n + self._carry) * _DESC_LEN]
         self._rec_odd.clear()
         return batch
 
@@ -517,7 +531,8 @@ class Consumer:
             self._run_steps = np.arange(len(tmpl), dtype=np.uint64)
         part = tmpl[:n]
         seqs = self._run_steps[:n] + np.uint64(first)
-        part[:, 5:7].view(np.uint64)[:, 0] = seqs
+        seq_col = part[:, 5:7].view(np.uint64)  # the descriptor's u64 seq, two u32 words
+        seq_col[:, 0] = seqs
         part[:, 7] = seqs & np.uint64(self.core.mask)
         rows = np.frombuffer(self._rec_buf, np.uint32, n * (_DESC_LEN // 4)).reshape(n, -1)
         return bool((rows[:, :8] == part).all())

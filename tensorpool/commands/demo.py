@@ -4,7 +4,8 @@ Processes (each a real `tensorpool` subcommand, sharing one temporary directory)
 
 1. the SHM driver (`tensorpool driver`), hosting the Aeron media driver;
 2. a synthetic camera (`tensorpool produce --driver`): 640x480 uint16 at 100 Hz with a
-   moving pattern, on stream 10000;
+   moving pattern (a scrolling ramp whose brightness pulses every 4 s, and a circling disc:
+   the mean intensity Spark prints follows the pulse), on stream 10000;
 3. a rate limiter (`tensorpool ratelimiter`) copying the newest frame to stream 20000 at
    10 Hz;
 4. in this process, a Spark streaming query (`format("tensorpool")`, attached through the
@@ -15,6 +16,7 @@ Processes (each a real `tensorpool` subcommand, sharing one temporary directory)
    is in docs/benchmarks/spark.md).
 
 `--no-spark` runs steps 1-3 with `tensorpool consume` instead of Spark (no Java needed).
+`--view [HOST:PORT]` also runs `tensorpool view` on the camera (http://127.0.0.1:8470/).
 Everything is stopped and removed at the end, also on Ctrl-C.
 """
 

@@ -53,6 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
+    p.add_argument(
+        "--metrics-bind",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        "127.0.0.1; default off)",
+    )
 
 
 def _read(path: str, what: str) -> bytes:
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     stop = StopSignals().install()
     att = open_attachment(streams, settings, driver=args.driver, intake_capacity=None)
     server = None
+    metrics = None
     try:
         if args.attach_timeout > 0:
             try:
@@ -121,6 +129,13 @@ def run(args: argparse.Namespace) -> int:
             )
         except Exception as exc:  # port in use, bad certificate, bad address
             raise UserError(f"cannot serve on {scheme}://{host}:{args.port}: {exc}") from None
+        if args.metrics_bind:  # #19.1: the server's own counters, read when scraped
+            from tensorpool.observe.metrics import ServeCollector, start_metrics
+
+            try:
+                metrics = start_metrics(args.metrics_bind, [ServeCollector(server)])
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         print(
             f"tensorpool serve: streams {list(streams)} on {scheme}://{host}:{server.port}"
             + (" (token required)" if token else ""),
@@ -130,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.1)
         return 0
     finally:
+        if metrics is not None:
+            metrics.close()
         if server is not None:
             server.shutdown()
             counts = dict(server.counters)

@@ -58,12 +58,12 @@ def run(args: argparse.Namespace) -> int:
     bind = parse_bind(args.bind)
     if isinstance(bind, str):
         raise UserError(f"--bind {bind}")
+    settings = client_settings(args)
     store = FrameStore(args.stream_id, args.format, args.colormap)
     try:
         server = ViewServer(bind[0], bind[1], store, args.max_rate_hz)
     except OSError as exc:
         raise UserError(f"--bind {args.bind}: cannot listen: {exc.strerror or exc}") from None
-    settings = client_settings(args)
     stop = StopSignals((signal.SIGTERM,)).install()
     try:
         ctx = start_context(settings)
@@ -110,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
                 store.set_stats(
                     {
                         "fps": (frames - last_frames) / dt,
-                        # the producer's rate, from how far its seq moved
-                        "source_fps": (seq - last_seq) / dt if last_seq and seq else 0.0,
+                        # how fast the producer's seq moves (its frame rate, unless it
+                        # keeps another stream's seqs, as a rate limiter does)
+                        "source_seq_per_s": (seq - last_seq) / dt if last_seq and seq else 0.0,
                         "frames": frames,
                         "drops_gap": consumer.drops_gap,
                         "drops_late": consumer.drops_late,

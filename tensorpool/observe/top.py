@@ -3,7 +3,7 @@
 A snapshot is what the command read at one instant: for each stream the newest header ring's
 superblock, ring scan and committed seqs, the driver's status document when a driver runs,
 and what QoS and announce traffic said. Rates need two snapshots: frames/s counts the frames
-committed since the last refresh (:func:`_new_frames`), MB/s that times the mean payload of
+committed since the last refresh (:func:`_frame_rate`), MB/s that times the mean payload of
 the ring's committed slots (the ring holds the recent frames, so the mean is recent). Columns
 a source cannot fill (no driver: no leases) stay empty, never guessed.
 """
@@ -177,7 +177,13 @@ def rows(
             memo[sid] = (newest, now_ns)
             prev = (previous or {}).get(sid)
             if prev is not None and now_ns > prev[1] and newest >= prev[0]:
-                fps = _new_frames(region.get("seqs"), prev[0], newest) / ((now_ns - prev[1]) * _NS)
+                fps = _frame_rate(
+                    region.get("seqs"),
+                    int(region.get("ring_span_ns", 0) or 0),
+                    prev[0],
+                    newest,
+                    (now_ns - prev[1]) * _NS,
+                )
                 pools = ring.get("pools", [])
                 slots = sum(p["slots"] for p in pools)
                 mean = sum(p["values_bytes"] for p in pools) / slots if slots else 0.0
@@ -221,19 +227,24 @@ def rows(
     return out, memo
 
 
-def _new_frames(seqs: list[int] | None, prev_newest: int, newest: int) -> int:
-    """Frames committed since the last refresh.
+def _frame_rate(
+    seqs: list[int] | None, span_ns: int, prev_newest: int, newest: int, dt_s: float
+) -> float:
+    """Frames/s since the last refresh.
 
-    Counted in the ring when it still holds a frame from before (then no new frame can have
-    been overwritten yet): right also for streams whose seqs skip (a rate limiter keeps its
-    source's seqs). When every slot is newer the ring turned over in between, and the seq
-    distance is the only measure left (exact for a producer's own consecutive seqs).
+    When the ring still holds a frame from before, no new frame can have been overwritten yet:
+    the frames newer than the last refresh's newest are all there, and counted. When every
+    slot is newer, the ring turned over in between: the rate is then the ring's own, its
+    frames over the time they span. Both are right also for streams whose seqs skip (a rate
+    limiter keeps its source's seqs); the seq distance is the last resort (no ring scan).
     """
     if seqs:
         new = len(seqs) - bisect.bisect_right(seqs, prev_newest)
         if new < len(seqs):
-            return new
-    return newest - prev_newest
+            return new / dt_s
+        if len(seqs) > 1 and span_ns > 0:
+            return (len(seqs) - 1) / (span_ns * _NS)
+    return (newest - prev_newest) / dt_s
 
 
 def _num(v: float | None, fmt: str) -> str:

@@ -48,7 +48,10 @@ class FrameStore:
         self._lock = threading.Lock()
         self._kept: Kept | None = None
         self._encoded: tuple[int, int, bytes] | None = None  # (epoch, seq, image)
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {  # until the first second's numbers
+            "fps": 0.0, "source_seq_per_s": 0.0, "frames": 0, "drops_gap": 0, "drops_late": 0,
+            "drops": {},
+        }  # fmt: skip
         self.encodes = 0
 
     def put(self, kept: Kept) -> None:
@@ -119,7 +122,7 @@ async function next() {{
       info.textContent = `stream ${{d.stream_id}}  seq ${{d.seq}}  epoch ${{d.epoch}}  ` +
         `${{d.dtype}}[${{d.shape.join("x")}}]  timestamp_ns ${{d.timestamp_ns}} ` +
         `(${{d.age_ms.toFixed(0)}} ms ago)\\n` +
-        `${{d.fps.toFixed(1)}} frames/s shown (source ${{d.source_fps.toFixed(1)}})  ` +
+        `${{d.fps.toFixed(1)}} frames/s shown (source seq ${{d.source_seq_per_s.toFixed(1)}}/s)  ` +
         `drops gap ${{d.drops_gap}} late ${{d.drops_late}}`;
       document.title = `stream ${{d.stream_id}} seq ${{d.seq}}`;
     }}

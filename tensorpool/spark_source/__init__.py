@@ -50,6 +50,8 @@ _LAZY = {
     "lost_frames": "tensorpool.spark_source.progress",
     "stream_health": "tensorpool.spark_source.progress",
     "stream_lag": "tensorpool.spark_source.progress",
+    "shed_frames": "tensorpool.spark_source.progress",  # #17
+    "source_watermark": "tensorpool.spark_source.progress",  # #17
     "TensorPoolStaleStreamError": "tensorpool.spark_source.health",
     "TensorPoolWrongHostError": "tensorpool.spark_source.hosts",
     "stop_publisher": "tensorpool.spark_source.sink",
@@ -77,6 +79,8 @@ __all__ = [
     "column_to_numpy",
     "lost_frames",
     "register",
+    "shed_frames",
+    "source_watermark",
     "stack",
     "stop_publisher",
     "stream_health",

@@ -80,6 +80,7 @@ class JitterMeter:
     count: int = 0  # intervals recorded in total (the window holds the last JITTER_WINDOW)
     last_seq: int = -1
     last_ns: int | None = None
+    _pct: tuple[float, float] | None = None  # cached until new intervals arrive
 
     def observe(self, seqs: np.ndarray, times: np.ndarray) -> None:
         """Frames seen in a plan (ascending seqs); ones measured before are skipped, so frames
@@ -103,16 +104,21 @@ class JitterMeter:
         if k > first:
             self.intervals[: k - first] = d[first:]
         self.count += k
+        self._pct = None
 
     def percentiles(self) -> tuple[float, float] | None:
         """(p50, p99) of ``|interval - median interval|`` in ms; None before two frames."""
         n = min(self.count, JITTER_WINDOW)
         if n == 0:
             return None
-        w = self.intervals[:n]
-        dev = np.abs(w - np.median(w))
-        p50, p99 = np.percentile(dev, (50, 99))
-        return float(p50) / 1e6, float(p99) / 1e6
+        if self._pct is None:  # nearest-rank percentiles by partition: O(n), no sort
+            w = self.intervals[:n]
+            med = np.partition(w, n // 2)[n // 2]
+            dev = np.abs(w - med)
+            k50, k99 = (n - 1) // 2, round(0.99 * (n - 1))
+            part = np.partition(dev, (k50, k99))
+            self._pct = (float(part[k50]) / 1e6, float(part[k99]) / 1e6)
+        return self._pct
 
 
 @dataclass(slots=True)

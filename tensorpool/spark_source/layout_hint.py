@@ -62,7 +62,7 @@ def ring_layout(m: mapped_rings.MappedStream) -> tuple[str, tuple[int, ...]] | N
 
 def payload_metadata(opts: SourceOptions) -> dict[str, Any] | None:
     """The ``payload`` field metadata for ``opts``' streams, or None (see the module doc)."""
-    if not opts.streams:
+    if not opts.streams or opts.remote is not None:  # remote (#18): no Aeron probe here
         return None
     conn = opts.connection
     settings = conn.client_settings(freshness_ms=opts.freshness_ms)

@@ -36,10 +36,10 @@ from tensorpool.endpoints import (
     default_shm_base_dir,
 )
 from tensorpool.fsafety import unsafe_root_reason
+from tensorpool.spark_source.policy_options import PolicyOptions, parse_policy
 from tensorpool.transport.config import TransportConfig
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.policy_options import PolicyOptions
     from tensorpool.spark_source.remote import RemoteHosts
 
 EARLIEST: Final = "earliest"
@@ -644,9 +644,7 @@ def parse_source_options(
     batching, batch_length_ns, gated = _batching(opts, streams, streaming)
     stale_ms, on_stale, min_frames, delay_ms = _health_and_min(opts, streaming)
     by_ts = _by_timestamp(opts, streams, pattern, streaming, batching)
-    from tensorpool.spark_source.policy_options import parse_policy  # it imports this module
-
-    policy = parse_policy(opts, streaming, batching)
+    policy = parse_policy(opts, streaming, batching == BATCHING_PULSE, _fail)
     return SourceOptions(
         streams=streams,
         connection=_connection(opts),

@@ -23,7 +23,7 @@ adaptive one of :mod:`.sizing`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -127,14 +127,16 @@ class SourcePolicy:
         max_lag = None if p.max_lag_ms is None else p.max_lag_ms * _MS
         cuts: dict[int, Cut] = {}
         rest_lens: list[np.ndarray] = []
+        mono: dict[int, np.ndarray] = {}  # per stream: event times made non-decreasing
+        sizing = self.sizer is not None
         for r in ready:
             seqs = r.present
-            raw = _times(r.state, seqs, self._shift.get(r.sid, 0))
-            if raw is None or not len(seqs):
+            raw = _times(r.state, seqs, self._shift.get(r.sid, 0)) if len(seqs) else None
+            if raw is None:
                 cuts[r.sid] = Cut()
                 rest_lens.append(np.zeros(0, np.int64))
                 continue
-            times = running_max(raw)
+            times = mono[r.sid] = running_max(raw)
             adm = self._stream(r.sid)
             k_lag = lag_count(times, now_wall, max_lag)  # 1. lag
             if p.admission:
@@ -143,8 +145,9 @@ class SourcePolicy:
             drop = p.late == LATE_DROP
             skip = k_lag + (k_late if drop else 0)
             cuts[r.sid] = Cut(skip, 0 if drop else k_late, None, k_lag, 0, k_late)
-            lens = r.state.lens_of(seqs[skip:])
-            rest_lens.append(np.zeros(len(seqs) - skip, np.int64) if lens is None else lens)
+            if sizing:
+                lens = r.state.lens_of(seqs[skip:])
+                rest_lens.append(np.zeros(len(seqs) - skip, np.int64) if lens is None else lens)
         if self.sizer is not None:  # 4. the memory emergency: shed the oldest
             keep = self.sizer.emergency_keep(int(sum(int(x.sum()) for x in rest_lens)))
             if keep is not None:
@@ -161,10 +164,10 @@ class SourcePolicy:
                         )
         for r in ready:
             c = cuts[r.sid]
-            raw = _times(r.state, r.present, self._shift.get(r.sid, 0))
-            if raw is None:
+            times = mono.get(r.sid)
+            if times is None:
                 continue
-            after = running_max(raw)[c.skip :]
+            after = times[c.skip :]
             cap = None
             if bound is not None:  # 5. alignment
                 cap = count_at_or_below(after, bound)
@@ -275,7 +278,4 @@ class SourcePolicy:
         return per, src
 
 
-#: maps a stream to its stamps' shift onto the wall clock (the reader's region specs)
-ShiftFn = Callable[[int, int], int]
-
-__all__ = ["ShiftFn", "SourcePolicy"]
+__all__ = ["SourcePolicy"]

@@ -84,4 +84,36 @@ def stream_lag(progress: Any) -> dict[int, int | None]:
     return {sid: h["lag"] for sid, h in stream_health(progress).items()}
 
 
-__all__ = ["lost_frames", "stream_health", "stream_lag"]
+def shed_frames(progress: Any) -> dict[int, dict[str, int]]:
+    """Per stream, the #17 counters of frames the source left out or flagged on purpose (never
+    loss): ``{stream_id: {"late": L, "shedLag": S, "shedMemory": M}}`` from ``endOffset``."""
+    out: dict[int, dict[str, int]] = {}
+    for source in _as_dict(progress).get("sources", []):
+        end = source.get("endOffset")
+        try:
+            doc = json.loads(end) if isinstance(end, str) else end
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        for key, pos in doc.items():
+            if isinstance(pos, dict) and {"epoch", "seq", "lost"} <= set(pos):
+                out[int(key)] = {k: int(pos.get(k, 0)) for k in ("late", "shedLag", "shedMemory")}
+    return out
+
+
+def source_watermark(progress: Any) -> int | None:
+    """The source's event-time watermark (ms since the epoch) of #17's ``alignEventTime`` /
+    ``lateFrames``: the minimum over live streams, reported in ``latestOffset["source"]``."""
+    for source in _as_dict(progress).get("sources", []):
+        latest = source.get("latestOffset")
+        try:
+            doc = json.loads(latest) if isinstance(latest, str) else latest
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("source"), dict):
+            return doc["source"].get("watermarkMs")
+    return None
+
+
+__all__ = ["lost_frames", "shed_frames", "source_watermark", "stream_health", "stream_lag"]

@@ -39,6 +39,12 @@ from typing import Final
 import numpy as np
 
 from tensorpool.spark_source.offsets import split_budget
+from tensorpool.spark_source.policy_options import (
+    DEFAULT_EMERGENCY,
+    DEFAULT_HIGH_WATER,
+    DEFAULT_MAX_BATCH_MEMORY,
+    DEFAULT_TARGET_MS,
+)
 
 #: batches whose cost the budget is computed from
 WINDOW: Final = 4
@@ -46,12 +52,6 @@ WINDOW: Final = 4
 MAX_GROWTH: Final = 4.0
 #: the budget before any batch was measured
 INITIAL_BYTES: Final = 1 << 20
-#: ``maxBatchMemory`` default: a fixed value that fits an executor with Spark's default 1 GiB
-#: heap many times over (the Python data source's driver process cannot see executor memory)
-DEFAULT_MAX_BATCH_MEMORY: Final = 64 << 20
-DEFAULT_HIGH_WATER: Final = 0.8
-DEFAULT_EMERGENCY: Final = 0.95
-DEFAULT_TARGET_MS: Final = 1000
 
 NORMAL: Final = "normal"
 HIGH: Final = "high"

@@ -224,3 +224,21 @@ def test_cli_produce_and_consume_take_the_batch_path(media_driver, shm_base) -> 
     final = json.loads(out.strip().splitlines()[-1])
     assert final["final"] and final["frames"] > 500, final
     assert final["drops_late"] == 0 and final["latency_us_p50"] is not None, final
+
+
+def test_a_batch_stops_at_the_ring_wrap_and_the_rest_comes_next(pair) -> None:
+    """Zero-copy batches are one view: descriptors beyond the wrap wait for the next call."""
+    producer, consumer, _, _ = pair
+    producer.offer_batch(np.zeros((NSLOTS - 3, 4), np.int64))
+    _poll(consumer, 64).confirm()
+    producer.offer_batch(np.arange(NSLOTS - 3, NSLOTS + 3)[:, None] * np.ones(4, np.int64))
+    time.sleep(0.05)  # all six descriptors are in the log before the poll
+    first = _poll(consumer, 64)
+    assert first.seqs.tolist() == [NSLOTS - 3, NSLOTS - 2, NSLOTS - 1]
+    assert not first.copied and first.array is not None and first.array[:, 0].tolist() == [
+        NSLOTS - 3, NSLOTS - 2, NSLOTS - 1,
+    ]  # fmt: skip
+    first.confirm()
+    second = consumer.poll_batch(64)  # the carried rows, without waiting for Aeron
+    assert second.seqs.tolist() == [NSLOTS, NSLOTS + 1, NSLOTS + 2] and not second.copied
+    assert second.confirm() == 3 and consumer.drops_late == 0 and consumer.drops_gap == 0

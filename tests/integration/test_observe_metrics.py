@@ -3,7 +3,8 @@
 Real processes on one standalone media driver: `tensorpool driver` (metrics_bind from its config
 file), `produce --driver` and `consume --driver` (``--metrics-bind``), a rate limiter
 (``rate_limiter.metrics_bind``) and a bridge in role ``both`` over UDP loopback
-(``--metrics-bind``). Each endpoint is scraped twice; the counters that must move do.
+(``--metrics-bind``), and `tensorpool serve --driver` (``--metrics-bind``). Each endpoint is
+scraped twice; the counters that must move do.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from driver_fixtures import DriverProcess, driver_toml
 
 from tensorpool.observe.metrics import scrape_values
+from tensorpool.spark_source import remote
 from tensorpool.transport.process import stop_process
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -87,7 +89,7 @@ def work() -> Iterator[str]:
 def test_metrics_every_process_moves(media_driver, work: str) -> None:
     base = os.path.join(work, "shm")
     md = media_driver.dir
-    p_drv, p_prod, p_cons, p_rl, p_br = free_ports(5)
+    p_drv, p_prod, p_cons, p_rl, p_br, p_srv, p_flight = free_ports(7)
     udp = free_ports(3, socket.SOCK_DGRAM)
     cfg = os.path.join(work, "driver.toml")
     text = driver_toml(base, md, policies=POLICIES)
@@ -141,7 +143,8 @@ dest_stream_id = {BRIDGE_DEST}
 profile = "small"
 """)
     procs: list[subprocess.Popen[bytes]] = []
-    logs = {n: os.path.join(work, f"{n}.log") for n in ("produce", "consume", "rl", "bridge")}
+    names = ("produce", "consume", "rl", "bridge", "serve")
+    logs = {n: os.path.join(work, f"{n}.log") for n in names}
     try:
         procs.append(
             tp("produce", *client, "--stream-id", str(SOURCE), "--shape", "32,32", "--rate",
@@ -155,6 +158,10 @@ profile = "small"
         procs.append(
             tp("bridge", "--config", br_cfg, "--status-interval", "0", "--metrics-bind",
                f"127.0.0.1:{p_br}", log=logs["bridge"])
+        )  # fmt: skip
+        procs.append(
+            tp("serve", *client, "--stream-id", str(SOURCE), "--port", str(p_flight),
+               "--metrics-bind", str(p_srv), log=logs["serve"])
         )  # fmt: skip
         s = f'stream="{SOURCE}"'
         published = f"tensorpool_frames_published_total{{{s}}}"
@@ -173,9 +180,13 @@ profile = "small"
             a_br = wait_scrape(p_br, lambda m: m.get(rx, 0) > 0, "bridge")
             a_drv = wait_scrape(
                 p_drv,
-                lambda m: m.get('tensorpool_driver_leases{role="consumer",state="active"}', 0) >= 3,
-                "driver: consumer leases of consume, rate limiter and bridge",
+                lambda m: m.get('tensorpool_driver_leases{role="consumer",state="active"}', 0) >= 4,
+                "driver: consumer leases of consume, rate limiter, bridge and serve",
             )
+            scans = 'tensorpool_serve_events_total{event="scans"}'
+            a_srv = wait_scrape(p_srv, lambda m: "tensorpool_serve_frames_total" in m, "serve")
+            for _ in range(3):  # Flight "scan" actions: the serve counters must move
+                remote.scan_host(f"127.0.0.1:{p_flight}", [SOURCE], remote.FlightAccess())
         except AssertionError:
             for name, path in logs.items():
                 print(name, Path(path).read_text(errors="replace")[-2000:])
@@ -188,7 +199,9 @@ profile = "small"
              "--json", "--interval", "1.5"],
             capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
-        b_prod, b_cons, b_rl, b_br, b_drv = map(scrape, (p_prod, p_cons, p_rl, p_br, p_drv))
+        b_prod, b_cons, b_rl, b_br, b_drv, b_srv = map(
+            scrape, (p_prod, p_cons, p_rl, p_br, p_drv, p_srv)
+        )
     finally:
         for p in reversed(procs):
             stop_process(p, 20)
@@ -230,10 +243,13 @@ profile = "small"
     assert src["producer_command"] == "produce" and dst["producer_command"] == "ratelimiter"
     assert 100 < src["frames_per_s"] < 300, "produce --rate 200"
     assert 5 < dst["frames_per_s"] < 30, "the rate limiter's 20 Hz, not its source's seq rate"
-    assert src["consumers"] == 3 and src["leases"] == 4  # consume, rate limiter, bridge + producer
+    # consumers: consume, rate limiter, bridge, serve; and the producer's lease
+    assert src["consumers"] == 4 and src["leases"] == 5
     assert src["local_readers"] >= 3 and len(src["qos_consumers"]) >= 2
     assert src["announce_age_s"] is not None and src["announce_age_s"] < 2
+    # serve (Arrow Flight): its calls are counted
+    assert b_srv[scans] >= a_srv.get(scans, 0) + 3
     # process CPU and RSS in every process
-    for m in (b_prod, b_cons, b_rl, b_br, b_drv):
+    for m in (b_prod, b_cons, b_rl, b_br, b_drv, b_srv):
         assert m["process_resident_memory_bytes"] > 1e6
         assert m["process_cpu_seconds_total"] > 0

@@ -188,14 +188,16 @@ def test_view_in_headless_chromium(camera: dict[str, Any]) -> None:
         shots = []
         with tempfile.TemporaryDirectory(prefix="tp-chromium-") as tmp:
             for i in range(2):
+                # a profile per run: a second chromium on a busy profile may hand its command
+                # line to the first one, which would screenshot its old page
                 shots.append(
-                    _screenshot(chromium, url, os.path.join(tmp, f"{i}.png"), tmp + "/profile")
+                    _screenshot(chromium, url, os.path.join(tmp, f"{i}.png"), f"{tmp}/p{i}")
                 )
                 time.sleep(1.0)
             # one page, live: its script fetched frame after frame (the DOM keeps count)
             dom = subprocess.run(
                 [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                 f"--user-data-dir={tmp}/profile", "--virtual-time-budget=3000", "--dump-dom",
+                 f"--user-data-dir={tmp}/p-dom", "--virtual-time-budget=3000", "--dump-dom",
                  url],
                 capture_output=True, text=True, timeout=60, check=True,
             ).stdout  # fmt: skip

