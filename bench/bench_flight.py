@@ -197,9 +197,22 @@ def main(argv: list[str] | None = None) -> int:
                 prod.call("fill", rng.integers(0, 256, (frames, size), np.uint8))
                 port = free_port()
                 serve = subprocess.Popen(
-                    [sys.executable, "-m", "tensorpool", "serve", "--stream-id", str(sid)]
-                    + ["--port", str(port), "--aeron-dir", md.dir, "--shm-base-dir", shm]
-                    + ["--attach-timeout", "20"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "tensorpool",
+                        "serve",
+                        "--stream-id",
+                        str(sid),
+                        "--port",
+                        str(port),
+                        "--aeron-dir",
+                        md.dir,
+                        "--shm-base-dir",
+                        shm,
+                        "--attach-timeout",
+                        "20",
+                    ],
                     stdout=subprocess.PIPE,
                     text=True,
                 )
@@ -211,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                 assert snap is not None and snap.state.head - snap.state.oldest == frames
                 ticket = remote.Ticket(sid, snap.spec.epoch, snap.state.oldest, snap.state.head)
 
-                def get_serve() -> None:
+                def get_serve(
+                    address: str = address,
+                    access: Any = access,
+                    ticket: Any = ticket,
+                    frames: int = frames,
+                ) -> None:
                     n = sum(b.num_rows for b in remote.fetch(address, access, ticket, print))
                     assert n == frames, n
 
@@ -301,9 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     for what, ratio in checks:
         goal = " (goal >= 0.8)" if what.startswith("1 MiB Spark") else ""
         print(f"- {what} = {ratio:.2f}{goal}")
-    print(
-        f"- load average (1, 5, 15 min) during the runs: {[tuple(round(x, 2) for x in l) for l in loads]}"
-    )
+    shown = [tuple(round(x, 2) for x in avg) for avg in loads]
+    print(f"- load average (1, 5, 15 min) during the runs: {shown}")
     return 0
 
 

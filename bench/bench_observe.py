@@ -178,12 +178,25 @@ def paired_ab(md_dir: str, base: str, nbytes: int, windows: int, window_s: float
             ons.append(rates[True][0])
             wall.append(rates[True][0] / rates[False][0])
             cpu.append(rates[True][1] / rates[False][1])
+        # what one scrape costs, measured directly (insensitive to the host's load): the
+        # exposition of every collector, process metrics included
+        from prometheus_client import generate_latest
+
+        server = start_metrics(
+            "127.0.0.1:0", [ProducerCollector(producer), ConsumerCollector(consumer)]
+        )
+        c0 = time.process_time()
+        for _ in range(200):
+            generate_latest(server.registry)
+        scrape_ms = (time.process_time() - c0) / 200 * 1e3
+        server.close()
         return (
             statistics.median(wall),
             statistics.median(cpu),
             (min(cpu), max(cpu)),
             statistics.median(offs),
             statistics.median(ons),
+            scrape_ms,
         )
     finally:
         consumer.close()
@@ -203,96 +216,114 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--windows", type=int, default=20, help="paired on/off windows")
     ap.add_argument("--window-s", type=float, default=0.5)
+    ap.add_argument(
+        "--part", choices=("all", "paired", "commands", "viewer"), default="all", help="one part"
+    )
     a = ap.parse_args()
+    parts = {"paired", "commands", "viewer"} if a.part == "all" else {a.part}
     work = tempfile.mkdtemp(prefix="tp-bench-observe-", dir="/dev/shm")
     try:
         with MediaDriverProcess() as md:
             dirs = ["--aeron-dir", md.dir, "--shm-base-dir", os.path.join(work, "shm")]
             print(f"load before: {os.getloadavg()[0]:.2f}\n")
-            print(
-                "In one process, paired windows of producer+consumer frames/s "
-                f"({a.windows} pairs of {a.window_s} s, scraped at 2 Hz when on):\n"
-            )
-            print(
-                "| frame | off frames/s | on frames/s | on/off frames/s (median) "
-                "| on/off frames per CPU-s (median) | min .. max |"
-            )
-            print("|---|---:|---:|---:|---:|---|")
-            for nbytes, label in ((4096, "4 KiB"), (655360, "640 KiB")):
-                wall, cpu, (lo, hi), off, on = paired_ab(
-                    md.dir, os.path.join(work, "ab"), nbytes, a.windows, a.window_s
-                )
-                print(
-                    f"| {label} | {off:,.0f} | {on:,.0f} | {wall - 1:+.1%} | {cpu - 1:+.1%} "
-                    f"| {lo - 1:+.1%} .. {hi - 1:+.1%} |"
-                )
-            print("\nCommands in separate processes (`produce --rate 0`, `consume`), medians:\n")
-            print(
-                "| frame | metrics | producer frames/s | consumer frames/s "
-                "| producer frames per CPU-second |"
-            )
-            print("|---|---|---:|---:|---:|")
-            sid = 30000
-            for shape, label in (("4096", "4 KiB"), ("655360", "640 KiB")):
-                res: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
-                for i in range(a.repeats):
-                    for on in (False, True) if i % 2 == 0 else (True, False):
-                        sid += 1
-                        res[on].append(throughput(dirs, shape, a.seconds, on, sid, work))
-                med = {
-                    on: [statistics.median(r[k] for r in res[on]) for k in range(3)]
-                    for on in (False, True)
-                }
-                for on in (False, True):
-                    p, c, e = med[on]
-                    print(f"| {label} | {'on' if on else 'off'} | {p:,.0f} | {c:,.0f} | {e:,.0f} |")
-                ratio = [med[True][k] / med[False][k] - 1 for k in range(3)]
-                print(
-                    f"| {label} | on vs off | {ratio[0]:+.1%} | {ratio[1]:+.1%} | {ratio[2]:+.1%} |"
-                )
-            # viewer and top at 30 Hz on the demo camera
-            cam = subprocess.Popen(
-                _tp("produce", *dirs, "--stream-id", "31000", "--shape", "480,640", "--rate",
-                    "100", "--pattern", "moving", "--quiet"),
-            )  # fmt: skip
-            time.sleep(2)
-            print("\n| 640x480 uint16 camera at 100 Hz | CPU (share of one core) |")
-            print("|---|---:|")
-            print(f"| producer alone | {cpu_of(cam.pid, a.seconds):.1%} |")
-            view = subprocess.Popen(
-                _tp("view", *dirs, "--stream-id", "31000", "--bind", "18499"),
-                stdout=subprocess.DEVNULL,
-            )
-            time.sleep(2)
-            stop = threading.Event()
-
-            def fetch() -> None:  # a browser at 30 Hz
-                while not stop.wait(1 / 30):
-                    with contextlib.suppress(OSError):
-                        urllib.request.urlopen("http://127.0.0.1:18499/frame", timeout=2).read()
-
-            t = threading.Thread(target=fetch)
-            t.start()
-            time.sleep(1)
-            v_cpu, p_cpu = cpu_of(view.pid, a.seconds), None
-            stop.set()
-            t.join()
-            stop_process(view)
-            top = subprocess.Popen(
-                _tp("top", *dirs[2:], "--interval", "0.033", "--duration", str(a.seconds + 3)),
-                stdout=subprocess.DEVNULL,
-            )
-            time.sleep(1.5)
-            t_cpu = cpu_of(top.pid, a.seconds)
-            p_cpu = cpu_of(cam.pid, a.seconds)
-            stop_process(top)
-            stop_process(cam)
-            print(f"| view, one browser fetching at 30 Hz (JPEG) | {v_cpu:.1%} |")
-            print(f"| top --interval 0.033 (30 Hz) | {t_cpu:.1%} |")
-            print(f"| producer while top runs | {p_cpu:.1%} |")
+            if "paired" in parts:
+                _paired(a, md.dir, work)
+            if "commands" in parts:
+                _commands(a, dirs, work)
+            if "viewer" in parts:
+                _viewer(a, dirs)
             print(f"\nload after: {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _paired(a: argparse.Namespace, md_dir: str, work: str) -> None:
+    print(
+        "In one process, paired windows of producer+consumer frames/s "
+        f"({a.windows} pairs of {a.window_s} s, scraped at 2 Hz when on):\n"
+    )
+    print(
+        "| frame | off frames/s | on frames/s | on/off frames/s (median) "
+        "| on/off frames per CPU-s (median) | min .. max | CPU per scrape |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|")
+    for nbytes, label in ((4096, "4 KiB"), (655360, "640 KiB")):
+        wall, cpu, (lo, hi), off, on, scrape_ms = paired_ab(
+            md_dir, os.path.join(work, "ab"), nbytes, a.windows, a.window_s
+        )
+        print(
+            f"| {label} | {off:,.0f} | {on:,.0f} | {wall - 1:+.1%} | {cpu - 1:+.1%} "
+            f"| {lo - 1:+.1%} .. {hi - 1:+.1%} | {scrape_ms:.2f} ms |"
+        )
+
+
+def _commands(a: argparse.Namespace, dirs: list[str], work: str) -> None:
+    print("\nCommands in separate processes (`produce --rate 0`, `consume`), medians:\n")
+    print(
+        "| frame | metrics | producer frames/s | consumer frames/s "
+        "| producer frames per CPU-second |"
+    )
+    print("|---|---|---:|---:|---:|")
+    sid = 30000
+    for shape, label in (("4096", "4 KiB"), ("655360", "640 KiB")):
+        res: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+        for i in range(a.repeats):
+            for on in (False, True) if i % 2 == 0 else (True, False):
+                sid += 1
+                res[on].append(throughput(dirs, shape, a.seconds, on, sid, work))
+        med = {
+            on: [statistics.median(r[k] for r in res[on]) for k in range(3)] for on in (False, True)
+        }
+        for on in (False, True):
+            p, c, e = med[on]
+            print(f"| {label} | {'on' if on else 'off'} | {p:,.0f} | {c:,.0f} | {e:,.0f} |")
+        ratio = [med[True][k] / med[False][k] - 1 for k in range(3)]
+        print(f"| {label} | on vs off | {ratio[0]:+.1%} | {ratio[1]:+.1%} | {ratio[2]:+.1%} |")
+
+
+def _viewer(a: argparse.Namespace, dirs: list[str]) -> None:
+    # viewer and top at 30 Hz on the demo camera
+    cam = subprocess.Popen(
+        _tp("produce", *dirs, "--stream-id", "31000", "--shape", "480,640", "--rate",
+            "100", "--pattern", "moving", "--quiet"),
+    )  # fmt: skip
+    time.sleep(2)
+    print("\n| 640x480 uint16 camera at 100 Hz | CPU (share of one core) |")
+    print("|---|---:|")
+    print(f"| producer alone | {cpu_of(cam.pid, a.seconds):.1%} |")
+    view = subprocess.Popen(
+        _tp("view", *dirs, "--stream-id", "31000", "--bind", "18499"),
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(2)
+    v_idle = cpu_of(view.pid, a.seconds)  # consuming at 30 Hz, nobody watching
+    stop = threading.Event()
+
+    def fetch() -> None:  # a browser at 30 Hz
+        while not stop.wait(1 / 30):
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen("http://127.0.0.1:18499/frame", timeout=2).read()
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    time.sleep(1)
+    v_cpu, p_cpu = cpu_of(view.pid, a.seconds), None
+    stop.set()
+    t.join()
+    stop_process(view)
+    top = subprocess.Popen(
+        _tp("top", *dirs, "--interval", "0.033", "--duration", str(a.seconds + 3)),
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(1.5)
+    t_cpu = cpu_of(top.pid, a.seconds)
+    p_cpu = cpu_of(cam.pid, a.seconds)
+    stop_process(top)
+    stop_process(cam)
+    print(f"| view, no browser (consumer at 30 Hz) | {v_idle:.1%} |")
+    print(f"| view, one browser fetching at 30 Hz (JPEG) | {v_cpu:.1%} |")
+    print(f"| top --interval 0.033 (30 Hz) | {t_cpu:.1%} |")
+    print(f"| producer while top runs | {p_cpu:.1%} |")
 
 
 if __name__ == "__main__":

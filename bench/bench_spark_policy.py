@@ -294,7 +294,7 @@ def run_step(spark: Any, md: str, shm: str, work: str, seconds: float) -> list[t
         (f"auto, target {TARGET_MS} ms", auto),
         ("maxFramesPerTrigger=1000", {"maxFramesPerTrigger": "1000"}),
     ):
-        extra = {**extra, "includeTensorMetadata": "false"}
+        extra = {**extra, "includeTensorMetadata": "false", "failOnDataLoss": "false"}
         sid = 760 if kind.startswith("auto") else 761
         pub = Publisher(md, shm, sid, 1, 64 * KIB)
         q = (
@@ -306,7 +306,10 @@ def run_step(spark: Any, md: str, shm: str, work: str, seconds: float) -> list[t
             .start()
         )
         try:
-            time.sleep(3)
+            deadline = time.monotonic() + 90  # the first (empty) batch starts the workers
+            while not q.recentProgress and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)
             pub.send("rate", STEP_HZ)
             time.sleep(seconds)
             n_before = len(q.recentProgress)

@@ -258,7 +258,7 @@ class MappingRelay:
                         None,
                         not gate.is_open(now),
                     )
-                    pass
+                    gate.offer(item, now)
                 if item is not None:
                     self._last_offered = item
             work += n

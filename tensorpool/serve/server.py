@@ -45,7 +45,6 @@ from tensorpool.client.announce import StreamLayout
 from tensorpool.serve.core import BadTicket, plan_get
 from tensorpool.spark_source import mapped_rings, remote
 from tensorpool.spark_source.hosts import STREAM, PlanOrigin
-from tensorpool.spark_source.margin import now_for
 from tensorpool.spark_source.offsets import RingState
 
 log = logging.getLogger("tensorpool.serve")
@@ -179,7 +178,7 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             "announce_age_ms": age,
             "origin": remote.origin_to_json(origin),
             "base_dirs": list(self.base_dirs),
-            "now_ns": now_for(spec.clock_domain),  # the client shifts the stamps by its own now
+            "now_ns": remote.clock_now(spec.clock_domain),  # the client shifts stamps by its now
         }
         return summary, st, fields
 

@@ -265,12 +265,13 @@ class SourcePolicy:
             src["alignBoundMs"] = None if b is None or b < 0 else b // _MS
         if self.sizer is not None:
             z = self.sizer
-            cost = z.cost_ns_per_byte()
+            m = z.model()
             src.update(
                 batchBudgetBytes=z.last_budget,
                 targetBatchLatencyMs=self.p.target_ms,
                 lastBatchLatencyMs=None if not z.samples else z.samples[-1][1] // _MS,
-                costNsPerByte=None if cost is None else round(cost, 4),
+                overheadMs=None if m is None else round(m[0] / _MS, 1),
+                costNsPerByte=None if m is None else round(m[1], 4),
                 pressure=z.pressure,
                 highWater=z.high_water,
                 emergencies=z.emergencies,

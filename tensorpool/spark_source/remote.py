@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from tensorpool.client.announce import CLOCK_MONOTONIC
 from tensorpool.spark_source import mapped_rings
 from tensorpool.spark_source.hosts import HostView, PlanOrigin
 from tensorpool.spark_source.offsets import RingState
@@ -249,6 +250,14 @@ def origin_from_json(doc: dict[str, Any], kind: str) -> PlanOrigin:
     )
 
 
+def clock_now(clock_domain: int) -> int:
+    """Now on the clock of a stream's stamps (as :func:`~.margin.now_for`, which this module
+    cannot import: options -> remote -> margin -> options)."""
+    import time
+
+    return time.monotonic_ns() if clock_domain == CLOCK_MONOTONIC else time.time_ns()
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSnapshot:
     """One stream as a server sees it now (a ``scan`` result, decoded)."""
@@ -278,13 +287,11 @@ def scan_table(summary: dict[str, Any], st: RingState, fields: dict[str, np.ndar
 
 
 def snapshot_from_table(tbl: pa.Table) -> StreamSnapshot:
-    from tensorpool.spark_source.margin import now_for
-
     doc = json.loads((tbl.schema.metadata or {})[SUMMARY_KEY])
     spec = spec_from_json(doc["region"])
     # The stamps are on the serving host's clock; shift them onto this host's (the start
     # margin of 'earliest' compares them with now), up to the call's latency.
-    shift = now_for(spec.clock_domain) - int(doc.get("now_ns", 0)) if "now_ns" in doc else 0
+    shift = clock_now(spec.clock_domain) - int(doc["now_ns"]) if "now_ns" in doc else 0
     st = RingState.from_slots(
         spec.epoch,
         tbl.column("slot_seq").to_numpy(),

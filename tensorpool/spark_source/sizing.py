@@ -11,10 +11,13 @@ Rules
 * **latency** -- a batch's latency is measured from its ``partitions()`` to the next
   ``latestOffset()`` (Spark asks for the next offset when the batch is done; with a
   ``processingTime`` trigger the sample is at least the trigger interval, so give a target at
-  or above it). The cost per byte is ``sum(latency) / sum(bytes)`` over the last
-  :data:`WINDOW` batches (ratio of sums: a batch's fixed overhead weighs by its size), and the
-  budget is ``targetBatchLatencyMs / cost``, grown at most :data:`MAX_GROWTH` times the largest
-  recent batch per step (a small batch says little about a large one).
+  or above it). Latency is modelled as ``overhead + cost x bytes``, fitted to the last
+  :data:`WINDOW` batches (:meth:`BatchSizer.model`: a micro-batch has a large fixed cost --
+  task start, checkpoint writes -- so a cost per byte alone would shrink small batches for
+  ever), and the budget is ``(targetBatchLatencyMs - overhead) / cost``, grown at most
+  :data:`MAX_GROWTH` times the largest recent batch per step (a small batch says little about
+  a large one). When the overhead alone exceeds the target no size meets it, and the budget
+  grows for throughput (up to the high water).
 * **high water** (seed 001 ``high_water_mark``, 0.8) -- no batch is planned above
   ``memoryHighWater x maxBatchMemory``: a latency budget above it is shrunk to it (counted
   ``highWater``; progress ``pressure: "high"``). ``maxBatchMemory`` is thus a hard bound with
@@ -47,7 +50,7 @@ from tensorpool.spark_source.policy_options import (
 )
 
 #: batches whose cost the budget is computed from
-WINDOW: Final = 4
+WINDOW: Final = 8
 #: a budget never grows past this multiple of the largest recent batch in one step
 MAX_GROWTH: Final = 4.0
 #: the budget before any batch was measured
@@ -96,26 +99,41 @@ class BatchSizer:
             if now_ns > t0:
                 self.samples.append((nbytes, now_ns - t0))
 
-    def cost_ns_per_byte(self) -> float | None:
+    def model(self) -> tuple[float, float] | None:
+        """``(overhead_ns, ns_per_byte)``: latency = overhead + cost x bytes, fitted to the
+        recent batches (least squares; with one size only, or a fit that makes no sense, the
+        overhead is the fastest batch and the cost what the others took beyond it)."""
         if not self.samples:
             return None
-        total_b = sum(b for b, _ in self.samples)
-        total_t = sum(t for _, t in self.samples)
-        return total_t / total_b if total_b else None
+        bs = np.array([b for b, _ in self.samples], np.float64)
+        ts = np.array([t for _, t in self.samples], np.float64)
+        if len(bs) >= 2 and bs.var() > 0:
+            c = float(((bs - bs.mean()) * (ts - ts.mean())).mean() / bs.var())
+            a = float(ts.mean() - c * bs.mean())
+            if c > 0 and a >= 0:
+                return a, c
+        a = float(ts.min())
+        return a, float((ts - a).sum() / bs.sum())
+
+    def cost_ns_per_byte(self) -> float | None:
+        m = self.model()
+        return None if m is None else m[1]
 
     def budget(self) -> int:
         """The byte budget of the next batch (latency rule, then the high water)."""
-        cost = self.cost_ns_per_byte()
-        if cost is None:
+        m = self.model()
+        if m is None:
             b = INITIAL_BYTES
         else:
-            b = int(self.cfg.target_ns / cost) if cost > 0 else self.cfg.high_bytes
+            a, c = m
             grow = int(MAX_GROWTH * max(nb for nb, _ in self.samples))
+            # the overhead alone over the target: no size meets it, size for throughput
+            b = grow if c <= 0 or a >= self.cfg.target_ns else int((self.cfg.target_ns - a) / c)
             b = max(1, min(b, grow))
         high = self.cfg.high_bytes
         if b > high:
             b = high
-            if cost is not None:
+            if m is not None:
                 self.high_water += 1
             self.pressure = HIGH
         else:

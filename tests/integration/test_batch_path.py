@@ -17,7 +17,7 @@ from tensorpool.client.consumer import Consumer, FrameBatch
 from tensorpool.client.consumer_core import EPOCH_MISMATCH, SEQ_IMPLAUSIBLE
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
-from tensorpool.counters import Reason
+from tensorpool.counters import LATE_REASONS, Reason
 from tensorpool.endpoints import Endpoints
 from tensorpool.specs.generated import wire
 from tensorpool.transport.config import TransportConfig
@@ -223,7 +223,9 @@ def test_cli_produce_and_consume_take_the_batch_path(media_driver, shm_base) -> 
             cons.wait()
     final = json.loads(out.strip().splitlines()[-1])
     assert final["final"] and final["frames"] > 500, final
-    assert final["drops_late"] == 0 and final["latency_us_p50"] is not None, final
+    assert final["latency_us_p50"] is not None, final
+    # a descheduled consumer may be lapped (late drops); nothing may be malformed
+    assert set(final["drops"]) <= LATE_REASONS | {"before_join", "resync"}, final
 
 
 def test_a_batch_stops_at_the_ring_wrap_and_the_rest_comes_next(pair) -> None:

@@ -119,11 +119,23 @@ def test_sizing_meets_latency_target_from_cost():
     z = BatchSizer(SizingConfig(target_ns=100 * MS, max_memory=1 << 30))
     assert z.budget() == INITIAL_BYTES  # nothing measured yet
     z.planned(1 << 20, 0)
-    z.triggered(50 * MS)  # 1 MiB took 50 ms -> 2 MiB meets 100 ms
-    assert z.budget() == 2 << 20
+    z.triggered(30 * MS)
+    z.planned(3 << 20, S)
+    z.triggered(S + 70 * MS)  # 10 ms overhead + 20 ms per MiB: 4.5 MiB meets 100 ms
+    assert z.model() == pytest.approx((10 * MS, 20 * MS / (1 << 20)))
+    assert z.budget() == pytest.approx(4.5 * (1 << 20), rel=1e-6)
+    z.planned(4 << 20, 2 * S)
+    z.triggered(2 * S + 410 * MS)  # step change: frames now cost far more per byte
+    assert z.budget() < 2 << 20
+
+
+def test_sizing_overhead_over_target_sizes_for_throughput():
+    z = BatchSizer(SizingConfig(target_ns=100 * MS, max_memory=1 << 30))
+    z.planned(1 << 20, 0)
+    z.triggered(300 * MS)
     z.planned(2 << 20, S)
-    z.triggered(S + 400 * MS)  # step change: frames now cost far more per byte
-    assert z.budget() < 1 << 20
+    z.triggered(S + 320 * MS)  # 280 ms fixed cost: over the target whatever the size
+    assert z.budget() == 8 << 20  # no size meets it: grow (capped), do not shrink for ever
 
 
 def test_sizing_growth_is_capped_by_the_largest_recent_batch():
