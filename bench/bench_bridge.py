@@ -181,6 +181,17 @@ def run_udp_sub(a: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- orchestration
 
+#: ``python -c`` body: run ``tensorpool`` (argv[2:]) under cProfile timed by CPU time, so
+#: sleeps and yields of a starved process do not hide where its CPU goes; dump to argv[1].
+_CPROFILE: Final = (
+    "import cProfile, runpy, sys, time\n"
+    "out = sys.argv[1]; sys.argv = ['tensorpool', *sys.argv[2:]]\n"
+    "p = cProfile.Profile(time.process_time)\n"
+    "try:\n    p.runcall(runpy.run_module, 'tensorpool', run_name='__main__')\n"
+    "except SystemExit:\n    pass\n"
+    "finally:\n    p.dump_stats(out)\n"
+)
+
 
 def free_udp_ports(n: int) -> list[int]:
     socks = []
@@ -374,10 +385,15 @@ def run_profile(name: str, a: argparse.Namespace) -> dict[str, Any]:
                                         "--shm-base-dir", base_b], log)  # fmt: skip
         procs.append(consumer)
         bridge_args = ["--json", "--status-interval", "1"]
-        rx = spawn("bridge B (receiver)", ["-m", "tensorpool", "bridge", "--config", cfg_b,
-                                           *bridge_args], log)  # fmt: skip
+        rx_run, tx_run = ["-m", "tensorpool"], ["-m", "tensorpool"]
+        if a.cprofile:  # whole bridge processes under cProfile, CPU time (written at exit)
+            os.makedirs(a.cprofile, exist_ok=True)
+            rx_run = ["-c", _CPROFILE, f"{a.cprofile}/{name}.receiver.prof"]
+            tx_run = ["-c", _CPROFILE, f"{a.cprofile}/{name}.sender.prof"]
+        rx = spawn("bridge B (receiver)", [*rx_run, "bridge", "--config", cfg_b, *bridge_args],
+                   log)  # fmt: skip
         procs.append(rx)
-        tx_args = ["-m", "tensorpool", "bridge", "--config", cfg_a, *bridge_args,
+        tx_args = [*tx_run, "bridge", "--config", cfg_a, *bridge_args,
                    "--send-strategy", a.strategy]  # fmt: skip
         tx = spawn("bridge A (sender)", tx_args, log)
         procs.append(tx)
@@ -543,6 +559,11 @@ def main() -> None:
     ap.add_argument("--window", default="2m", help="payload channel rcv-wnd (so-rcvbuf is 4m)")
     ap.add_argument("--quick", action="store_true", help="4 s measured, 2 s warm-up")
     ap.add_argument("--no-micro", action="store_true")
+    ap.add_argument(
+        "--cprofile",
+        metavar="DIR",
+        help="run both bridge processes under cProfile, writing DIR/<profile>.<role>.prof",
+    )
     ap.add_argument("--json", action="store_true", help="also print raw results as JSON")
     a = ap.parse_args()
     if a.worker == "producer":

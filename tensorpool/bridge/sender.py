@@ -36,6 +36,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
 from typing import Final
 
 import numpy as np
@@ -332,7 +333,13 @@ class ChunkSender:
         admin = 0
         while i < n:
             try:
-                r = offer(views[i])
+                # No bytecode per chunk: `map` offers the staged messages lazily, in order,
+                # and `takewhile` stops at the first refusal (nothing after it is offered);
+                # `sum` counts the accepted ones (`True` is 1, an OfferCode is falsy).
+                i += sum(map(offer, islice(views, i, None)))
+                if i == n:
+                    break
+                r = offer(views[i])  # the refused one again: why (or it fits by now)
             except Exception:  # closed publication, message too long for the channel
                 cnt.closed += 1
                 reason = SendDrop.PUBLICATION_FAILED
@@ -551,6 +558,7 @@ class BridgeSender:
             self.mappings.append(_SenderMapping(m, consumer, chunks))
         self._by_source = {sm.mapping.source_stream_id: sm for sm in self.mappings}
         self._current: _SenderMapping | None = None
+        self._refused = 0  # frames of this duty cycle dropped only because the window is full
         self._metadata: Publisher | None = None
         self._subs: list[Subscriber] = []
         if b.metadata_enabled and self.mappings:
@@ -593,7 +601,11 @@ class BridgeSender:
             if chunks.pending and chunks.flush(now) is None:
                 work += 1  # the staged frame found room (or was given up)
             self._current = sm
-            work += sm.consumer.poll(self._on_frame, self._frames_per_poll)
+            # A frame dropped because the previous one still waits for window is no work:
+            # the idle strategy may park then, rather than spin a core against flow control
+            # (room appears when the receiver catches up, which needs that core).
+            work += sm.consumer.poll(self._on_frame, self._frames_per_poll) - self._refused
+            self._refused = 0
             work += self._maybe_announce(sm, now)
         self._current = None
         return work
@@ -614,7 +626,7 @@ class BridgeSender:
         if length > self.config.bridge.max_payload_bytes:
             stats.drops.increment(SendDrop.PAYLOAD_TOO_LARGE)
             return
-        sm.chunks.submit(  # counts what it sends and drops in sm.stats
+        reason = sm.chunks.submit(  # counts what it sends and drops in sm.stats
             sm.mapping.source_stream_id,
             frame.epoch,
             frame.seq,
@@ -623,6 +635,8 @@ class BridgeSender:
             frame.is_current,
             self._now,
         )
+        if reason == SendDrop.BACK_PRESSURED:
+            self._refused += 1
 
     # -- control plane ----------------------------------------------------------------------------
 

@@ -478,6 +478,11 @@ class ConsumerCore:
     def drops_late(self) -> int:
         return self.drops.sum_of(LATE_REASONS)
 
+    @property
+    def newest_announce_ns(self) -> int:
+        """The newest announce stamp seen (the announcer's MONOTONIC clock; 0: none yet)."""
+        return self._newest_announce_ns
+
     # --- lease ----------------------------------------------------------------------------------
     def on_lease_event(self, event: object) -> MapEpoch | Unmap | None:
         """React to a ``DriverClient`` event (Driver Model §2.3, §4.9)."""

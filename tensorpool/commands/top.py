@@ -83,16 +83,14 @@ def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
     for rep in out.values():
         ring = rep.get("ring") or {}
         if ring.get("slots_scanned"):
-            got = committed_frames(rep["path"], policy, int(ring["slots_scanned"]))
-            if got is not None:
-                rep["seqs"], rep["ring_span_ns"] = got
+            rep["seqs"] = committed_seqs(rep["path"], policy, int(ring["slots_scanned"]))
     return out
 
 
-def committed_frames(path: str, policy: Any, nslots: int) -> tuple[list[int], int] | None:
-    """The seqs the ring holds committed right now (sorted) and the time its frames span
-    (newest minus oldest ``timestamp_ns``): a frame rate that stays right for streams whose
-    seqs skip, such as a rate limiter's, which keeps the source's seq numbers."""
+def committed_seqs(path: str, policy: Any, nslots: int) -> list[int] | None:
+    """The seqs the ring holds committed right now, sorted: a frame rate that stays right for
+    streams whose seqs skip, such as a rate limiter's, which keeps its source's seq numbers
+    (:func:`tensorpool.observe.top._frame_rate`)."""
     import mmap
 
     from tensorpool.shm.errors import ShmError
@@ -115,9 +113,7 @@ def committed_frames(path: str, policy: Any, nslots: int) -> tuple[list[int], in
         finally:
             ring.close()
         good = scan.committed & ~scan.misplaced(nslots)
-        stamps = scan.fields["timestamp_ns"][good].astype("int64")
-        span = int(stamps.max() - stamps.min()) if stamps.size else 0
-        return sorted((scan.word1[good] >> 1).astype("int64").tolist()), span
+        return sorted((scan.word1[good] >> 1).astype("int64").tolist())
     finally:
         mm.close()
 

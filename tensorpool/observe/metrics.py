@@ -168,7 +168,7 @@ class ConsumerCollector(Collector):
         epoch = GaugeMetricFamily("tensorpool_epoch", "current epoch", labels=["stream", "role"])
         epoch.add_metric([*s, "consumer"], c.epoch or 0)
         out.append(epoch)
-        stamp = getattr(c.core, "_newest_announce_ns", 0)
+        stamp = c.core.newest_announce_ns
         if stamp:  # the announcer's CLOCK_MONOTONIC: the same clock on one host
             age = GaugeMetricFamily(
                 "tensorpool_announce_age_seconds",

@@ -177,13 +177,7 @@ def rows(
             memo[sid] = (newest, now_ns)
             prev = (previous or {}).get(sid)
             if prev is not None and now_ns > prev[1] and newest >= prev[0]:
-                fps = _frame_rate(
-                    region.get("seqs"),
-                    int(region.get("ring_span_ns", 0) or 0),
-                    prev[0],
-                    newest,
-                    (now_ns - prev[1]) * _NS,
-                )
+                fps = _frame_rate(region.get("seqs"), prev[0], newest, (now_ns - prev[1]) * _NS)
                 pools = ring.get("pools", [])
                 slots = sum(p["slots"] for p in pools)
                 mean = sum(p["values_bytes"] for p in pools) / slots if slots else 0.0
@@ -227,23 +221,23 @@ def rows(
     return out, memo
 
 
-def _frame_rate(
-    seqs: list[int] | None, span_ns: int, prev_newest: int, newest: int, dt_s: float
-) -> float:
+def _frame_rate(seqs: list[int] | None, prev_newest: int, newest: int, dt_s: float) -> float:
     """Frames/s since the last refresh.
 
     When the ring still holds a frame from before, no new frame can have been overwritten yet:
     the frames newer than the last refresh's newest are all there, and counted. When every
-    slot is newer, the ring turned over in between: the rate is then the ring's own, its
-    frames over the time they span. Both are right also for streams whose seqs skip (a rate
-    limiter keeps its source's seqs); the seq distance is the last resort (no ring scan).
+    slot is newer, the ring turned over in between: the seq distance is then scaled by how
+    densely the ring's frames sit in seq space (1 for a producer's own consecutive seqs, 0.1
+    for a rate limiter passing every 10th of its source's seqs). Both stay right for streams
+    whose seqs skip, and neither is fooled by a burst of frames just before the refresh.
     """
     if seqs:
         new = len(seqs) - bisect.bisect_right(seqs, prev_newest)
         if new < len(seqs):
             return new / dt_s
-        if len(seqs) > 1 and span_ns > 0:
-            return (len(seqs) - 1) / (span_ns * _NS)
+        if len(seqs) > 1 and seqs[-1] > seqs[0]:
+            density = (len(seqs) - 1) / (seqs[-1] - seqs[0])
+            return (newest - prev_newest) * density / dt_s
     return (newest - prev_newest) / dt_s
 
 

@@ -54,7 +54,7 @@ def plan_get(ticket: Ticket, epoch: int | None, st: RingState | None) -> GetPlan
     runs = ticket.runs_array()
     if epoch is None or st is None or ticket.epoch != epoch:
         return GetPlan(lost=_all(ticket, runs, REGION_UNAVAILABLE))
-    if False:
+    if ticket.end > st.head:
         raise BadTicket(
             f"stream {ticket.stream_id} epoch {epoch}: the ticket reads up to seq "
             f"{ticket.end - 1} but the newest frame is seq {st.head - 1}; plan tickets from "

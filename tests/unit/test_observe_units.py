@@ -200,9 +200,11 @@ def test_top_counts_frames_in_the_ring_when_seqs_skip() -> None:
     assert r.frames_per_s == pytest.approx(8.0)
     turned = _region(1000, 0)
     turned["seqs"] = list(range(930, 1001, 10))  # every slot newer than 100: the ring wrapped
-    turned["ring_span_ns"] = 700_000_000  # 8 frames over 0.7 s: the ring's own rate
     (r,), _ = rows({7: turned}, memo, None, now_ns=1_000_000_000, now_unix_ns=0)
-    assert r.frames_per_s == pytest.approx(10.0)
+    assert r.frames_per_s == pytest.approx(90.0)  # 900 seqs, one frame per 10 seqs
+    turned["seqs"] = list(range(993, 1001))  # a producer's own consecutive seqs
+    (r,), _ = rows({7: turned}, memo, None, now_ns=1_000_000_000, now_unix_ns=0)
+    assert r.frames_per_s == pytest.approx(900.0)
     del turned["seqs"]  # no ring scan: the seq distance is all there is
     (r,), _ = rows({7: turned}, memo, None, now_ns=1_000_000_000, now_unix_ns=0)
     assert r.frames_per_s == pytest.approx(900.0)

@@ -307,3 +307,61 @@ def test_18_1_tls(served: Served, tmp_path: Any) -> None:
             )
     finally:
         stop_process(proc)
+
+
+DRIVER_CONTROL = 1718  # a control stream of our own: no other test's driver answers
+
+
+def test_18_1_driver_mode(tmp_path: Any) -> None:
+    """#18.1: ``serve --driver`` learns the stream through the SHM driver (a consumer lease)
+    and serves the driver's regions."""
+    from pathlib import Path
+
+    from driver_fixtures import DriverProcess, driver_toml
+
+    work = tempfile.mkdtemp(prefix="tp-test-serve-drv-", dir=SHM_ROOT)
+    base = os.path.join(work, "shm")
+    cfg = os.path.join(work, "driver.toml")
+    with MediaDriverProcess() as md:
+        Path(cfg).write_text(
+            driver_toml(
+                base,
+                md.dir,
+                streams=range(10000, 10001),
+                control_stream_id=DRIVER_CONTROL,
+                policies={"lease_keepalive_interval_ms": 1000, "lease_expiry_grace_intervals": 10},
+            )
+        )
+        daemon = DriverProcess(cfg, base, os.path.join(work, "driver.log"))
+        daemon.start().wait_ready()
+        prod = proc = None
+        try:
+            control = ("--control-stream-id", str(DRIVER_CONTROL))
+            prod = ProducerProc(md.dir, base, "--driver", "--stream-id", "10000", *control)
+            prod.produce(12)
+            port = free_port()
+            cmd = [sys.executable, "-m", "tensorpool", "serve", "--driver", "--stream-id", "10000"]
+            cmd += ["--port", str(port), "--aeron-dir", md.dir, "--shm-base-dir", base, *control]
+            proc = subprocess.Popen(
+                [*cmd, "--attach-timeout", "20"], stdout=subprocess.PIPE, text=True
+            )
+            assert proc.stdout is not None and "streams [10000]" in proc.stdout.readline()
+            access = remote.FlightAccess(retry_s=0)
+            snap = remote.scan_host(f"127.0.0.1:{port}", [10000], access)[10000]
+            assert snap is not None and snap.spec.epoch == prod.epoch and snap.live
+            assert (snap.state.oldest, snap.state.head) == (0, 12)
+            t = remote.Ticket(10000, prod.epoch, 0, 12)
+            rows = [
+                r
+                for b in remote.fetch(f"127.0.0.1:{port}", access, t, lambda q, w: None)
+                for r in b.to_pylist()
+            ]
+            assert [r["seq"] for r in rows] == list(range(12))
+            assert all(check_payload(r["payload"], r["seq"]) for r in rows)
+        finally:
+            if proc is not None:
+                stop_process(proc)
+            if prod is not None:
+                prod.close()
+            daemon.stop()
+            shutil.rmtree(work, ignore_errors=True)
