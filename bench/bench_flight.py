@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="half the frames")
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per source")
+    ap.add_argument("--size", choices=("4k", "1m", "both"), default="both", help="frame sizes")
     a = ap.parse_args(argv)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     scale = 2 if a.quick else 1
     sizes = [(4 * KIB, 8192 // scale), (MIB, 256 // scale)]
+    sizes = [x for x in sizes if a.size == "both" or (x[0] == MIB) == (a.size == "1m")]
     shm = tempfile.mkdtemp(prefix="tp-bench-flight-", dir="/dev/shm")
     procs: list[subprocess.Popen[str]] = []
     results: list[dict[str, Any]] = []

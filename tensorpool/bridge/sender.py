@@ -336,7 +336,7 @@ class ChunkSender:
                 # No bytecode per chunk: `map` offers the staged messages lazily, in order,
                 # and `takewhile` stops at the first refusal (nothing after it is offered);
                 # `sum` counts the accepted ones (`True` is 1, an OfferCode is falsy).
-                i += sum(map(offer, islice(views, i, None)))
+                i += sum(takewhile(bool, map(offer, islice(views, i, None))))
                 if i == n:
                     break
                 r = offer(views[i])  # the refused one again: why (or it fits by now)

@@ -150,7 +150,6 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.shutdown()
             counts = dict(server.counters)
-            if counts:
-                print(f"tensorpool serve: stopped; {counts}", file=sys.stderr, flush=True)
+            print(f"tensorpool serve: stopped; {counts}", file=sys.stderr, flush=True)
         att.close()
         stop.restore()

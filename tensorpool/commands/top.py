@@ -4,9 +4,12 @@
     tensorpool top --once --json              # one JSON document for scripts
 
 Reads, without any cooperation from the processes: the header ring of every stream under
-``--shm-base-dir/<namespace>/*/epoch-*`` (superblock, ring occupancy, newest seq and timestamp,
-the same read-only scan as ``inspect``) and the SHM driver's status file when one runs there.
-The model (rates from two refreshes) is :mod:`tensorpool.observe.top`.
+``--shm-base-dir/<namespace>/`` (``<instance>/epoch-*`` of standalone producers,
+``<instance>/stream-<id>/epoch-*`` of the SHM driver: superblock, occupancy, newest seq and
+timestamp, committed seqs; the same read-only scan as ``inspect``), who maps each ring
+(``/proc/*/maps``: the writer is the producer), the SHM driver's status file when one runs
+there, and QoS and announce messages on the host's media driver when one runs. The model
+(rates from two refreshes, rows) is :mod:`tensorpool.observe.top`.
 """
 
 from __future__ import annotations

@@ -58,18 +58,18 @@ def run(args: argparse.Namespace) -> int:
     bind = parse_bind(args.bind)
     if isinstance(bind, str):
         raise UserError(f"--bind {bind}")
-    settings = client_settings(args)
     store = FrameStore(args.stream_id, args.format, args.colormap)
-    try:
+    try:  # first: a taken port is the likeliest mistake, and it needs nothing else
         server = ViewServer(bind[0], bind[1], store, args.max_rate_hz)
     except OSError as exc:
         raise UserError(f"--bind {args.bind}: cannot listen: {exc.strerror or exc}") from None
-    stop = StopSignals((signal.SIGTERM,)).install()
     try:
+        settings = client_settings(args)
         ctx = start_context(settings)
     except BaseException:
         server.server_close()
         raise
+    stop = StopSignals((signal.SIGTERM,)).install()
     try:
         consumer = Consumer(
             ctx,

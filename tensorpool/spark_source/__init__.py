@@ -24,6 +24,8 @@ replay after a crash, admission control, ``Trigger.AvailableNow``, Kafka-style
   streams (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
 * :mod:`.sink` / :mod:`.publisher` -- the write path;
 * :mod:`.convert`  -- rows / pandas / Arrow columns back to numpy.
+* :mod:`.remote`   -- streams on other hosts (``hosts``): planning and reads through
+  ``tensorpool serve`` (Arrow Flight), and that protocol's one definition.
 
 ``pyspark`` is imported only when the Spark classes are first used, so :mod:`.convert` works in
 plain pandas / Arrow code.

@@ -102,6 +102,14 @@ class SourcePolicy:
             self.aligner.seed(self._watermarks.values())
         if self.sizer is not None:
             self.sizer.triggered(now_mono)
+            owed = 0
+            for sid, pos in start.items():
+                st = states.get(sid)
+                if st is None or st.epoch != pos.epoch or st.empty:
+                    continue
+                lens = st.lens_of(st.present(pos.seq, st.head))
+                owed += 0 if lens is None else int(lens.sum())
+            self.sizer.owed(owed, now_mono)
         for sid in start:
             st = states.get(sid)
             newest = None
@@ -271,6 +279,7 @@ class SourcePolicy:
                 targetBatchLatencyMs=self.p.target_ms,
                 lastBatchLatencyMs=None if not z.samples else z.samples[-1][1] // _MS,
                 overheadMs=None if m is None else round(m[0] / _MS, 1),
+                arrivalBytesPerS=None if z.arrival_bps is None else int(z.arrival_bps),
                 costNsPerByte=None if m is None else round(m[1], 4),
                 pressure=z.pressure,
                 highWater=z.high_water,

@@ -17,7 +17,10 @@ Rules
   ever), and the budget is ``(targetBatchLatencyMs - overhead) / cost``, grown at most
   :data:`MAX_GROWTH` times the largest recent batch per step (a small batch says little about
   a large one). When the overhead alone exceeds the target no size meets it, and the budget
-  grows for throughput (up to the high water).
+  grows for throughput (up to the high water). Never below the batch that keeps up with the
+  producers (:meth:`BatchSizer.keep_up`: ``overhead + cost x b <= b / arrival rate``, the
+  rate measured from what the query owes at each trigger): a smaller batch would meet the
+  target only while the backlog grows.
 * **high water** (seed 001 ``high_water_mark``, 0.8) -- no batch is planned above
   ``memoryHighWater x maxBatchMemory``: a latency budget above it is shrunk to it (counted
   ``highWater``; progress ``pressure: "high"``). ``maxBatchMemory`` is thus a hard bound with
@@ -86,10 +89,27 @@ class BatchSizer:
     pressure: str = NORMAL
     high_water: int = 0  # budgets shrunk to the high water
     emergencies: int = 0  # plans that shed for the emergency threshold
+    #: bytes/s the producers add to what the query owes (EWMA over triggers)
+    arrival_bps: float | None = None
+    _owed: tuple[int, int] | None = None  # (owed bytes, at) of the previous trigger
+    _taken: int = 0  # bytes planned since then
 
     def planned(self, nbytes: int, now_ns: int) -> None:
         """``partitions()`` of a batch holding ``nbytes`` (empty batches are not measured)."""
         self.pending = (nbytes, now_ns) if nbytes > 0 else None
+        self._taken += nbytes
+
+    def owed(self, owed_bytes: int, now_ns: int) -> None:
+        """A trigger's unread backlog: with the bytes planned since the previous one, how fast
+        the producers add to it."""
+        prev = self._owed
+        if prev is not None and now_ns > prev[1]:
+            arrived = max(0, owed_bytes - (prev[0] - self._taken))
+            rate = arrived * 1e9 / (now_ns - prev[1])
+            a = self.arrival_bps
+            self.arrival_bps = rate if a is None else 0.5 * a + 0.5 * rate
+        self._owed = (owed_bytes, now_ns)
+        self._taken = 0
 
     def triggered(self, now_ns: int) -> None:
         """``latestOffset()``: the batch planned before is done; its latency is a sample."""
@@ -115,6 +135,18 @@ class BatchSizer:
         a = float(ts.min())
         return a, float((ts - a).sum() / bs.sum())
 
+    def keep_up(self, a: float, c: float) -> int:
+        """The smallest batch that keeps up with the producers: ``T(b) <= b / rate`` with
+        ``T(b) = a + c x b`` (a smaller one meets the target only while the backlog grows,
+        which ends in loss or shedding); 0 when the rate is unknown."""
+        r = self.arrival_bps
+        if not r:
+            return 0
+        per_byte = c * r / 1e9  # batch seconds per arriving byte-second
+        if per_byte >= 1:
+            return self.cfg.high_bytes  # cannot keep up at any size: the largest batches
+        return int(a / 1e9 * r / (1 - per_byte))
+
     def cost_ns_per_byte(self) -> float | None:
         m = self.model()
         return None if m is None else m[1]
@@ -129,7 +161,7 @@ class BatchSizer:
             grow = int(MAX_GROWTH * max(nb for nb, _ in self.samples))
             # the overhead alone over the target: no size meets it, size for throughput
             b = grow if c <= 0 or a >= self.cfg.target_ns else int((self.cfg.target_ns - a) / c)
-            b = max(1, min(b, grow))
+            b = max(1, min(max(b, self.keep_up(a, c)), grow))
         high = self.cfg.high_bytes
         if b > high:
             b = high

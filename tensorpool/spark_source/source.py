@@ -957,7 +957,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 origins[(p.stream_id, p.epoch)],
                 p.stream_id in first_earliest,
                 remote=None if remote is None else remote_io.remote_read_for(remote, p.stream_id),
-                late_to=0 if flag else None,  # MUTANT
+                late_to=finish[p.stream_id].late_to if flag else None,
             )
             for p in split_ranges(ranges, opts.min_partitions)
         ]

@@ -308,3 +308,74 @@ def test_s5_1_sent_messages_are_byte_identical_to_the_straightforward_encoding(
         assert cs.send(stream, epoch, seq, memoryview(hdr), memoryview(data), lambda: True) is None
         want = plain.encode_frame(stream_id=stream, epoch=epoch, seq=seq, header=hdr, payload=data)
         assert wire.drain() == want, (stream, epoch, seq, n)
+
+
+def test_frames_dropped_behind_a_full_window_are_no_work_for_the_idle_strategy(
+    ctx: AeronContext,
+) -> None:
+    """While a staged frame waits for window, frames arriving meanwhile are dropped
+    (back_pressured) and ``do_work`` does not report them as work: the runner's idle strategy
+    may then park instead of spinning a core against flow control, which on a small host
+    starves the very receiver that would open the window."""
+    import os
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    from tensorpool.bridge.config import parse_bridge_config
+    from tensorpool.bridge.sender import BridgeSender
+    from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
+
+    base = tempfile.mkdtemp(
+        prefix="tp-bridge-idle-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    src, payload_sid = next(_ids), next(_ids)
+    doc = {
+        "bridge": {
+            "instance_id": "idle-test", "role": "sender",
+            "payload_channel": CHANNEL, "payload_stream_id": payload_sid,
+            "control_channel": CHANNEL, "control_stream_id": next(_ids),
+            "metadata_channel": CHANNEL, "metadata_stream_id": next(_ids),
+            "forward_metadata": False, "mtu_bytes": 1408,
+        },
+        "local": {"aeron_dir": ctx.dir, "driver_mode": False, "shm_base_dir": base,
+                  "announce_period_ms": 50},
+        "profiles": {"p": {"header_nslots": 8, "payload_pools": [
+            {"pool_id": 1, "stride_bytes": 1 << 20}]}},
+        "mappings": [{"source_stream_id": src, "dest_stream_id": src + 1, "profile": "p"}],
+    }  # fmt: skip
+    config = parse_bridge_config(doc)
+    # a subscriber that never reads: after the first frame or two the window stays full
+    stuck = ctx.add_subscription(CHANNEL, payload_sid, lambda b, h: None)
+    announces = ctx.add_subscription(CHANNEL, doc["bridge"]["control_stream_id"], lambda b, h: None)
+    sender = BridgeSender(ctx, config)
+    settings = config.local.client_settings()
+    frame = np.zeros(600_000, np.uint8)
+    try:
+        with Producer(ctx, StreamConfig(src, header_nslots=8, pools=(PoolConfig(1, 1 << 20),)),
+                      settings) as prod:  # fmt: skip
+            sm = sender.mappings[0]
+            drops = sm.stats.drops
+            deadline = time.monotonic() + 10
+            while not sm.chunks.pending:  # until a staged frame waits for window
+                assert time.monotonic() < deadline
+                prod.do_work()
+                if sm.consumer.is_mapped:
+                    prod.offer(frame)
+                sender.do_work()
+            idle_cycles_with_drops = 0
+            for _ in range(20):
+                before = drops[SendDrop.BACK_PRESSURED]
+                prod.offer(frame)
+                work = sender.do_work()
+                if drops[SendDrop.BACK_PRESSURED] > before:
+                    assert sm.chunks.pending
+                    assert work == 0
+                    idle_cycles_with_drops += 1
+            assert idle_cycles_with_drops > 0
+    finally:
+        sender.close()
+        ctx.release(stuck)
+        ctx.release(announces)
+        shutil.rmtree(base, ignore_errors=True)

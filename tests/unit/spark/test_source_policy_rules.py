@@ -138,6 +138,20 @@ def test_sizing_overhead_over_target_sizes_for_throughput():
     assert z.budget() == 8 << 20  # no size meets it: grow (capped), do not shrink for ever
 
 
+def test_sizing_never_below_the_batch_that_keeps_up():
+    mb = 1_000_000
+    z = BatchSizer(SizingConfig(target_ns=1000 * MS, max_memory=1 << 30))
+    z.owed(0, 0)
+    z.owed(4 * mb, S)  # the producers add 4 MB/s
+    assert z.arrival_bps == pytest.approx(4 * mb)
+    z.planned(1 * mb, S)
+    z.triggered(S + 1000 * MS)
+    z.planned(2 * mb, 3 * S)
+    z.triggered(3 * S + 1050 * MS)  # 950 ms overhead + 50 ns/B: 1 MB meets the target ...
+    # ... but falls behind: a batch must hold what arrives while it runs, b = a r / (1 - c r)
+    assert z.budget() == pytest.approx(0.95 * 4 * mb / 0.8, rel=1e-3)
+
+
 def test_sizing_growth_is_capped_by_the_largest_recent_batch():
     z = BatchSizer(SizingConfig(target_ns=S, max_memory=1 << 30))
     z.planned(1024, 0)
