@@ -499,12 +499,32 @@ def _subdirs(directory: str) -> list[str]:
         return [e.path for e in it if e.is_dir(follow_symlinks=False)]
 
 
+def epoch_dirs(root: str) -> list[str]:
+    """``epoch-*`` directories under a namespace root, in both layouts that create them:
+    ``<instance>/epoch-*`` (standalone producers) and ``<instance>/stream-<id>/epoch-*`` (the
+    SHM driver). Symlinks are not followed."""
+    found: list[str] = []
+    level = [root]
+    for _ in range(3):
+        nxt: list[str] = []
+        for d in level:
+            try:
+                entries = _subdirs(d)
+            except OSError:
+                continue
+            for e in entries:
+                (found if os.path.basename(e).startswith("epoch-") else nxt).append(e)
+        level = nxt
+    return found
+
+
 def find_stream_directory(
     base_dir: str, namespace: str, stream_id: int, policy: PathPolicy
 ) -> tuple[str, int]:
     """Newest epoch directory of ``stream_id``: ``(directory, number of candidates)``.
 
-    Candidates are ``<base>/<namespace>/*/epoch-*`` whose ``header.ring`` passes the path
+    Candidates are ``<base>/<namespace>/*/epoch-*`` (standalone) and
+    ``<base>/<namespace>/*/stream-*/epoch-*`` (the SHM driver) whose ``header.ring`` passes the path
     policy and has a valid superblock for the stream; the highest epoch wins, then the most
     recent activity. Symlinked directories are not followed while scanning.
     """
@@ -515,40 +535,38 @@ def find_stream_directory(
     root = os.path.join(base_dir, namespace)
     candidates: list[tuple[int, int, str]] = []
     try:
-        instances = _subdirs(root)
+        _subdirs(root)  # a missing or unreadable root is its own error, not "no stream"
     except OSError as exc:
         raise InspectError(
             "stream_not_found", f"stream {stream_id}: {root}: {exc.strerror}"
         ) from None
-    for instance in instances:
+    for epoch_dir in epoch_dirs(root):
+        if not _is_epoch_dirname(os.path.basename(epoch_dir)):
+            continue
         try:
-            epochs = [d for d in _subdirs(instance) if _is_epoch_dirname(os.path.basename(d))]
+            fd, _ = policy.open(os.path.join(epoch_dir, HEADER_RING_FILENAME))
+        except ShmError:
+            continue
+        try:
+            raw = os.pread(fd, SUPERBLOCK_SIZE, 0)
         except OSError:
             continue
-        for epoch_dir in epochs:
-            try:
-                fd, _ = policy.open(os.path.join(epoch_dir, HEADER_RING_FILENAME))
-            except ShmError:
-                continue
-            try:
-                raw = os.pread(fd, SUPERBLOCK_SIZE, 0)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
-            if len(raw) < SUPERBLOCK_SIZE:
-                continue
-            sb = read_superblock(raw)
-            if (
-                sb.magic == MAGIC
-                and sb.region_type == RegionType.HEADER_RING
-                and sb.stream_id == stream_id
-            ):
-                candidates.append((sb.epoch, sb.activity_timestamp_ns, epoch_dir))
+        finally:
+            os.close(fd)
+        if len(raw) < SUPERBLOCK_SIZE:
+            continue
+        sb = read_superblock(raw)
+        if (
+            sb.magic == MAGIC
+            and sb.region_type == RegionType.HEADER_RING
+            and sb.stream_id == stream_id
+        ):
+            candidates.append((sb.epoch, sb.activity_timestamp_ns, epoch_dir))
     if not candidates:
         raise InspectError(
             "stream_not_found",
-            f"no epoch directory with a header ring for stream {stream_id} under {root}/*/epoch-*",
+            f"no epoch directory with a header ring for stream {stream_id} under {root}"
+            " (*/epoch-* or */stream-*/epoch-*)",
         )
     return max(candidates)[2], len(candidates)
 

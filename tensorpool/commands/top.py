@@ -122,21 +122,9 @@ def committed_seqs(path: str, policy: Any, nslots: int) -> list[int] | None:
 
 
 def _epoch_dirs(root: str) -> list[str]:
-    """``epoch-*`` directories under ``root``: ``<instance>/epoch-*`` (standalone producers)
-    and ``<instance>/stream-<id>/epoch-*`` (the SHM driver). Symlinks are not followed."""
-    found: list[str] = []
-    level = [root]
-    for _ in range(3):
-        nxt: list[str] = []
-        for d in level:
-            try:
-                entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            for e in entries:
-                (found if e.name.startswith("epoch-") else nxt).append(e.path)
-        level = nxt
-    return found
+    from tensorpool.commands.inspect import epoch_dirs
+
+    return epoch_dirs(root)
 
 
 def _pid_alive(pid: int) -> bool | None:

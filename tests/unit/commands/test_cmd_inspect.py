@@ -664,3 +664,20 @@ def test_relative_path_and_number_named_file(
     assert report["regions"][0]["superblock"]["stream_id"] == STREAM_ID
     base = epoch.layout.base_dir
     assert "stream_not_found" in inspect_fails(capsys, "--shm-base-dir", base, "123")
+
+
+def test_stream_id_finds_the_drivers_stream_directories(
+    shm_base: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SHM driver lays epochs out as ``<instance>/stream-<id>/epoch-<E>`` (Driver Model
+    §8): ``inspect <stream id>`` finds them as it finds a standalone producer's."""
+    ep = make_epoch(shm_base, epoch=3)
+    try:
+        instance_dir = os.path.dirname(ep.directory)
+        moved = os.path.join(instance_dir, f"stream-{STREAM_ID}", os.path.basename(ep.directory))
+        os.renames(ep.directory, moved)
+        rc, report = inspect_json(capsys, "--shm-base-dir", shm_base, str(STREAM_ID))
+        assert rc == 0
+        assert report["directory"] == moved and report["candidates"] == 1
+    finally:
+        ep.close()
