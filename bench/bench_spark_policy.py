@@ -291,16 +291,19 @@ def _touch(df: Any, batch_id: int) -> None:
     pc.sum(pc.binary_length(tbl.column("payload")))
 
 
-def run_step(spark: Any, md: str, shm: str, work: str, seconds: float) -> list[tuple]:
+def run_step(
+    spark: Any, md: str, shm: str, work: str, seconds: float, baseline_first: bool = False
+) -> list[tuple]:
     rows = []
     warm = spark.readStream.format("rate").load().writeStream.foreachBatch(_touch_rate).start()
     time.sleep(8)  # JIT, Python workers: neither measured run pays the cold start
     warm.stop()
     auto = {"maxBytesPerTrigger": "auto", "targetBatchLatencyMs": str(TARGET_MS)}
-    for kind, extra in (
+    runs = [
         (f"auto, target {TARGET_MS} ms", auto),
         ("maxFramesPerTrigger=250", {"maxFramesPerTrigger": "250"}),
-    ):
+    ]
+    for kind, extra in runs[::-1] if baseline_first else runs:
         extra = {**extra, "includeTensorMetadata": "false", "failOnDataLoss": "false"}
         sid = 760 if kind.startswith("auto") else 761
         pub = Publisher(md, shm, sid, 1, 64 * KIB)
@@ -351,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--skip-batches", action="store_true", help="with --spark: only the step run")
+    ap.add_argument("--baseline-first", action="store_true", help="step run: baseline first")
     a = ap.parse_args(argv)
     print(f"load: {os.getloadavg()}")
     print("\n### Planning cost per micro-batch (driver, µs, median)\n")
@@ -378,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n### Adaptive sizing: batch latency under a frame-size step ({STEP_HZ} Hz)\n")
         print("| sizing | frames | batches | median ms | p90 ms | median rows/batch |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
-        for kind, phase, nb, med, p90, rows in run_step(spark, md.dir, shm, work, a.seconds):
+        for kind, phase, nb, med, p90, rows in run_step(
+            spark, md.dir, shm, work, a.seconds, a.baseline_first
+        ):
             print(f"| {kind} | {phase} | {nb} | {med:.0f} | {p90:.0f} | {rows:.0f} |")
         print(f"\nload: {os.getloadavg()}")
     spark.stop()

@@ -213,6 +213,7 @@ class ChunkSender:
         "chunk_bytes",
         "max_claim",
         "max_hold_ns",
+        "moved",
         "stats",
         "strategy",
         "stream_id",
@@ -239,6 +240,8 @@ class ChunkSender:
         self.strategy = strategy
         self.stats = stats if stats is not None else SenderStats()
         self.max_hold_ns = max_hold_ns
+        #: messages that went out since the caller last reset it (``BridgeSender.do_work``)
+        self.moved = 0
         self._scratch = bytearray(WITH_HEADER_OVERHEAD + chunk_bytes)
         self._stg = np.zeros(0, np.uint8)
         self._layout: _Layout | None = None
@@ -323,6 +326,7 @@ class ChunkSender:
         if pending is None:
             return None
         lay, i, since = pending
+        start = i
         views = lay.views
         n = len(views)
         # looked up per frame: the context re-creates the publication after a media driver
@@ -358,6 +362,7 @@ class ChunkSender:
                 cnt.back_pressured += 1
                 reason = PENDING
             break
+        self.moved += i - start
         if i == n:
             cnt.ok += n
             self._pending = None
@@ -598,6 +603,7 @@ class BridgeSender:
             work += sub.poll()
         for sm in self.mappings:
             chunks = sm.chunks
+            chunks.moved = 0
             if chunks.pending and chunks.flush(now) is None:
                 work += 1  # the staged frame found room (or was given up)
             self._current = sm
@@ -606,6 +612,8 @@ class BridgeSender:
             # (room appears when the receiver catches up, which needs that core).
             work += sm.consumer.poll(self._on_frame, self._frames_per_poll) - self._refused
             self._refused = 0
+            # Chunks that went out are work: the window is moving, come back soon.
+            work += chunks.moved
             work += self._maybe_announce(sm, now)
         self._current = None
         return work

@@ -56,9 +56,15 @@ class Served:
         cmd += ["--port", str(self.port), "--aeron-dir", md.dir, "--shm-base-dir", shm]
         cmd += ["--token-file", token_file, "--attach-timeout", "20", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert "tensorpool serve: streams [181, 182]" in line, line + self.proc.stderr.read()
+        try:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            assert "tensorpool serve: streams [181, 182]" in line, line
+        except BaseException:  # never leave the server (or the producers) behind
+            stop_process(self.proc)
+            self.prod.close()
+            self.big.close()
+            raise
         self.address = f"127.0.0.1:{self.port}"
         self.access = remote.FlightAccess(token=TOKEN, retry_s=0)
         self.md_dir, self.shm, self.token_file = md.dir, shm, token_file

@@ -44,8 +44,12 @@ class Server:
         for sid in sids:
             cmd += ["--stream-id", str(sid)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        assert "tensorpool serve: streams" in self.proc.stdout.readline()
+        try:
+            assert self.proc.stdout is not None
+            assert "tensorpool serve: streams" in self.proc.stdout.readline()
+        except BaseException:  # never leave the server behind
+            stop_process(self.proc)
+            raise
         self.address = f"127.0.0.1:{self.port}"
 
     def stats(self) -> dict[str, int]:

@@ -316,7 +316,7 @@ def test_frames_dropped_behind_a_full_window_are_no_work_for_the_idle_strategy(
     """While a staged frame waits for window, frames arriving meanwhile are dropped
     (back_pressured) and ``do_work`` does not report them as work: the runner's idle strategy
     may then park instead of spinning a core against flow control, which on a small host
-    starves the very receiver that would open the window."""
+    starves the very receiver that would open the window. Chunks going out are work."""
     import os
     import shutil
     import tempfile
@@ -374,6 +374,16 @@ def test_frames_dropped_behind_a_full_window_are_no_work_for_the_idle_strategy(
                     assert work == 0
                     idle_cycles_with_drops += 1
             assert idle_cycles_with_drops > 0
+            # the receiver reads a little: part of the staged frame goes out, which is work
+            # (the window is moving: poll again soon rather than park)
+            while True:
+                assert time.monotonic() < deadline + 10
+                got = stuck.poll(64)  # ~80 KiB: Aeron moves the limit in steps of 1/8 window
+                print("DBG", got, sm.chunks.moved, sm.chunks.pending, sm.chunks._pending[1] if sm.chunks._pending else None)
+                work = sender.do_work()
+                if sm.chunks.moved and sm.chunks.pending:
+                    assert work > 0
+                    break
     finally:
         sender.close()
         ctx.release(stuck)
