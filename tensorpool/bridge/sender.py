@@ -563,7 +563,6 @@ class BridgeSender:
             self.mappings.append(_SenderMapping(m, consumer, chunks))
         self._by_source = {sm.mapping.source_stream_id: sm for sm in self.mappings}
         self._current: _SenderMapping | None = None
-        self._refused = 0  # frames of this duty cycle dropped only because the window is full
         self._metadata: Publisher | None = None
         self._subs: list[Subscriber] = []
         if b.metadata_enabled and self.mappings:
@@ -607,12 +606,11 @@ class BridgeSender:
             if chunks.pending and chunks.flush(now) is None:
                 work += 1  # the staged frame found room (or was given up)
             self._current = sm
-            # A frame dropped because the previous one still waits for window is no work:
-            # the idle strategy may park then, rather than spin a core against flow control
-            # (room appears when the receiver catches up, which needs that core).
-            work += sm.consumer.poll(self._on_frame, self._frames_per_poll) - self._refused
-            self._refused = 0
-            # Chunks that went out are work: the window is moving, come back soon.
+            work += sm.consumer.poll(self._on_frame, self._frames_per_poll)
+            # Chunks that went out are work even when the frame is not done: the window is
+            # moving, so come back soon rather than park. (Frames dropped behind a full window
+            # count as work too: parking then saved ~0.2 cores here but slowed the reaction to
+            # the window opening; see docs/benchmarks/bridge.md.)
             work += chunks.moved
             work += self._maybe_announce(sm, now)
         self._current = None
@@ -634,7 +632,7 @@ class BridgeSender:
         if length > self.config.bridge.max_payload_bytes:
             stats.drops.increment(SendDrop.PAYLOAD_TOO_LARGE)
             return
-        reason = sm.chunks.submit(  # counts what it sends and drops in sm.stats
+        sm.chunks.submit(  # counts what it sends and drops in sm.stats
             sm.mapping.source_stream_id,
             frame.epoch,
             frame.seq,
@@ -643,8 +641,6 @@ class BridgeSender:
             frame.is_current,
             self._now,
         )
-        if reason == SendDrop.BACK_PRESSURED:
-            self._refused += 1
 
     # -- control plane ----------------------------------------------------------------------------
 

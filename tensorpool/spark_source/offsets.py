@@ -21,6 +21,11 @@ A source offset is, per stream, ``{"epoch", "seq", "frames", "lost", "lostLate"}
   it does not define what a batch reads.
 * ``lostLate`` -- cumulative count of planned frames that were gone when the executor read
   them (only with ``failOnDataLoss=false``); folded into the next offset.
+* #17 (:mod:`.policy`; written only when non-zero): the cumulative counters ``late``,
+  ``shedLag``, ``shedMemory`` (frames the source's policies flagged or left out on purpose,
+  never loss), the batch's boundaries ``skipTo`` (frames of ``[start.seq, skipTo)`` are not
+  read) and ``lateTo`` (frames below it get ``is_late``), and ``eventNs`` (the stream's
+  watermark). Every policy decision is a seq prefix, so these make a replay exact.
 
 Keys are written in that fixed order, streams by ascending id: Spark stores offsets verbatim
 and compares them as text.

@@ -256,6 +256,15 @@ class LossRecorder:
                 + f" ({self.where}; detected while reading: {reason})"
             )
 
+    def add_range(self, first: int, end: int, reason: str) -> None:
+        """Frames ``[first, end)`` not delivered, reported as one range by a server (#18):
+        counted without a call per frame (fails at the first with failOnDataLoss)."""
+        if end <= first:
+            return
+        self(first, reason)
+        self.count += end - first - 1
+        self.reasons[reason] += end - first - 1
+
     def report(self) -> None:
         p = self.part
         if not self.count or p.fail_on_data_loss:

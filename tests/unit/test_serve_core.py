@@ -159,3 +159,23 @@ def test_18_2_server_schema_is_the_sources() -> None:
 
     for meta in (True, False):
         assert arrow_schema(meta).equals(spark_schema(meta))
+
+
+def test_18_2_a_loss_range_is_counted_at_once_or_fails_at_its_first_frame() -> None:
+    """A server's loss range reaches the task's loss recorder as one call (a range far outside
+    the ring costs no loop over its seqs); with failOnDataLoss it fails naming the first."""
+    pytest.importorskip("pyspark")
+    from types import SimpleNamespace
+
+    from tensorpool.spark_source.source import LossRecorder, TensorPoolDataLossError
+
+    part = SimpleNamespace(
+        stream_id=5, epoch=2, region=None, fail_on_data_loss=False, spool_dir=None
+    )
+    rec = LossRecorder(part, "seq 0..10^12")
+    rec.add_range(0, 10**12, "seq_mismatch")
+    rec.add_range(7, 7, "seq_mismatch")
+    assert rec.count == 10**12 and rec.reasons == {"seq_mismatch": 10**12}
+    rec = LossRecorder(SimpleNamespace(**{**vars(part), "fail_on_data_loss": True}), "x")
+    with pytest.raises(TensorPoolDataLossError, match="seq_mismatch"):
+        rec.add_range(40, 10**12, "seq_mismatch")

@@ -30,6 +30,8 @@ from jsonlines_proc import JsonLinesProcess
 
 from tensorpool.transport.process import stop_process
 
+pytestmark = pytest.mark.spark
+
 HERE = Path(__file__).resolve().parent
 SERVE_HOST = str(HERE / "serve_host.py")
 CLUSTER_DRIVER = str(HERE / "cluster_driver.py")
