@@ -602,6 +602,20 @@ class Producer:
         self._publish(seq, index, ts, mv, array.nbytes)
         return seq
 
+    def _layout_for(
+        self, shape: Iterable[int], dtype: np.dtype | type | str, order: str
+    ) -> TensorLayout:
+        """The contiguous layout of a claim, cached: a camera claims one shape for its whole
+        life, and building a layout costs more than the claim itself (bounded to 64 keys)."""
+        key = (tuple(shape), dtype, order)
+        layout = self._claim_layouts.get(key)
+        if layout is None:
+            layout = TensorLayout.contiguous(key[0], np.dtype(dtype), order=order)
+            if len(self._claim_layouts) >= 64:
+                self._claim_layouts.clear()
+            self._claim_layouts[key] = layout
+        return layout
+
     def claim(
         self,
         shape: Iterable[int] | None = None,
@@ -627,13 +641,7 @@ class Producer:
         if layout is None:
             if shape is None or dtype is None:
                 raise TypeError("claim() needs shape and dtype, or layout")
-            key = (tuple(shape), dtype, order)
-            layout = self._claim_layouts.get(key)
-            if layout is None:
-                layout = TensorLayout.contiguous(key[0], np.dtype(dtype), order=order)
-                if len(self._claim_layouts) >= 64:
-                    self._claim_layouts.clear()
-                self._claim_layouts[key] = layout
+            layout = self._layout_for(shape, dtype, order)
         if seq is None:
             seq = self._seq
         elif seq < self._seq:
@@ -706,13 +714,7 @@ class Producer:
             return None
         if n <= 0:
             raise ValueError(f"claim_batch needs n >= 1, got {n}")
-        key = (tuple(shape), dtype, order)
-        layout = self._claim_layouts.get(key)
-        if layout is None:
-            layout = TensorLayout.contiguous(key[0], np.dtype(dtype), order=order)
-            if len(self._claim_layouts) >= 64:
-                self._claim_layouts.clear()
-            self._claim_layouts[key] = layout
+        layout = self._layout_for(shape, dtype, order)
         pool_id = writer.pools.select(layout.extent_bytes)
         if pool_id is None:
             self.stats.drops.increment(Reason.NO_POOL_FITS, n)

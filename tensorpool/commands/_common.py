@@ -126,3 +126,16 @@ def start_context(settings: ClientSettings):  # -> AeronContext
         return AeronContext(settings.transport).start()
     except MediaDriverError as exc:
         raise UserError(str(exc)) from None
+
+
+def add_metrics_argument(p: argparse.ArgumentParser, *, config_key: str | None = None) -> None:
+    """The one ``--metrics-bind`` option every command shares. With ``config_key`` the default is
+    None, so the command can tell "not given" from "given" and fall back to the config."""
+    where = f"; default: {config_key} of the config, else off" if config_key else "; default off"
+    p.add_argument(
+        "--metrics-bind",
+        default=None if config_key else "",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
+        f"127.0.0.1{where})",
+    )

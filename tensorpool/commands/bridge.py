@@ -25,6 +25,7 @@ import sys
 import time
 
 from tensorpool.cli import UserError
+from tensorpool.commands._common import add_metrics_argument
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
@@ -58,13 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how the sender writes chunks: one staged copy + offer per chunk (default, "
         "fastest in Python) or try_claim per chunk (no staging copy)",
     )
-    p.add_argument(
-        "--metrics-bind",
-        default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
-        "127.0.0.1; default: bridge.metrics_bind of the config, else off)",
-    )
+    add_metrics_argument(p, config_key="bridge.metrics_bind")
     p.add_argument(
         "--max-park-us",
         type=int,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tensorpool.commands._common import (
     add_channel_args,
+    add_metrics_argument,
     add_shm_args,
     add_transport_args,
     client_settings,
@@ -61,13 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
-    p.add_argument(
-        "--metrics-bind",
-        default="",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
-        "127.0.0.1; default off)",
-    )
+    add_metrics_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

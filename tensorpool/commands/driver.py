@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands._common import add_metrics_argument
 
 ENV_CONFIG = "TENSORPOOL_DRIVER_CONFIG"
 ENV_TOKEN = "TENSORPOOL_DRIVER_SHUTDOWN_TOKEN"
@@ -53,13 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest idle sleep between duty cycles in microseconds: the most an idle "
         "driver adds to a request's latency, vs its idle CPU (default %(default)s)",
     )
-    p.add_argument(
-        "--metrics-bind",
-        default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
-        "127.0.0.1; default: driver.metrics_bind of the config, else off)",
-    )
+    add_metrics_argument(p, config_key="driver.metrics_bind")
     sub = p.add_subparsers(
         dest="driver_action", metavar="[status | shutdown]", help="without one: run the driver"
     )

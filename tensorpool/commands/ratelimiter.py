@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands._common import add_metrics_argument
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
@@ -50,13 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest backoff park while a slot is open or a mapping is unlimited, "
         "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
-    p.add_argument(
-        "--metrics-bind",
-        default=None,
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
-        "127.0.0.1; default: rate_limiter.metrics_bind of the config, else off)",
-    )
+    add_metrics_argument(p, config_key="rate_limiter.metrics_bind")
     p.add_argument(
         "--attach-timeout",
         type=float,

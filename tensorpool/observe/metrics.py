@@ -497,15 +497,3 @@ def scrape_values(text: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
     return out
-
-
-def add_metrics_argument(p: Any, *, config_key: str | None = None) -> None:
-    """The one ``--metrics-bind`` option every command shares (default: off)."""
-    where = f"; overrides {config_key} in the config" if config_key else ""
-    p.add_argument(
-        "--metrics-bind",
-        default="",
-        metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
-        f"127.0.0.1; default off{where})",
-    )

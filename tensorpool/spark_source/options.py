@@ -36,7 +36,12 @@ from tensorpool.endpoints import (
     default_shm_base_dir,
 )
 from tensorpool.fsafety import unsafe_root_reason
-from tensorpool.spark_source.policy_options import PolicyOptions, parse_policy
+from tensorpool.spark_source.policy_options import (
+    POLICY_OPTIONS,
+    PolicyOptions,
+    parse_bool,
+    parse_policy,
+)
 from tensorpool.transport.config import TransportConfig
 
 if TYPE_CHECKING:
@@ -121,20 +126,8 @@ SOURCE_OPTIONS: Final = (
     "flightTlsRootCerts",
     "preferLocalReads",
     "flightRetryMs",
-    # #17: event time, admission, adaptive sizing (tensorpool.spark_source.policy_options)
-    "alignEventTime",
-    "maxEventTimeSkewMs",
-    "idleStreamTimeoutMs",
-    "lateFrames",
-    "allowedLatenessMs",
-    "maxFramesPerSecond",
-    "maxBurstFrames",
-    "maxLagMs",
-    "maxJitterMs",
-    "targetBatchLatencyMs",
-    "maxBatchMemory",
-    "memoryHighWater",
-    "memoryEmergency",
+    # #17: event time, admission, adaptive sizing
+    *POLICY_OPTIONS,
 )
 SINK_OPTIONS: Final = (
     "stream",
@@ -194,12 +187,10 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
     raw = opts.get(name)
     if raw is None:
         return default
-    low = raw.strip().lower()
-    if low in ("true", "1", "yes"):
-        return True
-    if low in ("false", "0", "no"):
-        return False
-    raise _fail(name, f"must be true or false, got {raw!r}")
+    value = parse_bool(raw)
+    if value is None:
+        raise _fail(name, f"must be true or false, got {raw!r}")
+    return value
 
 
 def _channel(opts: dict[str, str], name: str, default: str) -> str:

@@ -46,6 +46,17 @@ POLICY_OPTIONS: Final = (
 )
 
 
+def parse_bool(raw: str) -> bool | None:
+    """The one spelling of a boolean Spark option (``true/1/yes``, ``false/0/no``); None when
+    it is neither, for the caller to name the option in its error."""
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyOptions:
     """The parsed policy options (None / False: that policy is off)."""
@@ -110,12 +121,10 @@ class _Parse:
         raw = self.opts.get(name)
         if raw is None:
             return default
-        low = raw.strip().lower()
-        if low in ("true", "1", "yes"):
-            return True
-        if low in ("false", "0", "no"):
-            return False
-        raise self.fail(name, f"must be true or false, got {raw!r}")
+        value = parse_bool(raw)
+        if value is None:
+            raise self.fail(name, f"must be true or false, got {raw!r}")
+        return value
 
     def needs(self, names: tuple[str, ...], what: str) -> None:
         for name in names:
