@@ -187,6 +187,22 @@ def tensorpool_costs(size: int) -> dict[str, float]:
                     t += _cpu() - t0
                 return t, c.stats.frames - f0
 
+            def dropped_batch() -> tuple[float, int]:
+                # as ``dropped``, through offer_batch(16) / poll_batch(64): what a batch
+                # consumer pays per descriptor once it has fallen a ring behind
+                t = 0.0
+                n = 0
+                sixteen = np.full((16, size), 7, np.uint8)
+                for _ in range(max(2, rounds // 8)):
+                    p.do_work()
+                    for _ in range(4 * w.NSLOTS // 16):
+                        p.offer_batch(sixteen)
+                    t0 = _cpu()
+                    drain_batch()
+                    t += _cpu() - t0
+                    n += 4 * w.NSLOTS
+                return t, n
+
             out["tp_offer"] = _best(produce)
             out["tp_offer_batch"] = _best(produce_batch)
             out["tp_accept_batch"] = _best(consume_batch)
@@ -194,6 +210,7 @@ def tensorpool_costs(size: int) -> dict[str, float]:
             out["tp_accept"] = _best(consume)
             if size <= 64 * 1024:  # writing 256 large frames per repeat just to drop them: skip
                 out["tp_drop"] = _best(dropped)
+                out["tp_drop_batch"] = _best(dropped_batch)
             c.close()
             p.close()
     finally:
@@ -326,6 +343,7 @@ ROWS: Final = (
     ),
     ("tensorpool claim/commit (8-byte stamp)", "tp_claim_commit", ""),
     ("tensorpool, descriptor dropped (ring lapped)", "", "tp_drop"),
+    ("tensorpool batch path, descriptor dropped (ring lapped)", "", "tp_drop_batch"),
     ("(a) pyaeron inline", "inline_offer", "inline_accept"),
     ("(b) shm + mp.Queue", "mpq_put", "mpq_accept"),
 )

@@ -13,10 +13,13 @@ files, Flight or clocks, so each rule is a unit test.
   the client did not plan it from this server's scans, so it is refused (:class:`BadTicket`).
 * The rest is read with the seqlock, exactly as a local read (the agent calls
   :func:`~tensorpool.spark_source.mapped_rings.read_range` with the clipped range and runs).
+* Frames a ticket with a loss key did not get are counted in the :class:`LossLedger` until that
+  query's driver takes them (its ``lostLate``; a task on another host cannot reach the driver).
 """
 
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -77,10 +80,86 @@ def plan_get(ticket: Ticket, epoch: int | None, st: RingState | None) -> GetPlan
     return GetPlan(lost=lost, first=first, end=max(first, ticket.end), runs=kept)
 
 
+#: (loss key, stream, epoch) entries the ledger holds at most: ~100 bytes each, so a client
+#: inventing keys or epochs costs at most this much memory (the oldest entries go, counted)
+LEDGER_MAX_ENTRIES: Final = 4096
+#: an entry no driver took for this long is dropped (its query is gone); longer than any
+#: sensible trigger interval, since a query collects at its next trigger
+LEDGER_TTL_NS: Final = 6 * 3600 * 10**9
+
+
+class LossLedger:
+    """Read-time loss per query, kept until the query's driver takes it (sans-IO, not
+    thread-safe: the server holds a lock around it).
+
+    Keyed by (loss key, stream, epoch). The client names only the key (a random secret of its
+    query); the counts are the frames this server itself found missing. Bounded: at most
+    ``max_entries`` entries, least recently updated evicted first (``loss_ledger_evicted``,
+    ``loss_ledger_evicted_frames``); an entry untouched for ``ttl_ns`` expires
+    (``loss_ledger_expired``).
+    """
+
+    def __init__(
+        self,
+        counters: Counter[str] | None = None,
+        max_entries: int = LEDGER_MAX_ENTRIES,
+        ttl_ns: int = LEDGER_TTL_NS,
+    ) -> None:
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        self.max_entries = max_entries
+        self.ttl_ns = ttl_ns
+        # least recently updated first: both eviction and expiry pop from the front
+        self._entries: OrderedDict[tuple[str, int, int], tuple[int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, key: str, stream_id: int, epoch: int, frames: int, now_ns: int) -> None:
+        """``frames`` of ``stream_id`` epoch ``epoch`` were not delivered to a ``key`` reader."""
+        if frames <= 0:
+            return
+        self._expire(now_ns)
+        k = (key, stream_id, epoch)
+        had = self._entries.pop(k, None)
+        if had is None and len(self._entries) >= self.max_entries:
+            _, (lost, _) = self._entries.popitem(last=False)
+            self.counters["loss_ledger_evicted"] += 1
+            self.counters["loss_ledger_evicted_frames"] += lost
+        self._entries[k] = ((0 if had is None else had[0]) + frames, now_ns)
+        self.counters["loss_ledger_frames"] += frames
+
+    def take(self, key: str, now_ns: int) -> list[tuple[int, int, int]]:
+        """``(stream, epoch, frames)`` recorded for ``key``, forgotten as they are returned
+        (an unknown key gets an empty list)."""
+        self._expire(now_ns)
+        out = [(sid, ep, n) for (k, sid, ep), (n, _) in self._entries.items() if k == key]
+        for sid, ep, _ in out:
+            del self._entries[(key, sid, ep)]
+        self.counters["loss_ledger_taken"] += len(out)
+        return out
+
+    def _expire(self, now_ns: int) -> None:
+        e = self._entries
+        while e:
+            k, (_, at) = next(iter(e.items()))
+            if now_ns - at < self.ttl_ns:
+                return
+            del e[k]
+            self.counters["loss_ledger_expired"] += 1
+
+
 def _all(ticket: Ticket, runs: np.ndarray | None, reason: str) -> list[tuple[int, int, str]]:
     if runs is None:
         return [(ticket.first, ticket.end, reason)] if ticket.end > ticket.first else []
     return [(int(a), int(b), reason) for a, b in runs.tolist()]
 
 
-__all__ = ["OVERWRITTEN_REASON", "BadTicket", "GetPlan", "plan_get"]
+__all__ = [
+    "LEDGER_MAX_ENTRIES",
+    "LEDGER_TTL_NS",
+    "OVERWRITTEN_REASON",
+    "BadTicket",
+    "GetPlan",
+    "LossLedger",
+    "plan_get",
+]

@@ -14,6 +14,10 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
 * ``do_action("scan", {"streams": [...]})``: per stream, the summary plus the whole ring scan
   (one Arrow IPC table each) -- what the Spark driver plans with;
 * ``do_action("stats")``: the server's counters (JSON);
+* ``do_action("losses", {"key": k})``: frames ``do_get`` could not deliver to tickets carrying
+  loss key ``k`` since the last such call, per (stream, epoch), taken from the bounded
+  :class:`~tensorpool.serve.core.LossLedger` (how a driver on another host learns its tasks'
+  read-time loss);
 * ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
   read with the seqlock by :func:`~tensorpool.spark_source.mapped_rings.read_range`; frames not
   delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
@@ -42,7 +46,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.serve.core import BadTicket, plan_get
+from tensorpool.serve.core import BadTicket, LossLedger, plan_get
 from tensorpool.spark_source import mapped_rings, remote
 from tensorpool.spark_source.hosts import STREAM, PlanOrigin
 from tensorpool.spark_source.offsets import RingState
@@ -135,6 +139,8 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         self.base_dirs = base_dirs
         self.shm_base_dir = shm_base_dir
         self._lock = threading.Lock()
+        self.ledger = LossLedger(self.counters)
+        self._ledger_lock = threading.Lock()  # apart from _lock: a take never waits on a read
 
     # --- what a stream is now -------------------------------------------------------------------
     def _served(self, sid: int) -> None:
@@ -227,11 +233,21 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         return [
             (remote.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)"),
             (ACTION_STATS, "the server's counters (JSON)"),
+            (remote.ACTION_LOSSES, "take the read-time loss counted for {'key': loss key}"),
         ]
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         if action.type == ACTION_STATS:
             return iter([json.dumps(dict(self.counters), sort_keys=True).encode()])
+        if action.type == remote.ACTION_LOSSES:
+            try:
+                key = remote.decode_losses_request(action.body.to_pybytes())
+            except remote.TicketError as exc:
+                self.counters["bad_action"] += 1
+                raise flight.FlightServerError(f"tensorpool serve: {exc}") from None
+            with self._ledger_lock:
+                taken = self.ledger.take(key, time.monotonic_ns())
+            return iter([remote.encode_losses(taken)])
         if action.type != remote.ACTION_SCAN:
             self.counters["bad_action"] += 1
             raise flight.FlightServerError(f"tensorpool serve: unknown action {action.type!r}")
@@ -318,16 +334,26 @@ class TensorPoolFlightServer(flight.FlightServerBase):
                         break
                     frames += batch.num_rows
                     lost = loss.take()
-                    yield (batch, remote.encode_loss(lost)) if lost else batch
+                    yield (batch, self._loss_meta(t, lost)) if lost else batch
             lost = loss.take()
             if lost:
-                yield (empty_batch, remote.encode_loss(lost))
+                yield (empty_batch, self._loss_meta(t, lost))
         except GeneratorExit:
             self.counters["client_gone"] += 1
             raise
         finally:
             self.counters["frames"] += frames
             self.counters["frames_lost"] += loss.frames
+
+    def _loss_meta(self, t: remote.Ticket, lost: list[tuple[int, int, str]]) -> bytes:
+        """The ranges' ``app_metadata``; with a loss key, first counted in the ledger for the
+        key's driver (before the client can see them, so a driver that collects after its
+        tasks finished finds them)."""
+        if t.loss_key is not None:
+            n = sum(b - a for a, b, _ in lost)
+            with self._ledger_lock:
+                self.ledger.record(t.loss_key, t.stream_id, t.epoch, n, time.monotonic_ns())
+        return remote.encode_loss(lost)
 
 
 __all__ = ["SCHEMAS", "BearerToken", "StreamDirectory", "TensorPoolFlightServer", "arrow_schema"]

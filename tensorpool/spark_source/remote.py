@@ -21,6 +21,14 @@ mapping rings:
   seqlock code (:func:`~.mapped_rings.read_range`). Frames the server could not deliver come
   back as ``(first, end, reason)`` ranges in the batches' ``app_metadata`` and go to the same
   loss recorder a local read uses (``failOnDataLoss``).
+* **Read-time loss** (``failOnDataLoss=false``; the offsets' ``lostLate``): a local stream's
+  tasks send it to the driver through :mod:`.spool`, a socket only the driver's host reaches.
+  Here a ticket carries the query's random *loss key* (:attr:`RemoteAttachment.loss_key`); the
+  server counts the frames it could not deliver under (key, stream, epoch) in a bounded ledger
+  (:class:`tensorpool.serve.core.LossLedger`), and the driver takes them with the ``losses``
+  action at its next ``latestOffset`` (:meth:`RemoteAttachment.collect_losses`). So a Flight
+  read's loss goes to the server only, never also to the spool; a task reads locally only when
+  its loss can reach the driver (no key, or the spool is reachable from here), else over Flight.
 
 This module is also the protocol's one definition (ticket, stream summary, scan and loss
 encodings): the server imports it, so the two sides cannot drift. It imports pyarrow lazily
@@ -32,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source import mapped_rings
+from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.hosts import HostView, PlanOrigin
 from tensorpool.spark_source.offsets import RingState
 
@@ -54,6 +64,10 @@ log = logging.getLogger("tensorpool.spark_source.remote")
 
 #: Flight action names the server implements.
 ACTION_SCAN: Final = "scan"
+#: ``{"key": loss key}`` -> ``{"lost": [[stream, epoch, frames], ...]}``, taken (cleared)
+ACTION_LOSSES: Final = "losses"
+#: a query's loss key: 128 random bits in hex (:func:`new_loss_key`); anything else is refused
+LOSS_KEY: Final = re.compile(r"[0-9a-f]{32}")
 #: Schema-metadata key of a FlightInfo's stream summary (JSON).
 SUMMARY_KEY: Final = b"tensorpool"
 #: Longest seq range one ticket may name: a planned range lies within one ring (nslots <= 2^24
@@ -91,6 +105,8 @@ class Ticket:
     end: int
     runs: tuple[tuple[int, int], ...] | None = None
     include_meta: bool = True
+    #: the reading query's loss key: the server counts this read's loss for its driver
+    loss_key: str | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -103,6 +119,8 @@ class Ticket:
         }
         if self.runs is not None:
             doc["runs"] = [list(r) for r in self.runs]
+        if self.loss_key is not None:
+            doc["loss"] = self.loss_key
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def runs_array(self) -> np.ndarray | None:
@@ -128,7 +146,7 @@ def decode_ticket(raw: bytes) -> Ticket:
         raise TicketError("ticket must be a JSON object")
     if doc.get("v") != 1:
         raise TicketError(f"ticket version {doc.get('v')!r} is not supported (expected 1)")
-    unknown = sorted(set(doc) - {"v", "stream", "epoch", "first", "end", "meta", "runs"})
+    unknown = sorted(set(doc) - {"v", "stream", "epoch", "first", "end", "meta", "runs", "loss"})
     if unknown:
         raise TicketError(f"ticket has unknown field(s) {unknown}")
     sid = _int_field(doc, "stream", 1, 2**32 - 2)
@@ -160,7 +178,61 @@ def decode_ticket(raw: bytes) -> Ticket:
             out.append((r[0], r[1]))
             prev = r[1]
         runs = tuple(out)
-    return Ticket(sid, epoch, first, end, runs, meta)
+    key = doc.get("loss")
+    if key is not None:
+        key = check_loss_key(key)
+    return Ticket(sid, epoch, first, end, runs, meta, key)
+
+
+def new_loss_key() -> str:
+    return secrets.token_hex(16)
+
+
+def check_loss_key(key: object) -> str:
+    """``key`` if it is a loss key (:data:`LOSS_KEY`), else :class:`TicketError`."""
+    if not isinstance(key, str) or LOSS_KEY.fullmatch(key) is None:
+        raise TicketError("a loss key must be 32 lowercase hex digits")
+    return key
+
+
+# --- read-time loss counted by the servers (the 'losses' action) ---------------------------------
+def encode_losses_request(key: str) -> bytes:
+    return json.dumps({"key": key}).encode()
+
+
+def decode_losses_request(raw: bytes) -> str:
+    """The key of a ``losses`` action body; :class:`TicketError` says what is wrong."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise TicketError("the losses action needs a JSON body {'key': loss key}") from None
+    if not isinstance(doc, dict) or set(doc) != {"key"}:
+        raise TicketError("the losses action needs a JSON body {'key': loss key}")
+    return check_loss_key(doc["key"])
+
+
+def encode_losses(taken: list[tuple[int, int, int]]) -> bytes:
+    return json.dumps({"lost": [list(t) for t in taken]}, separators=(",", ":")).encode()
+
+
+def decode_losses(raw: bytes) -> list[tuple[int, int, int]]:
+    """``(stream, epoch, frames)`` of a ``losses`` answer."""
+    return [(int(s), int(e), int(n)) for s, e, n in json.loads(raw)["lost"]]
+
+
+def take_losses(address: str, key: str, access: FlightAccess) -> list[tuple[int, int, int]]:
+    """The frames ``address`` found lost for tickets carrying ``key`` since the last call
+    (the server forgets them as it answers). One try: the caller keeps what it has on failure."""
+    import pyarrow.flight as flight
+
+    results = client_for(address, access).do_action(
+        flight.Action(ACTION_LOSSES, encode_losses_request(key)),
+        access.call_options(access.timeout_s),
+    )
+    out: list[tuple[int, int, int]] = []
+    for r in results:
+        out += decode_losses(r.body.to_pybytes())
+    return out
 
 
 # --- loss ranges in app_metadata -----------------------------------------------------------------
@@ -511,6 +583,30 @@ class RemoteAttachment:
         self.streams = streams
         self.snapshots: dict[int, StreamSnapshot | None] = dict.fromkeys(streams)
         self._closed = False
+        #: what this query's tickets carry: the servers count their read-time loss under it
+        self.loss_key = new_loss_key()
+        self._late: dict[int, int] = {}  # taken from the servers, not yet in an offset
+
+    def collect_losses(self, streams: tuple[int, ...]) -> dict[int, int]:
+        """Read-time loss per stream the servers counted for this query, plus what earlier
+        calls took and no offset recorded yet (as :func:`.spool.collect`; see
+        :meth:`forget_losses`). A host that does not answer keeps its counts for the next call."""
+        for address in self.remote.by_address():
+            try:
+                taken = take_losses(address, self.loss_key, self.remote.access)
+            except Exception as exc:
+                log.warning(
+                    "tensorpool serve at %s: could not collect read-time loss: %s", address, exc
+                )
+                continue
+            for sid, _epoch, n in taken:
+                if sid in streams and n > 0:
+                    self._late[sid] = self._late.get(sid, 0) + n
+        return dict(self._late)
+
+    def forget_losses(self) -> None:
+        """An offset recorded what :meth:`collect_losses` returned."""
+        self._late.clear()
 
     def scan(self) -> dict[int, StreamSnapshot | None]:
         for address, sids in self.remote.by_address().items():
@@ -594,6 +690,7 @@ class RemoteRead:
     origin: PlanOrigin  # the server's view of the header ring
     base_dirs: tuple[str, ...]  # the server's SHM base directories
     prefer_local: bool = True
+    loss_key: str | None = None  # the streaming query's (:attr:`RemoteAttachment.loss_key`)
 
     def local_ok(self) -> bool:
         """This process sees the very header ring file the server maps: same kernel (boot id)
@@ -618,9 +715,14 @@ def remote_read_for(att: RemoteAttachment, sid: int) -> RemoteRead:
     r = att.remote
     if snap is None:  # not announced now (a replay): no local read, the server says what is lost
         nowhere = PlanOrigin(HostView("", "", ""), "", "", 0, 0, 0, "stream")
-        return RemoteRead(r.address_of(sid), r.access, nowhere, (), False)
+        return RemoteRead(r.address_of(sid), r.access, nowhere, (), False, att.loss_key)
     return RemoteRead(
-        r.address_of(sid), r.access, snap.origin, snap.base_dirs, r.prefer_local_reads
+        r.address_of(sid),
+        r.access,
+        snap.origin,
+        snap.base_dirs,
+        r.prefer_local_reads,
+        att.loss_key,
     )
 
 
@@ -633,9 +735,18 @@ def read_partition(
     on_loss: Callable[[int, str], None],
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
-    """A planned range of a remote stream: mapped here when possible, else ``do_get``."""
+    """A planned range of a remote stream: mapped here when possible, else ``do_get``.
+
+    Read-time loss that counts (``failOnDataLoss=false``, not the first batch from
+    'earliest', where overwritten frames are no loss) must reach the driver: over Flight the
+    server counts it under the ticket's loss key, and ``on_loss`` is told not to spool it too
+    (``counted_by_server``); a local read spools it, so it is done only where the driver's
+    spool is reachable (its host), else the frames are fetched over Flight."""
     rr: RemoteRead = part.remote
-    if rr.local_ok():
+    counts = not part.fail_on_data_loss and not getattr(part, "from_earliest", False)
+    key = rr.loss_key if counts else None
+    spool_dir = getattr(part, "spool_dir", None)
+    if rr.local_ok() and (key is None or (spool_dir is not None and spool.reachable(spool_dir))):
         try:
             mapped_rings.mapped(part.region, rr.base_dirs)
         except Exception as exc:  # not ours after all (validation refused it): go remote
@@ -666,7 +777,10 @@ def read_partition(
         part.end,
         None if runs is None else tuple((int(a), int(b)) for a, b in runs.tolist()),
         part.include_meta,
+        key,
     )
+    if key is not None and (mark := getattr(on_loss, "counted_by_server", None)) is not None:
+        mark()
     yield from fetch(rr.address, rr.access, ticket, on_loss, schema)
 
 
@@ -715,6 +829,7 @@ def fetch(
 
 
 __all__ = [
+    "ACTION_LOSSES",
     "ACTION_SCAN",
     "FlightAccess",
     "LossRanges",
@@ -726,6 +841,7 @@ __all__ = [
     "Ticket",
     "TicketError",
     "decode_loss",
+    "decode_losses",
     "decode_ticket",
     "encode_loss",
     "fetch",
@@ -733,4 +849,5 @@ __all__ = [
     "read_partition",
     "scan_streams",
     "snapshot",
+    "take_losses",
 ]

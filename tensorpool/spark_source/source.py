@@ -19,7 +19,8 @@ frame before the executor copied it, or a replayed batch finds fewer frames than
 ``failOnDataLoss=true`` fails the query at either point with a message naming the stream, the
 count and the fixes. ``false`` skips the frames,
 logs a warning and counts them in the offsets (``lost`` for planned loss, ``lostLate`` for read
-loss, reported by executors through a small spool socket and folded into the next offset),
+loss, reported by executors through a small spool socket -- or, for streams read over Flight
+(#18), counted by the serving host and collected from it -- and folded into the next offset),
 so ``query.lastProgress["sources"][i]["endOffset"]`` shows the running totals.
 """
 
@@ -243,6 +244,11 @@ class LossRecorder:
         self.message = message
         self.count = 0
         self.reasons: dict[str, int] = {}
+        #: #18: a Flight read whose server counts this loss for the driver (not spooled too)
+        self.server_counted = False
+
+    def counted_by_server(self) -> None:
+        self.server_counted = True
 
     def __call__(self, seq: int, reason: str) -> None:
         self.count += 1
@@ -278,7 +284,7 @@ class LossRecorder:
             self.where,
             self.reasons,
         )
-        if p.spool_dir is not None:
+        if p.spool_dir is not None and not self.server_counted:
             spool.report(p.spool_dir, p.stream_id, p.epoch, self.count)
 
 
@@ -750,6 +756,10 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         now = time.monotonic_ns()
         self._watch(now)  # #16.2: fails (or warns) on a stream with no live producer
         late, spooled = spool.collect(self._spool, opts.streams)
+        remote_att = att if isinstance(att, remote_io.RemoteAttachment) else None  # #18
+        if remote_att is not None and not opts.fail_on_data_loss:  # Flight reads' loss
+            for sid, n in remote_att.collect_losses(opts.streams).items():
+                late[sid] = late.get(sid, 0) + n
         if not late and not self._late_extra and self._hold(begin, states, limit, now):
             self._observe_rings(states, begin)
             return start  # the same offset: Spark runs no batch (minFramesPerTrigger)
@@ -768,6 +778,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._gate.admitted(plan.frames, now)
         self._observe_rings(states, plan.end)
         spool.forget(spooled)  # recorded in this plan's lostLate
+        if remote_att is not None:
+            remote_att.forget_losses()
         for sid, n in plan.dropped.items():
             log.warning(
                 "tensorpool: stream %d: the descriptor intake overflowed (%d descriptor(s) "

@@ -145,6 +145,18 @@ def report(spool: str, stream_id: int, epoch: int, count: int) -> None:
         log.warning("tensorpool: could not report loss to %s: %s", spool, exc)
 
 
+def reachable(spool: str) -> bool:
+    """Whether a report sent from here would reach ``spool``'s reader: its socket exists in
+    this host's (network namespace's) abstract namespace. A remote stream's task decides by
+    it whether its read-time loss may take this path (#18, :mod:`.remote`)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect("\0" + spool.removeprefix("@"))
+    except OSError:
+        return False
+    return True
+
+
 def collect(spool: str | None, streams: Sequence[int]) -> tuple[dict[int, int], list[str]]:
     """Reader side: loss counts per stream, and tokens of the reports (see :func:`forget`).
 
@@ -186,6 +198,7 @@ __all__ = [
     "collect",
     "forget",
     "make_spool",
+    "reachable",
     "remove_spool",
     "report",
     "sweep",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, plan_get
+from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
 from tensorpool.spark_source.mapped_rings import REGION_UNAVAILABLE
 from tensorpool.spark_source.offsets import RingState
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
@@ -14,8 +16,13 @@ from tensorpool.spark_source.remote import (
     Ticket,
     TicketError,
     decode_loss,
+    decode_losses,
+    decode_losses_request,
     decode_ticket,
     encode_loss,
+    encode_losses,
+    encode_losses_request,
+    new_loss_key,
     parse_hosts,
 )
 
@@ -179,3 +186,102 @@ def test_18_2_a_loss_range_is_counted_at_once_or_fails_at_its_first_frame() -> N
     rec = LossRecorder(SimpleNamespace(**{**vars(part), "fail_on_data_loss": True}), "x")
     with pytest.raises(TensorPoolDataLossError, match="seq_mismatch"):
         rec.add_range(40, 10**12, "seq_mismatch")
+
+
+# --- read-time loss counted by the server for the query's driver (any executor host) ----------
+K1, K2 = "a" * 32, "b" * 32
+
+
+def test_18_2_a_ticket_carries_the_querys_loss_key() -> None:
+    key = new_loss_key()
+    t = Ticket(7, 3, 10, 20, None, True, key)
+    assert decode_ticket(t.encode()) == t
+    assert b"loss" not in Ticket(7, 3, 10, 20).encode()  # batch reads and failOnDataLoss=true
+    for bad in ('"A' + "0" * 31 + '"', '"abc"', "17", '"' + "0" * 33 + '"'):
+        raw = b'{"v": 1, "stream": 1, "epoch": 1, "first": 0, "end": 1, "loss": %s}' % bad.encode()
+        with pytest.raises(TicketError, match="loss key"):
+            decode_ticket(raw)
+    assert decode_losses_request(encode_losses_request(key)) == key
+    for raw in (b"{", b'{"key": "x"}', b'{"key": "%s", "path": "/"}' % K1.encode(), b"[]"):
+        with pytest.raises(TicketError):
+            decode_losses_request(raw)
+    assert decode_losses(encode_losses([(1, 2, 3)])) == [(1, 2, 3)]
+
+
+def test_18_2_ledger_takes_and_clears_a_keys_counts() -> None:
+    """Counts add up per (key, stream, epoch); a take returns the key's counts and forgets
+    them; another key's stay; an unknown key gets nothing."""
+    led = LossLedger()
+    led.record(K1, 5, 2, 10, 0)
+    led.record(K1, 5, 2, 4, 1)
+    led.record(K1, 6, 1, 3, 2)
+    led.record(K2, 5, 2, 7, 3)
+    led.record(K1, 5, 2, 0, 4)  # nothing lost: no entry
+    assert sorted(led.take(K1, 5)) == [(5, 2, 14), (6, 1, 3)]
+    assert led.take(K1, 6) == []
+    assert led.take("c" * 32, 6) == []
+    assert led.take(K2, 7) == [(5, 2, 7)] and len(led) == 0
+    assert led.counters["loss_ledger_frames"] == 24 and led.counters["loss_ledger_taken"] == 3
+
+
+def test_18_2_ledger_is_bounded_and_evicts_the_stalest_counted() -> None:
+    """Invented keys or epochs cannot grow the ledger past its bound: the entry updated
+    longest ago goes, and the eviction is counted (with its frames)."""
+    led = LossLedger(max_entries=3)
+    led.record(K1, 1, 1, 5, 0)
+    led.record(K1, 1, 2, 6, 1)
+    led.record(K1, 1, 3, 7, 2)
+    led.record(K1, 1, 1, 1, 3)  # an update refreshes the entry: (1, 2) is now the stalest
+    for epoch in range(100, 110):
+        led.record(K2, 1, epoch, 1, 4 + epoch)
+    assert len(led) == 3
+    assert led.counters["loss_ledger_evicted"] == 10
+    assert led.counters["loss_ledger_evicted_frames"] == 6 + 7 + (5 + 1) + 7 * 1
+    assert sorted(led.take(K2, 200)) == [(1, 107, 1), (1, 108, 1), (1, 109, 1)]
+    led = LossLedger(max_entries=2)
+    led.record(K1, 1, 1, 5, 0)
+    led.record(K1, 1, 2, 6, 1)
+    led.record(K1, 1, 1, 1, 2)
+    led.record(K2, 1, 1, 1, 3)  # evicts (K1, 1, 2): updated longest ago
+    assert led.take(K1, 4) == [(1, 1, 6)]
+
+
+def test_18_2_ledger_entries_nobody_takes_expire() -> None:
+    led = LossLedger(ttl_ns=100)
+    led.record(K1, 1, 1, 5, 0)
+    led.record(K2, 1, 1, 5, 50)
+    led.record(K1, 1, 1, 1, 60)  # refreshed: lives until 160
+    assert led.take(K2, 149) == [(1, 1, 5)] and len(led) == 1
+    led.record(K2, 2, 1, 5, 150)
+    assert led.take(K1, 170) == [] and led.counters["loss_ledger_expired"] == 1
+    assert led.take(K2, 249) == [(2, 1, 5)]
+
+
+def test_18_2_loss_a_server_counts_is_not_spooled_too(tmp_path: Any) -> None:
+    """A Flight read's loss reaches the driver through the server's ledger only; the same
+    recorder without a server's count spools it (the local path). The spool is reachable on
+    its own host only (how a task decides whether a local read's loss can reach the driver)."""
+    pytest.importorskip("pyspark")
+    from types import SimpleNamespace
+
+    from tensorpool.spark_source import spool
+    from tensorpool.spark_source.source import LossRecorder
+
+    address = spool.make_spool(str(tmp_path))
+    try:
+        assert spool.reachable(address)
+        part = SimpleNamespace(
+            stream_id=5, epoch=2, region=None, fail_on_data_loss=False, spool_dir=address
+        )
+        rec = LossRecorder(part, "seq 0..9")
+        rec.counted_by_server()
+        rec.add_range(0, 4, "seq_mismatch")
+        rec.report()
+        assert spool.collect(address, (5,))[0] == {}
+        rec = LossRecorder(part, "seq 0..9")
+        rec.add_range(0, 4, "seq_mismatch")
+        rec.report()
+        assert spool.collect(address, (5,))[0] == {5: 4}
+    finally:
+        spool.remove_spool(address)
+    assert not spool.reachable(address)

@@ -203,7 +203,9 @@ def test_18_4_stream_not_served(served: Served) -> None:
 def test_18_4_range_far_outside_the_ring(served: Served) -> None:
     """#18.4: frames long overwritten come back as one loss range (not one message per seq,
     however wide the range), the ring's frames are read; a range past the head is refused; a
-    ticket for another epoch reads nothing and reports all of it lost."""
+    ticket for another epoch reads nothing and reports all of it lost. With a query's loss key
+    the server also counts them for that query's driver (the 'losses' action takes them once);
+    a malformed key is refused."""
     served.next_seq = served.prod.produce(3 * NSLOTS)
     snap = served.snapshot()
     oldest, head, epoch = snap.state.oldest, snap.state.head, snap.spec.epoch
@@ -217,18 +219,28 @@ def test_18_4_range_far_outside_the_ring(served: Served) -> None:
         def add_range(self, a: int, b: int, why: str) -> None:
             ranges.append((a, b, why))
 
-    batches = list(
-        remote.fetch(served.address, served.access, remote.Ticket(SID, epoch, 0, head), Rec())
-    )
+    key, other = remote.new_loss_key(), remote.new_loss_key()
+    ticket = remote.Ticket(SID, epoch, 0, head, None, True, key)
+    batches = list(remote.fetch(served.address, served.access, ticket, Rec()))
     assert ranges == [(0, oldest, "seq_mismatch")]
     assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(oldest, head))
     with pytest.raises(flight.FlightServerError, match="newest frame is seq"):
         _read(served, remote.Ticket(SID, epoch, head, head + 10**12))
     ranges.clear()
-    list(
-        remote.fetch(served.address, served.access, remote.Ticket(SID, epoch + 7, 0, 10**12), Rec())
-    )
+    ticket = remote.Ticket(SID, epoch + 7, 0, 10**12, None, True, key)
+    list(remote.fetch(served.address, served.access, ticket, Rec()))
     assert ranges == [(0, 10**12, "region_unavailable")]
+    assert remote.take_losses(served.address, other, served.access) == []
+    got = remote.take_losses(served.address, key, served.access)
+    assert sorted(got) == [(SID, epoch, oldest), (SID, epoch + 7, 10**12)]
+    assert remote.take_losses(served.address, key, served.access) == []  # taken once
+    with pytest.raises(flight.FlightServerError, match="loss key"):
+        list(
+            served.client().do_action(
+                flight.Action(remote.ACTION_LOSSES, b'{"key": "../etc"}'),
+                served.access.call_options(),
+            )
+        )
     _alive(served)
 
 

@@ -9,6 +9,7 @@ limits and a checkpoint; loss found at planning follows ``failOnDataLoss`` as lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import subprocess
@@ -18,9 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pyspark.sql.datasource import ReadAllAvailable
 from spark_helpers import BatchLog, check_payload
 
 import tensorpool.spark_source as tps
+from tensorpool.spark_source import remote
+from tensorpool.spark_source.options import parse_source_options
+from tensorpool.spark_source.source import TensorPoolStreamReader
 from tensorpool.transport.mediadriver import MediaDriverProcess
 from tensorpool.transport.process import stop_process
 
@@ -158,3 +163,63 @@ def test_18_2_available_now_checkpoint_and_loss(spark: Any, served: Any, tmp_pat
     assert seqs == list(range(34, 50))  # what the ring holds
     end = json.loads(q.lastProgress["sources"][0]["endOffset"])
     assert end[str(S2)]["lost"] == 34
+
+
+def test_18_2_read_time_loss_reaches_the_driver_from_any_host(served: Any) -> None:
+    """failOnDataLoss=false: frames overwritten between the plan and the read are counted in
+    the next offset's lostLate, as locally -- also when the task cannot reach the driver's
+    spool (it runs on another host): the server counts what its do_get could not deliver under
+    the query's loss key and the driver collects it. Each loss is counted once: a Flight read's
+    through the server only, a local read's (only where the spool is reachable) through the
+    spool. (The Spark API driven by hand, as Spark's driver and a task would.)"""
+    srv, _p1, p2 = served
+    p2.produce(10)  # S2's ring holds 16
+    opts = _opts(srv, preferLocalReads="false", failOnDataLoss="false", startingOffsets="latest")
+    reader = TensorPoolStreamReader(parse_source_options(opts, streaming=True))
+    elsewhere = "@tensorpool-spark-loss-on-another-host"
+    try:
+        start = reader.initialOffset()
+        p2.produce(16)
+
+        def round_trip(begin: dict, spool_dir: str | None, prefer_local: bool) -> dict:
+            """The 16 frames in the ring planned, then overwritten before the task reads them
+            (by 16 more: what the next round plans)."""
+            end = reader.latestOffset(begin, ReadAllAvailable())
+            assert end[str(S2)]["seq"] - begin[str(S2)]["seq"] == 16
+            p2.produce(16)
+            parts = reader.partitions(begin, end)
+            planned.append(len(parts))
+            for part in parts:
+                part = dataclasses.replace(
+                    part,
+                    spool_dir=spool_dir or part.spool_dir,
+                    remote=dataclasses.replace(part.remote, prefer_local=prefer_local),
+                )
+                assert [b.num_rows for b in reader.read(part) if b.num_rows] == []
+            return end
+
+        planned: list[int] = []
+        reads, ledger = dict(remote.READS), srv.stats().get("loss_ledger_frames", 0)
+        # another host, preferLocalReads=false: over Flight, counted by the server
+        end = round_trip(start, elsewhere, False)
+        # another host that could map the SHM: its loss could not reach the driver -> Flight
+        end = round_trip(end, elsewhere, True)
+        done = dict(remote.READS)
+        assert done == {"flight": reads["flight"] + sum(planned), "local": reads["local"]}
+        assert srv.stats()["loss_ledger_frames"] == ledger + 32
+        # the driver's host, preferLocalReads=false: Flight, the server's count only (not twice)
+        end = round_trip(end, None, False)
+        assert srv.stats()["loss_ledger_frames"] == ledger + 48
+        # the driver's host, reading locally: the spool
+        end = round_trip(end, None, True)
+        done = dict(remote.READS)
+        assert done == {
+            "flight": reads["flight"] + sum(planned[:3]),
+            "local": reads["local"] + planned[3],
+        }
+        assert srv.stats()["loss_ledger_frames"] == ledger + 48
+        nxt = reader.latestOffset(end, ReadAllAvailable())
+        assert (nxt[str(S2)]["lostLate"], nxt[str(S2)]["lost"]) == (64, 0)
+        assert nxt[str(S1)]["lostLate"] == 0
+    finally:
+        reader.stop()

@@ -57,6 +57,7 @@ def test_aligned_event_time_holds_the_leader_and_flags_late(
         tmp_shm,
         streams="191,192",
         startingOffsets="earliest",
+        earliestMarginMs="0",  # every frame from seq 0: the policies, not #16.1's margin
         alignEventTime="true",
         maxEventTimeSkewMs="100",
         idleStreamTimeoutMs="6000",
@@ -230,6 +231,7 @@ def test_admission_sheds_by_lag_defers_by_rate_and_reports_jitter(
         tmp_shm,
         streams="195",
         startingOffsets="earliest",
+        earliestMarginMs="0",  # every frame from seq 0: the policies, not #16.1's margin
         maxLagMs="30000",
         maxFramesPerSecond="400",
         maxBurstFrames="80",
@@ -268,6 +270,7 @@ def test_adaptive_batches_adapt_and_the_memory_emergency_sheds_oldest(
         tmp_shm,
         streams="196",
         startingOffsets="earliest",
+        earliestMarginMs="0",  # every frame from seq 0: the policies, not #16.1's margin
         maxBytesPerTrigger="auto",
         targetBatchLatencyMs="3000",
         maxBatchMemory=str(4 << 20),
@@ -295,5 +298,125 @@ def test_adaptive_batches_adapt_and_the_memory_emergency_sheds_oldest(
         assert max(sink.sizes()) <= high
         src = json.loads(q.lastProgress["sources"][0]["latestOffset"])["source"]
         assert src["emergencies"] >= 1 and src["costNsPerByte"] is not None
+    finally:
+        q.stop()
+
+
+class Seqs:
+    """foreachBatch sink keeping (stream_id, seq) per batch id (a replay overwrites); for
+    queries without the is_late column (lateFrames=drop)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[int, int]]] = {}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.select("stream_id", "seq").collect()
+        self.batches[batch_id] = [(r.stream_id, r.seq) for r in rows]
+
+    def of(self, sid: int) -> list[int]:
+        return sorted(s for b in self.batches.values() for i, s in b if i == sid)
+
+
+def test_late_frames_dropped_and_a_stuttering_producer_flagged(
+    spark, spark_media_driver, tmp_shm, producers, tmp_path
+):
+    """lateFrames=drop: frames stamped below the source's watermark - allowedLatenessMs are
+    skipped, counted in 'late' (never 'lost', the query goes on past them). maxJitterMs: a
+    producer whose frames come in bursts 0.5 s apart (simulated stamps: |interval - median|
+    is 500 ms for 9 of 199 intervals, so p99 is 500 ms) is flagged in progress; a steady one
+    beside it is not."""
+    a = producers("--stream-id", "197", "--nslots", "512", "--shape", "16")
+    b = producers("--stream-id", "198", "--nslots", "512", "--shape", "16")
+    t0 = time.monotonic_ns()
+    for k in range(10):  # 197 stutters: 10 bursts of 20 frames at 100 Hz, 0.5 s between them
+        stamp(a, 20, 100, t0 + k * 500 * MS)
+    stamp(b, 200, 100, t0)  # 198 is steady: 0 .. 1990 ms, every interval 10 ms
+    seen = Seqs()
+    opts = source_options(
+        spark_media_driver,
+        tmp_shm,
+        streams="197,198",
+        startingOffsets="earliest",
+        earliestMarginMs="0",  # every frame from seq 0: the policies, not #16.1's margin
+        lateFrames="drop",
+        allowedLatenessMs="100",
+        maxJitterMs="100",
+        includeTensorMetadata="false",
+    )
+    q = _query(spark, opts, seen, str(tmp_path / "ck"))
+
+    def end() -> dict[str, Any]:
+        return json.loads(q.lastProgress["sources"][0]["endOffset"])
+
+    def frames(sid: str) -> int:
+        if not q.lastProgress or not q.lastProgress["sources"][0]["endOffset"]:
+            return 0
+        return int(end().get(sid, {}).get("frames", 0))
+
+    try:
+        wait_query(lambda: frames("197") == 200 and frames("198") == 200, q)
+        assert seen.of(197) == list(range(200)) and seen.of(198) == list(range(200))
+        # the progress of the batch that planned the last frames has measured all of them
+        report = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+        stutter, steady = report["197"], report["198"]
+        assert stutter["jitterExceeded"] is True
+        assert stutter["jitterP99Ms"] == pytest.approx(500.0, abs=1.0)
+        assert stutter["jitterP50Ms"] == pytest.approx(0.0, abs=1.0)
+        assert steady["jitterExceeded"] is False
+        assert steady["jitterP50Ms"] is not None and steady["jitterP99Ms"] < 1.0
+        # the source's watermark is now the minimum rule's: 198's newest, ~1.99 s
+        stamp(b, 10, 100, t0 - 10_000 * MS)  # seqs 200..209, stamped ~8 s below it: late
+        wait_query(lambda: end()["198"].get("late") == 10, q)
+        stamp(b, 20, 100, t0 + 20_000 * MS)  # seqs 210..229, far ahead: delivered
+        wait_query(lambda: frames("198") >= 220, q)
+        assert seen.of(198) == list(range(200)) + list(range(210, 230))  # 200..209 dropped
+        e = end()
+        assert e["198"]["late"] == 10 and e["198"]["lost"] == 0
+        assert e["197"].get("late", 0) == 0 and e["197"]["lost"] == 0
+        assert q.exception() is None and q.isActive
+    finally:
+        q.stop()
+
+
+def test_adaptive_budget_is_clamped_at_the_high_water(
+    spark, spark_media_driver, tmp_shm, producers, tmp_path
+):
+    """maxBytesPerTrigger=auto with a latency target no batch comes near (10 minutes): the
+    latency budget outgrows memoryHighWater x maxBatchMemory (256 KiB = 64 frames here), and
+    every batch is cut there (seed 001's high water: shrink, counted 'highWater'). The backlog
+    (240 frames, 960 KiB) stays under memoryEmergency x maxBatchMemory: nothing is shed. No
+    timing: the backlog is there before the query starts, the sizes follow from bytes alone."""
+    p = producers("--stream-id", "199", "--nslots", "512", "--shape", "1024")  # 4 KiB frames
+    p.produce(240)
+    sink = Batches()
+    opts = source_options(
+        spark_media_driver,
+        tmp_shm,
+        streams="199",
+        startingOffsets="earliest",
+        earliestMarginMs="0",  # every frame from seq 0: the policies, not #16.1's margin
+        maxBytesPerTrigger="auto",
+        targetBatchLatencyMs="600000",
+        maxBatchMemory=str(1 << 20),
+        memoryHighWater="0.25",
+        memoryEmergency="0.99",
+        includeTensorMetadata="false",
+    )
+    q = _query(spark, opts, sink, str(tmp_path / "ck"))
+
+    def end() -> dict[str, int]:
+        return json.loads(q.lastProgress["sources"][0]["endOffset"])["199"]
+
+    try:
+        wait_query(lambda: len(sink.seqs()) == 240, q)
+        # the first batch: the initial 1 MiB capped at the high water; then measured budgets
+        # (4 x the largest batch at least, by the model) shrunk to it
+        assert sink.sizes() == [64, 64, 64, 48]
+        assert sink.seqs() == list(range(240))
+        wait_query(lambda: end()["frames"] == 240, q)
+        assert end().get("shedMemory", 0) == 0 and end()["lost"] == 0
+        src = json.loads(q.lastProgress["sources"][0]["latestOffset"])["source"]
+        assert src["highWater"] >= 3 and src["emergencies"] == 0
+        assert src["batchBudgetBytes"] == 64 * 4096 and src["pressure"] == "high"
     finally:
         q.stop()
