@@ -12,6 +12,7 @@ Health and lag (#16.2) come from ``latestOffset`` instead: :func:`stream_health`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -30,19 +31,25 @@ def _as_dict(progress: Any) -> dict[str, Any]:
     raise TypeError(f"not a streaming query progress: {type(progress).__name__}")
 
 
+def _source_docs(progress: Any, field: str) -> Iterator[dict[str, Any]]:
+    """Each source's ``field`` (``endOffset`` or ``latestOffset``) of one progress report as
+    a dict; sources without it, or whose text is not a JSON object, are left out."""
+    for source in _as_dict(progress).get("sources", []):
+        raw = source.get(field)
+        if not raw:
+            continue
+        try:
+            doc = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            yield doc
+
+
 def lost_frames(progress: Any) -> dict[int, dict[str, int]]:
     """Cumulative lost-frame counters per stream from one progress report."""
     out: dict[int, dict[str, int]] = {}
-    for source in _as_dict(progress).get("sources", []):
-        end = source.get("endOffset")
-        if not end:
-            continue
-        try:
-            doc = json.loads(end) if isinstance(end, str) else end
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for doc in _source_docs(progress, "endOffset"):
         for key, pos in doc.items():
             if not (isinstance(pos, dict) and {"epoch", "seq", "lost", "lostLate"} <= set(pos)):
                 continue  # not a tensorpool offset
@@ -62,16 +69,7 @@ def stream_health(progress: Any) -> dict[int, dict[str, Any]]:
     "newestFrameAgeMs", "live", "announceAgeMs", "noProducerMs"}}``.
     """
     out: dict[int, dict[str, Any]] = {}
-    for source in _as_dict(progress).get("sources", []):
-        latest = source.get("latestOffset")
-        if not latest:
-            continue
-        try:
-            doc = json.loads(latest) if isinstance(latest, str) else latest
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for doc in _source_docs(progress, "latestOffset"):
         for key, health in doc.items():
             if isinstance(health, dict) and {"lag", "live"} <= set(health):
                 out[int(key)] = dict(health)
@@ -88,14 +86,7 @@ def shed_frames(progress: Any) -> dict[int, dict[str, int]]:
     """Per stream, the #17 counters of frames the source left out or flagged on purpose (never
     loss): ``{stream_id: {"late": L, "shedLag": S, "shedMemory": M}}`` from ``endOffset``."""
     out: dict[int, dict[str, int]] = {}
-    for source in _as_dict(progress).get("sources", []):
-        end = source.get("endOffset")
-        try:
-            doc = json.loads(end) if isinstance(end, str) else end
-        except ValueError:
-            continue
-        if not isinstance(doc, dict):
-            continue
+    for doc in _source_docs(progress, "endOffset"):
         for key, pos in doc.items():
             if isinstance(pos, dict) and {"epoch", "seq", "lost"} <= set(pos):
                 out[int(key)] = {k: int(pos.get(k, 0)) for k in ("late", "shedLag", "shedMemory")}
@@ -105,13 +96,8 @@ def shed_frames(progress: Any) -> dict[int, dict[str, int]]:
 def source_watermark(progress: Any) -> int | None:
     """The source's event-time watermark (ms since the epoch) of #17's ``alignEventTime`` /
     ``lateFrames``: the minimum over live streams, reported in ``latestOffset["source"]``."""
-    for source in _as_dict(progress).get("sources", []):
-        latest = source.get("latestOffset")
-        try:
-            doc = json.loads(latest) if isinstance(latest, str) else latest
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("source"), dict):
+    for doc in _source_docs(progress, "latestOffset"):
+        if isinstance(doc.get("source"), dict):
             return doc["source"].get("watermarkMs")
     return None
 
