@@ -8,8 +8,8 @@ names stay one vocabulary: the ``reason`` label is the existing reason name.
 
 Threading: ``prometheus_client`` serves scrapes on its own thread while the agent runs on the
 main thread. Reads of ints are atomic under the GIL; a snapshot that iterates a dict the agent
-grows meanwhile can raise ``RuntimeError``, which :func:`_retrying` absorbs by reading again
-(it is rare: reason dicts are pre-seeded). A scrape never blocks or slows the agent.
+grows meanwhile can raise ``RuntimeError``, which :class:`_SnapshotCollector` absorbs by
+reading again (it is rare: reason dicts are pre-seeded). A scrape never blocks or slows the agent.
 
 Names follow Prometheus conventions: ``tensorpool_`` prefix, base units in the name
 (``_bytes``, ``_seconds``), ``_total`` for counters. The list is in docs/observe.md.
@@ -46,15 +46,21 @@ log = logging.getLogger("tensorpool.observe.metrics")
 _NS = 1e-9
 
 
-def _retrying(read: Callable[[], list[Metric]]) -> list[Metric]:
-    """Run a snapshot read again if the agent thread changed a dict under it."""
-    for _ in range(5):
-        try:
-            return read()
-        except RuntimeError:  # "dictionary changed size during iteration"
-            continue
-    log.warning("metrics snapshot kept racing the agent; this scrape is empty")
-    return []
+class _SnapshotCollector(Collector):
+    """A collector that reads its process's counters once per scrape (``_read``), again if
+    the agent thread changed a dict under it."""
+
+    def _read(self) -> list[Metric]:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Metric]:
+        for _ in range(5):
+            try:
+                yield from self._read()
+                return
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        log.warning("metrics snapshot kept racing the agent; this scrape is empty")
 
 
 def _drops(
@@ -72,15 +78,12 @@ def histogram(name: str, doc: str, hist: LatencyHistogram) -> HistogramMetricFam
     return HistogramMetricFamily(name, doc, buckets=hist.cumulative(), sum_value=hist.sum_s)
 
 
-class ProducerCollector(Collector):
+class ProducerCollector(_SnapshotCollector):
     """``tensorpool produce`` (and any Producer): frames and bytes published, drops, epoch."""
 
     def __init__(self, producer: Producer, attach_latency: LatencyHistogram | None = None) -> None:
         self.producer = producer
         self.attach_latency = attach_latency
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         p = self.producer
@@ -122,15 +125,12 @@ class ProducerCollector(Collector):
         return out
 
 
-class ConsumerCollector(Collector):
+class ConsumerCollector(_SnapshotCollector):
     """``tensorpool consume`` (and any Consumer): frames accepted, drops by reason, announces."""
 
     def __init__(self, consumer: Consumer, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.consumer = consumer
         self.clock = clock
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         c = self.consumer
@@ -180,7 +180,7 @@ class ConsumerCollector(Collector):
         return out
 
 
-class DriverCollector(Collector):
+class DriverCollector(_SnapshotCollector):
     """The SHM driver: streams, epochs, leases by role and state, events, attach latency."""
 
     ROLES = ("PRODUCER", "CONSUMER")
@@ -188,9 +188,6 @@ class DriverCollector(Collector):
     def __init__(self, agent: DriverAgent, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.agent = agent
         self.clock = clock
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         agent = self.agent
@@ -260,14 +257,11 @@ class DriverCollector(Collector):
         return out
 
 
-class RateLimiterCollector(Collector):
+class RateLimiterCollector(_SnapshotCollector):
     """A rate limiter: accepted (published) and dropped frames per mapping, by reason."""
 
     def __init__(self, agent: RateLimiterAgent) -> None:
         self.agent = agent
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         snap = self.agent.snapshot()
@@ -339,14 +333,11 @@ class RateLimiterCollector(Collector):
         return out
 
 
-class BridgeCollector(Collector):
+class BridgeCollector(_SnapshotCollector):
     """A bridge: frames, bytes and chunks per mapping and role, reassembly drops by reason."""
 
     def __init__(self, app: BridgeApp) -> None:
         self.app = app
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         rows = self.app.status()
@@ -400,7 +391,7 @@ class BridgeCollector(Collector):
         ]
 
 
-class ServeCollector(Collector):
+class ServeCollector(_SnapshotCollector):
     """``tensorpool serve`` (Arrow Flight): frames served and lost, calls and refusals.
 
     The server counts in one ``Counter`` (frames, frames_lost, gets, scans, and a name per
@@ -409,9 +400,6 @@ class ServeCollector(Collector):
 
     def __init__(self, server: Any) -> None:
         self.server = server
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _retrying(self._read)
 
     def _read(self) -> list[Metric]:
         counts = dict(self.server.counters)

@@ -175,17 +175,18 @@ def test_collector_reads_again_when_the_agent_thread_races_it() -> None:
     """A dict that grows under a snapshot raises RuntimeError: read again, never fail."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from tensorpool.observe.metrics import _retrying
+    from tensorpool.observe.metrics import _SnapshotCollector
 
     calls = []
 
-    def read() -> list:
-        calls.append(1)
-        if len(calls) < 3:
-            raise RuntimeError("dictionary changed size during iteration")
-        return [GaugeMetricFamily("x", "x", value=1)]
+    class Racing(_SnapshotCollector):
+        def _read(self) -> list:
+            calls.append(1)
+            if len(calls) < 3:
+                raise RuntimeError("dictionary changed size during iteration")
+            return [GaugeMetricFamily("x", "x", value=1)]
 
-    assert [m.name for m in _retrying(read)] == ["x"] and len(calls) == 3
+    assert [m.name for m in Racing().collect()] == ["x"] and len(calls) == 3
 
 
 def test_top_counts_frames_in_the_ring_when_seqs_skip() -> None:
