@@ -22,7 +22,13 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands.inspect import HEADER_RING_FILENAME, InspectError, inspect_region
+from tensorpool.commands.inspect import (
+    HEADER_RING_FILENAME,
+    InspectError,
+    epoch_dirs,
+    inspect_region,
+    pid_alive,
+)
 from tensorpool.endpoints import (
     DEFAULT_NAMESPACE,
     DEFAULT_SHM_BASE_DIR,
@@ -68,12 +74,12 @@ def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
     root = os.path.join(base, namespace)
     best: dict[int, tuple[tuple[int, int], dict[str, Any]]] = {}
     now = time.monotonic_ns()
-    for d in _epoch_dirs(root):
+    for d in epoch_dirs(root):
         path = os.path.join(d, HEADER_RING_FILENAME)
         if not os.path.exists(path):
             continue
         try:
-            rep = inspect_region(path, policy, now_ns=now, probe=_pid_alive)
+            rep = inspect_region(path, policy, now_ns=now, probe=pid_alive)
         except (InspectError, OSError):
             continue  # removed or replaced while we looked: the next refresh sees it
         sb = rep["superblock"]
@@ -119,18 +125,6 @@ def committed_seqs(path: str, policy: Any, nslots: int) -> list[int] | None:
         return sorted((scan.word1[good] >> 1).astype("int64").tolist())
     finally:
         mm.close()
-
-
-def _epoch_dirs(root: str) -> list[str]:
-    from tensorpool.commands.inspect import epoch_dirs
-
-    return epoch_dirs(root)
-
-
-def _pid_alive(pid: int) -> bool | None:
-    from tensorpool.commands.inspect import pid_alive
-
-    return pid_alive(pid)
 
 
 #: tensorpool subcommands that produce streams, recognised in a producer's command line
