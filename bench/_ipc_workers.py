@@ -686,6 +686,7 @@ class _ConsumerRun:
         latency = self.latency
         mono = _mono
         touch = sc.touch
+        touch_row = make_touch(sc.size)
         poll_batch = c.poll_batch
         stats = c.stats
         page = PAGE
@@ -696,7 +697,9 @@ class _ConsumerRun:
                 return 0
             arr = batch.array
             if touch:  # one byte per 4 KiB page of every frame: one reduction per batch
-                if arr is not None:
+                if arr is not None and len(arr) == 1:  # a paced frame: the per-frame touch
+                    touch_row(arr[0])
+                elif arr is not None:
                     int(arr.reshape(len(arr), -1).view(np.uint8)[:, ::page].sum())
                 else:
                     for a in batch.arrays:

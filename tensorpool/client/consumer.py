@@ -26,6 +26,7 @@ import random
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from tensorpool.client.consumer_core import (
     REMAP,
     RESYNC,
     SEQ_REGRESSION,
+    SKIP,
     SUPERBLOCK_EPOCH_CHANGED,
     SUPERBLOCK_MAGIC_CHANGED,
     SUPERBLOCK_PID_CHANGED,
@@ -74,6 +76,9 @@ from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.wakeup import DEFAULT_MAX_WAIT_NS, SemaphoreIdleStrategy
+
+if TYPE_CHECKING:
+    from tensorpool.gpu.delivery import DeviceBatch, DeviceDelivery
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +299,8 @@ class Consumer:
         self._record = self._make_recorder()
         self._desc_tmpl = _desc_template(stream_id, 0, 64)
         self._run_steps = np.arange(64, dtype=np.uint64)
+        # device delivery (issue #20): made by to_device() or the first poll_batch(device=...)
+        self._gpu: DeviceDelivery | None = None
 
         self._ctx = ctx
         ch = self.settings.channels
@@ -369,7 +376,15 @@ class Consumer:
             raise error
         return self._delivered
 
-    def poll_batch(self, max_frames: int = 64, *, copy: bool = False) -> FrameBatch:
+    def poll_batch(
+        self,
+        max_frames: int = 64,
+        *,
+        copy: bool = False,
+        device: str | int | None = None,
+        stream: object = None,
+        wait: bool = True,
+    ) -> FrameBatch | DeviceBatch:
         """Process control traffic, then take up to ``max_frames`` descriptors and read their
         frames as one batch (the fast path for many small frames; see ``shm/batch.py``).
 
@@ -384,7 +399,14 @@ class Consumer:
         drops and counts torn rows from ``valid``; the next poll does it otherwise).
         ``copy=True``: the payloads are copied before the second check, already confirmed.
         Returns an empty batch (``len(batch) == 0``) when nothing arrived.
+
+        ``device="cuda:0"`` (needs ``tensorpool[gpu]``): the frames are copied into GPU memory
+        on ``stream`` and re-checked after the copy; returns a
+        :class:`~tensorpool.gpu.delivery.DeviceBatch` (``wait=False``: call its ``confirm()``
+        before trusting ``valid``). See :meth:`to_device` and docs/gpu.md.
         """
+        if device is not None:
+            return self._poll_device(max_frames, device, stream, wait)
         self._settle()
         now = self._clock()
         if now >= self._next_duty_ns:
@@ -421,11 +443,41 @@ class Consumer:
         self._rec_odd.clear()
         return batch
 
+    def to_device(
+        self, device: str | int = "cuda:0", *, stream: object = None,
+        on_register_failure: str = "error",
+    ) -> DeviceDelivery:  # fmt: skip
+        """Set up device delivery for :meth:`poll_batch` (``tensorpool[gpu]``): each mapped
+        payload pool is pinned once (read-only where supported); ``on_register_failure``:
+        ``error`` raises, ``staging`` copies through a pinned buffer. Raises ``ValueError``
+        for a bad option and ``GpuUnavailable`` (one line) without CuPy or a GPU."""
+        from tensorpool.gpu.delivery import DeviceDelivery
+
+        old = self._gpu
+        gpu = DeviceDelivery(device, stream=stream, policy=on_register_failure)  # type: ignore[arg-type]
+        if old is not None:
+            old.release(self._regions[1:])
+            old.close()
+        self._gpu = gpu
+        return gpu
+
+    def _poll_device(
+        self, max_frames: int, device: str | int, stream: object, wait: bool
+    ) -> DeviceBatch:
+        gpu = self._gpu
+        if gpu is None or not gpu.serves(device, stream):
+            gpu = self.to_device(device, stream=stream)
+        gpu.finish()  # a wait=False batch still open is confirmed after its copy, not before
+        batch = self.poll_batch(max_frames)
+        gpu.sync(self._regions, self._regions[1:])  # a new mapping's pools: pinned once
+        return gpu.deliver(batch, wait=wait)  # type: ignore[arg-type]
+
     def _make_recorder(self) -> Callable[[object, object], None]:
         mv = memoryview(self._rec_buf)
         odd = self._rec_odd
         state = [0]
         self._rec_state = state
+        self._rec_row0 = mv[:_DESC_LEN]  # the first recorded descriptor, decoded in place
 
         def record(buffer: object, header: object) -> None:
             k = state[0]
@@ -442,25 +494,14 @@ class Consumer:
         core = self.core
         breader = self._batch_reader
         assert breader is not None
+        if n == 1:
+            return self._read_one_recorded(copy)
         first = _unpack_seq(self._rec_buf, _SEQ_AT)[0]
         batch: FrameBatch | None = None
-        if n == 1:
-            # a single frame (a paced stream): the per-frame decision and slot read, so the
-            # batch path costs no latency over poll()
-            want_seq: list[int] = []
-            want_idx: list[int] = []
-            batch = self._decide_rows(0, 1, want_seq, want_idx, copy)
-            if batch is None:
-                breader = self._batch_reader
-                batch = (
-                    breader.read_one(want_seq[0], want_idx[0], copy)
-                    if want_seq and breader is not None
-                    else empty_batch()
-                )
-        elif not self._rec_odd and self._clean_run(n, first):
+        if not self._rec_odd and self._clean_run(n, first):
             # one stream, the mapped epoch, consecutive seqs in their own slots: the core
             # takes the run in one call (after deciding its first descriptor alone if needed)
-            skipped = core.accept_run(first, n)
+            skipped = core.accept_run(first, n, breader.lapped_head(first))
             if skipped >= 0:
                 batch = breader.read_run(first + skipped, n - skipped, copy)
             else:
@@ -489,10 +530,46 @@ class Consumer:
             self._read_misses(batch)
         batch.stream_id = self.stream_id
         batch.epoch = core.epoch
-        batch.on_confirm = self._count_batch
+        if batch.confirmed:
+            self._count_batch(batch)  # once: a later confirm() by the caller counts nothing
+        else:
+            batch.on_confirm = self._count_batch
+            self._pending = batch
+        return batch
+
+    def _read_one_recorded(self, copy: bool) -> FrameBatch:
+        """One recorded descriptor (a paced stream): :meth:`poll`'s decision and slot read in
+        plain ints, as a one-row batch, so a paced batch consumer gets per-frame latency."""
+        raw = self._rec_odd.get(0)
+        try:
+            stream_id, epoch, seq, index, _ts, _mv = _decode_desc(
+                raw if raw is not None else self._rec_row0
+            )
+        except CodecError as exc:
+            self.stats.control.increment("descriptor_" + exc.reason)
+            return empty_batch()
+        core = self.core
+        verdict = core.on_descriptor(
+            stream_id, epoch, seq, self._clock() if self._rate_limited else 0
+        )
+        if verdict:
+            verdict = self._slot_verdict(verdict, seq)
+            if verdict != READ:
+                if verdict == REMAP:
+                    self._close_mapping(SEQ_REGRESSION)
+                return empty_batch()
+        breader = self._batch_reader
+        if breader is None:
+            return empty_batch()
+        batch = breader.read_one(seq, index, copy)
+        if not batch.valid[0]:
+            self._read_misses(batch)
+        batch.stream_id = self.stream_id
+        batch.epoch = core.epoch
         if batch.confirmed:
             self._count_batch(batch)
         else:
+            batch.on_confirm = self._count_batch
             self._pending = batch
         return batch
 
@@ -562,18 +639,8 @@ class Consumer:
             verdict = core.on_descriptor(
                 stream_id, epoch, seq, self._clock() if self._rate_limited else 0
             )
-            reader = self._reader
             if verdict:
-                if verdict != CHECK or reader is None:
-                    continue
-                mask = core.mask
-                last = core.last_seq
-                verdict = core.on_slot_check(
-                    seq,
-                    reader.slot_seq(seq & mask),
-                    reader.slot_seq(last & mask) if last >= 0 else -1,
-                    self._clock() if self._rate_limited else 0,
-                )
+                verdict = self._slot_verdict(verdict, seq)
                 if verdict != READ:
                     if verdict == REMAP:
                         # read what was accepted before the regression, then drop the mapping
@@ -582,7 +649,7 @@ class Consumer:
                         want_idx.clear()
                         self._close_mapping(SEQ_REGRESSION)
                     continue
-            if reader is None:
+            if self._reader is None:
                 continue
             want_seq.append(seq)
             want_idx.append(index)
@@ -725,22 +792,13 @@ class Consumer:
         verdict = core.on_descriptor(
             stream_id, epoch, seq, self._clock() if self._rate_limited else 0
         )
-        reader = self._reader
-        if verdict:
-            if verdict != CHECK or reader is None:
-                return
-            mask = core.mask
-            last = core.last_seq
-            verdict = core.on_slot_check(
-                seq,
-                reader.slot_seq(seq & mask),
-                reader.slot_seq(last & mask) if last >= 0 else -1,
-                self._clock() if self._rate_limited else 0,
-            )
+        if verdict:  # not READ outright: the slot check (no extra call on the common path)
+            verdict = self._slot_verdict(verdict, seq)
             if verdict != READ:
                 if verdict == REMAP:
                     self._close_mapping(SEQ_REGRESSION)
                 return
+        reader = self._reader
         if reader is None:
             return
         result = reader.read(index, seq)
@@ -768,6 +826,25 @@ class Consumer:
             stats.frames += 1
             stats.bytes += result.values_len_bytes
             self._delivered += 1
+
+    def _slot_verdict(self, verdict: int, seq: int) -> int:
+        """Finish the core's decision on a descriptor it did not ``READ`` outright (the one
+        rule :meth:`poll` and :meth:`poll_batch` share): ``CHECK`` asks the slots how far the
+        producer is (§15.4); anything else, or no mapping, is ``SKIP``. Returns ``READ``,
+        ``SKIP`` or ``REMAP`` (the caller closes the mapping, after reading what it accepted
+        before the regression)."""
+        reader = self._reader
+        if verdict != CHECK or reader is None:
+            return SKIP
+        core = self.core
+        mask = core.mask
+        last = core.last_seq
+        return core.on_slot_check(
+            seq,
+            reader.slot_seq(seq & mask),
+            reader.slot_seq(last & mask) if last >= 0 else -1,
+            self._clock() if self._rate_limited else 0,
+        )
 
     def _confirm(self, result: SlotRead) -> bool:
         reader = self._reader
@@ -909,6 +986,8 @@ class Consumer:
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
     def _release(self, reader: SlotReader | None, regions: list[ShmRegion]) -> None:
+        if self._gpu is not None:  # copies in flight finish, pools are unpinned before unmap
+            self._gpu.release(regions[1:])
         self._settle()  # a zero-copy batch still open is checked against the old mapping
         if self._batch_reader is not None:
             self._batch_reader.close()
@@ -980,6 +1059,9 @@ class Consumer:
         for strategy in strategies:  # first: producers stop posting at their next rescan
             strategy.close()
         self._close_mapping("close")
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
         if self._driver is not None:
             self._driver.close()
         for res in (

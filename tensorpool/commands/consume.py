@@ -41,6 +41,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="read up to N frames per poll_batch (the batch fast path; 0 = per-frame poll)",
     )
+    p.add_argument(
+        "--device",
+        default=None,
+        metavar="cuda:N",
+        help="copy each batch into this GPU's memory (pinned pools, checked after the copy; "
+        "needs tensorpool[gpu]); implies --batch 64 unless given",
+    )
+    p.add_argument(
+        "--on-register-failure",
+        choices=("error", "staging"),
+        default="error",
+        help="with --device: when a pool cannot be pinned, fail or copy through a pinned "
+        "staging buffer (%(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--report-interval", type=float, default=1.0, help="seconds between report lines"
@@ -78,6 +92,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--idle-max-wait-ms must be > 0 and finite, got {args.idle_max_wait_ms}")
     if args.batch < 0:
         raise UserError(f"--batch must be >= 0, got {args.batch}")
+    if args.device is not None:  # before any transport starts: a bad option or no CuPy fails fast
+        from tensorpool.gpu.cuda import GpuUnavailable, import_cupy, parse_device
+
+        try:
+            parse_device(args.device)
+            import_cupy()
+        except (ValueError, GpuUnavailable) as exc:
+            raise UserError(f"--device: {exc}") from None
     settings = client_settings(args)
     mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
     stop = StopSignals((signal.SIGTERM,)).install()
@@ -95,6 +117,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         ctx.close()
         raise UserError(str(exc)) from None
+    if args.device is not None:
+        from tensorpool.gpu.cuda import GpuUnavailable
+
+        try:
+            consumer.to_device(args.device, on_register_failure=args.on_register_failure)
+        except (ValueError, GpuUnavailable) as exc:
+            consumer.close()
+            ctx.close()
+            raise UserError(f"--device: {exc}") from None
     metrics = None
     if args.metrics_bind:  # #19.1: read at scrape time, nothing added per frame
         from tensorpool.observe.metrics import ConsumerCollector, start_metrics
@@ -144,7 +175,21 @@ def run(args: argparse.Namespace) -> int:
     def poll_frames() -> int:
         return consumer.poll(handler, 64)
 
+    def poll_device() -> int:
+        nonlocal n_lat
+        batch = consumer.poll_batch(args.batch or 64, device=args.device)
+        got = batch.count if len(batch) else 0  # final: checked after the copy to the device
+        if got:
+            ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)
+            k = n_lat & 0xFFFF
+            m = min(len(ages), lat.size - k)
+            lat[k : k + m] = ages[:m]
+            n_lat += m
+        return got
+
     step = poll_batch if args.batch > 0 else poll_frames
+    if args.device is not None:
+        step = poll_device
     start = time.monotonic()
     end = start + args.duration if args.duration > 0 else float("inf")
     interval = args.report_interval if args.report_interval > 0 else 1.0

@@ -104,6 +104,7 @@ class SlotBatch:
 
     __slots__ = (
         "_arrays",
+        "_one",
         "_reader",
         "array",
         "codes",
@@ -138,6 +139,7 @@ class SlotBatch:
         array: np.ndarray | None,
         arrays: list[np.ndarray | None] | None,
         copied: bool,
+        valid: np.ndarray | None = None,
     ) -> None:
         self.seqs = seqs
         self.header_index = header_index
@@ -147,7 +149,7 @@ class SlotBatch:
         self.values_len = values_len
         self.pool_id = pool_id
         self.codes = codes
-        self.valid = codes == OK
+        self.valid = codes == OK if valid is None else valid
         self.layout = layout
         self.array = array
         self._arrays = arrays
@@ -155,6 +157,9 @@ class SlotBatch:
         self.confirmed = copied
         self.layout_reasons: dict[int, str] = {}
         self._reader: BatchReader | None = None
+        #: one accepted row (:meth:`BatchReader.read_one`): its slot and commit word as ints,
+        #: so the final check and the stats need no numpy call
+        self._one: tuple[int, int] | None = None
         #: called once after the final check (the consumer counts accepted frames there)
         self.on_confirm: Callable[[SlotBatch], object] | None = None
         self.stream_id = 0
@@ -177,7 +182,10 @@ class SlotBatch:
         if cb is not None:
             self.on_confirm = None
             cb(self)
-        return int(np.count_nonzero(self.valid))
+        valid = self.valid
+        if len(valid) == 1:  # one row (a paced stream): plain ints beat numpy calls
+            return 1 if valid[0] else 0
+        return int(np.count_nonzero(valid))
 
     @property
     def count(self) -> int:
@@ -202,9 +210,25 @@ class SlotBatch:
         ]
 
 
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+_EMPTY_I64: Final = _frozen(np.zeros(0, np.int64))
+_EMPTY_I8: Final = _frozen(np.zeros(0, np.int8))
+_EMPTY_BOOL: Final = _frozen(np.zeros(0, bool))
+#: templates of a one-row batch's ``codes`` and ``valid``: ``copy()`` is ~5x cheaper than
+#: ``np.zeros``/``np.ones`` plus a compare
+_ROW_OK: Final = _frozen(np.zeros(1, np.int8))
+_ROW_VALID: Final = _frozen(np.ones(1, bool))
+
+
 def empty_batch() -> SlotBatch:
-    z = np.zeros(0, np.int64)
-    return SlotBatch(z, z, z, z, z, z, z, np.zeros(0, np.int8), None, None, [], True)
+    """A batch of no frames (nothing arrived): shared read-only zero-length columns, so an
+    empty poll of a busy-spinning consumer allocates one object."""
+    z = _EMPTY_I64
+    return SlotBatch(z, z, z, z, z, z, z, _EMPTY_I8, None, None, [], True, _EMPTY_BOOL)
 
 
 class BatchReader:
@@ -284,6 +308,23 @@ class BatchReader:
         """The seq each of these slots holds now (committed or in progress): the batch form of
         :meth:`SlotReader.slot_seq`, a hint for how far ahead the producer is (§15.4)."""
         return (self._words[header_index] >> _ONE).astype(np.int64)
+
+    def lapped_head(self, seq: int) -> int:
+        """The producer's position if it is at least half a ring past ``seq``, else -1: the
+        batch consumer's test for "this run is being overwritten" (see
+        :meth:`ConsumerCore.accept_run`). One load answers the common case: the slot of
+        ``seq + nslots/2`` holds that seq or a later lap only once the producer got there. The
+        max over all slots is taken only then, and capped one lap past that slot's seq, so a
+        single bad word cannot make the consumer skip more than a ring."""
+        mask = self.nslots - 1
+        probe = seq + ((mask + 1) >> 1)
+        words = self._words
+        if len(words) <= mask:  # closed
+            return -1
+        held = int(words[probe & mask]) >> 1
+        if held < probe or (held - probe) & mask:
+            return -1
+        return min(int(words.max()) >> 1, held + mask)
 
     def _layout_of(self, key: bytes) -> TensorLayout | str:
         known = self._reader._known
@@ -414,6 +455,7 @@ class BatchReader:
             return batch
         arr = got.array
         # one allocation for the row's fields, sliced into the batch's one-element columns
+        # (a new batch per poll, not a reused one: callers may keep a batch, see the class)
         row = np.array(
             [seq, header_index, got.values_len_bytes, got.pool_id, got.meta_version,
              got.timestamp_ns, got.commit_word],
@@ -428,13 +470,15 @@ class BatchReader:
             signed[4:5],
             signed[2:3],
             signed[3:4],
-            np.zeros(1, np.int8),
+            _ROW_OK.copy(),
             got.layout,
             None if arr is None else arr[None],  # (1, *shape): a view of the slot (or copy)
             [None] if arr is None else None,
             copy,
+            _ROW_VALID.copy(),
         )
         batch._reader = self
+        batch._one = (header_index, got.commit_word)
         return batch
 
     def _general(self, first_seq: int, n: int, copy: bool) -> SlotBatch:
@@ -616,6 +660,15 @@ class BatchReader:
     def confirm(self, batch: SlotBatch) -> int:
         """Re-load the commit words after a zero-copy batch was used; rows whose word moved are
         ``torn_read`` (counted) and leave ``valid``. Returns the rows still valid. Idempotent."""
+        one = batch._one
+        if one is not None and not batch.confirmed and not self._closed and batch.valid[0]:
+            # a row from read_one (a paced stream): the per-frame reader's check, plain ints
+            # (a changed word goes on below, which counts the torn row)
+            i, word = one
+            if self._words[i] == word:
+                batch.confirmed = True
+                self._reader._last_commit[i] = word
+                return 1
         if batch.confirmed:
             return int(np.count_nonzero(batch.valid))
         batch.confirmed = True

@@ -33,6 +33,9 @@ RANK: dict[str, int] = {
     # SHM and Aeron, side by side
     "shm": 2,
     "transport": 2,
+    # CUDA (#20): pinned pools and device copies; imports only the foundation (shm types only
+    # under TYPE_CHECKING), so the client may hand a batch to it
+    "gpu": 2,
     # the client library: Producer/Consumer/DriverClient and their sans-IO cores
     "client": 3,
     # agents and the Spark source, built on the client

@@ -138,6 +138,20 @@ def test_wrapping_run_is_read_as_one_gather(ring: Stream) -> None:
     assert batch.array[:, 0, 0].tolist() == list(range(12, 20))
 
 
+def test_15_lapped_head_answers_only_once_the_producer_is_half_a_ring_ahead(ring: Stream) -> None:
+    reader = BatchReader(SlotReader(ring.header_ro, ring.pools_ro))
+    _fill(ring, 0, NSLOTS // 2)  # seqs 0..7: the slot of 0 + nslots/2 is still unwritten
+    assert reader.lapped_head(0) == -1
+    _fill(ring, NSLOTS // 2, 2 * NSLOTS + 1)  # the producer reaches seq 40
+    assert reader.lapped_head(0) == 40  # the slot of 8 holds 40: the max over the ring
+    assert reader.lapped_head(33) == -1  # the slot of 41 holds 25: not there yet
+    # one bad word cannot push the head more than a lap past the probed slot's seq
+    _poke(ring, 3, 0, struct.Struct("<Q"), (10**9 << 1) | 1)
+    assert reader.lapped_head(0) == 40 + NSLOTS - 1
+    reader.close()
+    assert reader.lapped_head(0) == -1
+
+
 def test_confirm_after_close_proves_nothing(ring: Stream) -> None:
     _fill(ring, 0, 2)
     reader = SlotReader(ring.header_ro, ring.pools_ro)
