@@ -79,6 +79,7 @@ from tensorpool.endpoints import (
     read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason
+from tensorpool.shm.layout import PoolConfig
 from tensorpool.transport.channels import ChannelError, channel_mtu
 from tensorpool.transport.config import TransportConfig
 
@@ -95,7 +96,6 @@ __all__ = [
     "ConfigError",
     "LocalSettings",
     "MappingRole",
-    "ProfilePool",
     "ProfileSpec",
     "effective_chunk_bytes",
     "load_bridge_config",
@@ -146,18 +146,12 @@ def effective_chunk_bytes(mtu_bytes: int, chunk_bytes: int, max_chunk_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
-class ProfilePool:
-    pool_id: int
-    stride_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
 class ProfileSpec:
     """Destination geometry for standalone receivers (``[profiles.<name>]``)."""
 
     name: str
     header_nslots: int
-    pools: tuple[ProfilePool, ...]
+    pools: tuple[PoolConfig, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,7 +495,7 @@ def _parse_profiles(sec: Section) -> dict[str, ProfileSpec]:
         nslots = psec.opt_int("header_nslots", 64, lo=1, hi=1 << 24)
         if not is_power_of_two(nslots):
             psec.fail("header_nslots", f"{nslots} is not a power of two")
-        pools: list[ProfilePool] = []
+        pools: list[PoolConfig] = []
         seen: set[int] = set()
         for pool_sec in psec.array_of_tables("payload_pools", required=True):
             pool_id = pool_sec.req_int("pool_id", lo=1, hi=UINT16_MAX)
@@ -512,7 +506,7 @@ def _parse_profiles(sec: Section) -> dict[str, ProfileSpec]:
                 pool_sec.fail("pool_id", f"duplicate pool_id {pool_id}")
             seen.add(pool_id)
             pool_sec.finish()
-            pools.append(ProfilePool(pool_id, stride))
+            pools.append(PoolConfig(pool_id, stride))
         if not pools:
             psec.fail("payload_pools", "a profile needs at least one payload pool")
         psec.finish()

@@ -668,8 +668,9 @@ class Consumer:
         valid = batch.valid
         if len(valid) == 1:  # plain ints for a single row
             if valid[0]:
+                one = batch._one
                 self.stats.frames += 1
-                self.stats.bytes += int(batch.values_len[0])
+                self.stats.bytes += one[2] if one is not None else int(batch.values_len[0])
             return
         n = int(np.count_nonzero(valid))
         if n:

@@ -63,6 +63,7 @@ from tensorpool.shm.errors import ShmError, WireLimitError
 from tensorpool.shm.layout import (
     MAX_NSLOTS,
     MAX_STRIDE_BYTES,
+    PoolConfig,
     header_region_bytes,
     payload_region_bytes,
 )
@@ -92,12 +93,6 @@ _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
 NO_LEASE = "no_lease"
 #: The largest frame one slot can hold: one stride (#13.4).
 MAX_FRAME_BYTES = MAX_STRIDE_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class PoolConfig:
-    pool_id: int
-    stride_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

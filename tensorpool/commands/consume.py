@@ -212,13 +212,17 @@ def run(args: argparse.Namespace) -> int:
                     args.json,
                     interval=interval,
                     idle=idle,
+                    device=args.device,
                 )
                 n_lat = 0
     except KeyboardInterrupt:
         pass
     finally:
         try:  # a closed stdout (`| head`) must not skip closing the consumer
-            _report(consumer, lat, min(n_lat, lat.size), last, args.json, final=True, idle=idle)
+            _report(
+                consumer, lat, min(n_lat, lat.size), last, args.json, final=True, idle=idle,
+                device=args.device,
+            )  # fmt: skip
         finally:
             if metrics is not None:
                 metrics.close()
@@ -236,6 +240,7 @@ def _report(
     final: bool = False,
     interval: float = 1.0,
     idle: object = None,
+    device: str | None = None,
 ) -> tuple[int, int, int, int]:
     import numpy as np
 
@@ -260,6 +265,8 @@ def _report(
         "idle_wakeups": getattr(idle, "wakeups", None),
         "final": final,
     }
+    if device is not None:  # --device: the rates are into GPU memory, rows checked after the copy
+        line["device"] = device
     if as_json:
         print(json.dumps(line), flush=True)
     else:
@@ -267,7 +274,8 @@ def _report(
         drops = ", ".join(f"{k}={v}" for k, v in line["drops"].items()) or "none"
         print(
             f"{'total' if final else 'stream'} {line['stream_id']} epoch {line['epoch']}: "
-            f"{line['fps']} frames/s {line['mb_s']} MB/s latency {lat_txt} "
+            f"{line['fps']} frames/s {line['mb_s']} MB/s"
+            f"{' into ' + device if device else ''} latency {lat_txt} "
             f"gap {gap} late {late} drops {drops}",
             file=sys.stdout,
             flush=True,

@@ -82,7 +82,7 @@ from tensorpool.endpoints import (
     read_endpoints,
 )
 from tensorpool.fsafety import unsafe_root_reason, world_writable_reason
-from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES
+from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES, PoolConfig
 
 __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
@@ -98,7 +98,6 @@ __all__ = [
     "IdRange",
     "PoliciesConfig",
     "ProfileConfig",
-    "ProfilePool",
     "ProvisionedStream",
     "ShmConfig",
     "load_driver_config",
@@ -134,20 +133,12 @@ _MS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
-class ProfilePool:
-    """One payload pool size class; its slot count always equals the header ring's."""
-
-    pool_id: int
-    stride_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
 class ProfileConfig:
     """Geometry shared by every stream created from this profile."""
 
     name: str
     header_nslots: int
-    payload_pools: tuple[ProfilePool, ...]
+    payload_pools: tuple[PoolConfig, ...]
     header_slot_bytes: int = HEADER_SLOT_BYTES
 
 
@@ -520,7 +511,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
         pool_secs = psec.array_of_tables("payload_pools", required=True)
         if not pool_secs:
             psec.fail("payload_pools", "must contain at least one pool")
-        pools: list[ProfilePool] = []
+        pools: list[PoolConfig] = []
         seen: set[int] = set()
         for pool_sec in pool_secs:
             pool_id = pool_sec.req_int("pool_id", hi=UINT16_MAX)
@@ -540,7 +531,7 @@ def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
                     f"must equal header_nslots ({nslots}): pools share the header's slot index",
                 )
             pool_sec.finish()
-            pools.append(ProfilePool(pool_id, stride))
+            pools.append(PoolConfig(pool_id, stride))
         psec.finish()
         profiles[name] = ProfileConfig(name=name, header_nslots=nslots, payload_pools=tuple(pools))
     sec.finish()

@@ -131,6 +131,10 @@ class RegistrationCore:
         entry = self._by_path.get(path)
         return None if entry is None else entry.state
 
+    def known(self) -> dict[str, str]:
+        """Every range's path and state (for status output and tests)."""
+        return {path: e.state for path, e in self._by_path.items()}
+
     def spans(self, state: str) -> list[tuple[int, int]]:
         """``(address, size)`` of every range in ``state`` (page-aligned)."""
         return [(e.address, e.size) for e in self._by_path.values() if e.state == state]

@@ -49,7 +49,7 @@ from tensorpool.shm.layout import (
     TENSOR_BLOB_READ,
 )
 from tensorpool.shm.ring import SLOT_DTYPE
-from tensorpool.shm.seqlock import MAX_SEQ, SlotReader, SlotWriter
+from tensorpool.shm.seqlock import MAX_SEQ, SlotRead, SlotReader, SlotWriter
 from tensorpool.shm.tensor import TensorLayout
 
 _ONE: Final = np.uint64(1)
@@ -157,9 +157,9 @@ class SlotBatch:
         self.confirmed = copied
         self.layout_reasons: dict[int, str] = {}
         self._reader: BatchReader | None = None
-        #: one accepted row (:meth:`BatchReader.read_one`): its slot and commit word as ints,
+        #: one accepted row (:class:`RowBatch`): slot, commit word and values_len as ints,
         #: so the final check and the stats need no numpy call
-        self._one: tuple[int, int] | None = None
+        self._one: tuple[int, int, int] | None = None
         #: called once after the final check (the consumer counts accepted frames there)
         self.on_confirm: Callable[[SlotBatch], object] | None = None
         self.stream_id = 0
@@ -208,6 +208,64 @@ class SlotBatch:
         return [
             lr.get(k, "") if c == _LAYOUT else REASONS[c] for k, c in enumerate(self.codes.tolist())
         ]
+
+
+def _row_column(name: str, field: int, dtype: type) -> property:
+    """A column of a :class:`RowBatch`, built from the row's :class:`SlotRead` on first use
+    and kept in the :class:`SlotBatch` slot of the same name (which the property shadows)."""
+    slot = SlotBatch.__dict__[name]
+
+    def get(self: RowBatch) -> np.ndarray:
+        try:
+            return slot.__get__(self, SlotBatch)  # type: ignore[no-any-return]
+        except AttributeError:
+            col = np.array([self._got[field]], dtype)
+            slot.__set__(self, col)
+            return col
+
+    return property(get, doc=f"``{name}`` of the one row (built when first read).")
+
+
+class RowBatch(SlotBatch):
+    """A one-frame batch read by :meth:`BatchReader.read_one` (a paced stream's poll).
+
+    The same object as any :class:`SlotBatch` to its callers, but its numeric columns are
+    built only when read: a paced consumer that uses ``array``, ``valid`` and ``confirm()``
+    pays no numpy call for them (each one costs about what the whole per-frame check does,
+    and more with the cold caches of a consumer that waited a millisecond). Each batch is a
+    new object with its own columns: nothing a caller keeps is ever reused.
+    """
+
+    __slots__ = ("_got",)
+
+    seqs = _row_column("seqs", 0, np.int64)
+    header_index = _row_column("header_index", 1, np.int64)
+    commit_words = _row_column("commit_words", 2, np.uint64)
+    timestamps_ns = _row_column("timestamps_ns", 3, np.uint64)
+    meta_versions = _row_column("meta_versions", 4, np.int64)
+    values_len = _row_column("values_len", 5, np.int64)
+    pool_id = _row_column("pool_id", 6, np.int64)
+
+    def __init__(self, got: SlotRead, reader: BatchReader, copy: bool) -> None:
+        # SlotBatch.__init__ would store the columns; set everything else it sets
+        self._got = got
+        self.codes = _ROW_OK.copy()
+        self.valid = _ROW_VALID.copy()
+        self.layout = got.layout
+        arr = got.array
+        self.array = None if arr is None else arr[None]  # (1, *shape): the slot (or a copy)
+        self._arrays = [None] if arr is None else None
+        self.copied = copy
+        self.confirmed = copy
+        self.layout_reasons = {}
+        self._reader = reader
+        self._one = (got.header_index, got.commit_word, got.values_len_bytes)
+        self.on_confirm = None
+        self.stream_id = 0
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return 1
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -453,33 +511,7 @@ class BatchReader:
             if code == _LAYOUT:
                 batch.layout_reasons = {0: reason}
             return batch
-        arr = got.array
-        # one allocation for the row's fields, sliced into the batch's one-element columns
-        # (a new batch per poll, not a reused one: callers may keep a batch, see the class)
-        row = np.array(
-            [seq, header_index, got.values_len_bytes, got.pool_id, got.meta_version,
-             got.timestamp_ns, got.commit_word],
-            np.uint64,
-        )  # fmt: skip
-        signed = row.view(np.int64)
-        batch = SlotBatch(
-            signed[0:1],
-            signed[1:2],
-            row[6:7],
-            row[5:6],
-            signed[4:5],
-            signed[2:3],
-            signed[3:4],
-            _ROW_OK.copy(),
-            got.layout,
-            None if arr is None else arr[None],  # (1, *shape): a view of the slot (or copy)
-            [None] if arr is None else None,
-            copy,
-            _ROW_VALID.copy(),
-        )
-        batch._reader = self
-        batch._one = (header_index, got.commit_word)
-        return batch
+        return RowBatch(got, self, copy)
 
     def _general(self, first_seq: int, n: int, copy: bool) -> SlotBatch:
         seqs = np.arange(first_seq, first_seq + max(n, 0), dtype=np.int64)
@@ -664,7 +696,7 @@ class BatchReader:
         if one is not None and not batch.confirmed and not self._closed and batch.valid[0]:
             # a row from read_one (a paced stream): the per-frame reader's check, plain ints
             # (a changed word goes on below, which counts the torn row)
-            i, word = one
+            i, word, _ = one
             if self._words[i] == word:
                 batch.confirmed = True
                 self._reader._last_commit[i] = word

@@ -23,6 +23,7 @@ Only ``seq_commit`` (slot offset 0) is *never* accessed through these formats: l
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 from tensorpool.specs.generated.wire import (
@@ -118,6 +119,16 @@ TENSOR_BLOB: Final = struct.Struct(f"<IHHHHhhBBBI{MAX_DIMS}i{MAX_DIMS}i109x")
 TENSOR_BLOB_READ: Final = struct.Struct(f"<IHHHHhhBBBI{MAX_DIMS}i{MAX_DIMS}i")
 TENSOR_BLOB_OFFSET: Final = HEADER_BYTES_LENGTH_OFFSET
 TENSOR_BLOB_END: Final = TENSOR_BLOB_OFFSET + TENSOR_BLOB_READ.size
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One payload pool size class of a stream (§9): its id and slot stride. The slot count is
+    always the header ring's, so it is not repeated here. Producers' stream configs and the
+    driver's and bridge's profiles all describe their pools with this one type."""
+
+    pool_id: int
+    stride_bytes: int
 
 
 def header_slot_offset(index: int) -> int:

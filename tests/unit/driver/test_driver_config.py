@@ -20,9 +20,9 @@ from tensorpool.config_util import (
 )
 from tensorpool.driver.config import (
     DriverConfig,
-    ProfilePool,
     load_driver_config,
 )
+from tensorpool.shm.layout import PoolConfig
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "config" / "driver.example.toml"
@@ -71,7 +71,7 @@ def test_s17_example_config_parses() -> None:
     assert cfg.default_profile is not None and cfg.default_profile.name == "scratch"
     cam = cfg.profiles["camera"]
     assert cam.header_nslots == 256
-    assert cam.payload_pools == (ProfilePool(1, 1048576), ProfilePool(2, 8388608))
+    assert cam.payload_pools == (PoolConfig(1, 1048576), PoolConfig(2, 8388608))
     front = cfg.stream_by_id(10000)
     assert front is not None and (front.name, front.profile) == ("front_camera", "camera")
     assert cfg.stream_by_id(12345) is None
