@@ -517,6 +517,20 @@ def build_report(orch: Orchestrator, sizes: list[int], copyto: dict[int, dict[st
                 f"| {_fmt(shallow.consumer_fps * size / 1e9, '.2f')} | – | – "
                 f"| {_drops(shallow)} | {cpu_us(shallow)} | {vs} |"
             )
+        deep_batch = idx.get((size, w.TP_BATCH, f"tput@{DEEP_NSLOTS}", "spin"))
+        if deep_batch is not None:
+            fps = deep_batch.consumer_fps
+            ratios = [
+                f"×{_div(fps, base.consumer_fps):.2f} {label}"
+                for label, base in (("(a)", a_spin), ("(b)", b), ("(c)", c_spin))
+                if base is not None
+            ]
+            lines.append(
+                f"| {size_label(size)} | tensorpool batch path, ring depth {DEEP_NSLOTS}, "
+                f"max_outstanding_seq_gap {DEEP_NSLOTS - 1} | {_fmt(fps)} "
+                f"| {_fmt(deep_batch.producer_fps)} | {_fmt(fps * size / 1e9, '.2f')} | – | – "
+                f"| {_drops(deep_batch)} | {cpu_us(deep_batch)} | {', '.join(ratios)} |"
+            )
         targets.extend(issue15_targets(idx, size, copyto))
         if size in copyto:
             for kind, label in (("rotating", "64 rotating dst"), ("single", "1 dst")):
@@ -662,6 +676,18 @@ def main(argv: list[str] | None = None) -> int:
                     orch.run(w.TP_CLAIM, size, "tput", "spin", touch=False, **tput)
             for transport, _name in DEPTH_VARIANTS:
                 orch.run(transport, size, "tput", "spin", nslots=SHALLOW_NSLOTS, **tput)
+            if size <= 64 * KIB:
+                # the batch path flat out on a ring sized per Wire §15.6 (a 64-slot ring
+                # holds ~0.1 ms of a 4 KiB producer at 600k frames/s)
+                orch.run(
+                    w.TP_BATCH,
+                    size,
+                    "tput",
+                    "spin",
+                    nslots=DEEP_NSLOTS,
+                    seq_gap=DEEP_NSLOTS - 1,
+                    **tput,
+                )
             if not quick:
                 orch.run(w.TP, size, "tput", "backoff", **tput)
                 orch.run(w.INLINE, size, "tput", "backoff", **tput)

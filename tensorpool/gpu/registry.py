@@ -148,7 +148,7 @@ class RegistrationCore:
             entry = self._by_path.get(r.path)
             if entry is not None:
                 if entry.epoch == r.epoch and entry.address == address and entry.size == size:
-                    pass
+                    continue  # the same range: never registered twice
                 why = EPOCH_CHANGED if entry.epoch != r.epoch else REMAPPED
                 actions.extend(self._drop(entry, why))
             for other in list(self._by_path.values()):
