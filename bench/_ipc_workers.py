@@ -27,10 +27,13 @@ tensorpool producer answers the consumer's hello and keeps announcing.
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
+import mmap
 import os
 import queue as queue_mod
 import struct
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -492,15 +495,54 @@ def _producer_paced(
     return n, t0, n0, ns0, now, n, run.not_sent(), _cpu() - cpu0
 
 
-def copyto_rate(size: int, seconds: float) -> dict[str, float]:
+def _ring_4k_pages(size: int) -> tuple[mmap.mmap, np.ndarray]:
+    """64 destinations in anonymous memory refused huge pages (``MADV_NOHUGEPAGE``): numpy's
+    own arrays get transparent huge pages here (numpy advises them), tmpfs files do not."""
+    mm = mmap.mmap(-1, NSLOTS * size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mm.madvise(advice)
+    return mm, np.frombuffer(mm, np.uint8).reshape(NSLOTS, size)
+
+
+def _ring_in_dir(size: int, directory: str) -> tuple[mmap.mmap, np.ndarray]:
+    """64 destinations in a shared file mapping under ``directory``, reserved with
+    ``posix_fallocate`` like a tensorpool pool: the ring's own kind of memory."""
+    fd, path = tempfile.mkstemp(prefix="tpbench-copyto-", dir=directory)
+    try:
+        os.posix_fallocate(fd, 0, NSLOTS * size)
+        mm = mmap.mmap(fd, NSLOTS * size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return mm, np.frombuffer(mm, np.uint8).reshape(NSLOTS, size)
+
+
+def copyto_rate(size: int, seconds: float, shm_dir: str | None = None) -> dict[str, float]:
     """numpy.copyto of `size` bytes, copies per second (best of three sub-runs): into 64
-    rotating destinations (the ring's memory footprint) and into one destination."""
+    rotating destinations (the ring's memory footprint) and into one destination; with
+    ``shm_dir``, also into 64 destinations of 4 KiB pages and into a shared file mapping in
+    ``shm_dir`` (tensorpool's pools: a tmpfs without ``huge=`` has 4 KiB pages only), which
+    separates the page size's share of the producer's gap to numpy's own memory."""
     src = np.full(size, 7, np.uint8)
     ring = np.zeros((NSLOTS, size), np.uint8)  # zeros() + fill: pages faulted in beforehand
     ring.fill(1)
     copyto = np.copyto
     out: dict[str, float] = {}
-    for name, dsts in (("rotating", list(ring)), ("single", [ring[0]] * 16)):
+    variants: list[tuple[str, list[np.ndarray]]] = [
+        ("rotating", list(ring)),
+        ("single", [ring[0]] * 16),
+    ]
+    if shm_dir is not None:
+        for name, make in (
+            ("rotating_4k", lambda: _ring_4k_pages(size)),
+            ("rotating_shm", lambda: _ring_in_dir(size, shm_dir)),
+        ):
+            _mm, rows = make()  # unmapped when the last row view goes, at return
+            rows.fill(1)
+            variants.append((name, list(rows)))
+    for name, dsts in variants:
         best = 0.0
         for _ in range(3):
             n = 0
@@ -537,7 +579,7 @@ def producer_main(
         if kind == "exit":
             return
         if kind == "copyto":
-            conn.send(("copyto", copyto_rate(msg[1], msg[2])))
+            conn.send(("copyto", copyto_rate(msg[1], msg[2], shm_base_dir)))
             continue
         sc: Scenario = msg[1]
         try:

@@ -2,8 +2,8 @@
 (GitHub issue 20).
 
 Run: ``python3 -m bench.bench_gpu`` on a host with a CUDA GPU and ``tensorpool[gpu]`` (about
-40 s; ``--json FILE`` writes the raw results). Without CuPy or a GPU it exits with status 2 and
-one line saying which.
+40 s; ``--json FILE`` writes the raw results). Without CuPy or a GPU it exits with status 77
+(``bench.SKIPPED``: ``python -m bench`` lists it as skipped) and one line saying which.
 
 Setup: one standalone Aeron media driver; one producer process (``multiprocessing`` spawn) that
 ``claim``/``commit``s frames of one size flat out, stamping only 8 bytes (the payload bytes are
@@ -18,6 +18,8 @@ runs at the consumer's own speed. Per frame size, each variant gets a fresh cons
   ``batch.confirm()``;
 * **torch**: ``torch.from_numpy(batch.array).cuda()`` then ``batch.confirm()`` (when torch is
   importable);
+* **host** (``--variants host``, runs without a GPU): ``poll_batch(B, copy=True)``, the host
+  batch path's own copy: a check of the producer/credit plumbing anywhere;
 * **pinned H2D**: the device's host-to-device bandwidth from a ``cupy`` pinned buffer of one
   batch, no producer: the ceiling the registered path is measured against (goal >= 0.9).
 
@@ -27,6 +29,7 @@ GB/s counts accepted frame bytes per wall-clock second of the measured window; f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -39,6 +42,8 @@ import warnings
 from typing import Any, Final
 
 import numpy as np
+
+from bench import SKIPPED
 
 KIB: Final = 1024
 MIB: Final = 1024 * KIB
@@ -198,7 +203,9 @@ def run_size(
                     for variant in args.variants:
                         row[variant] = _variant(variant, ctx, settings, batch_n, cp, args, shared=(
                             consumed, published))  # fmt: skip
-                    row["pinned_h2d_gb_s"] = _pinned_h2d(cp, batch_n * nbytes, args.seconds)
+                    row["pinned_h2d_gb_s"] = (
+                        _pinned_h2d(cp, batch_n * nbytes, args.seconds) if cp is not None else 0.0
+                    )
             finally:
                 stop.value = 1
                 proc.join(10)
@@ -232,6 +239,12 @@ def _variant(
                 b = consumer.poll_batch(batch_n, device=args.device)
                 return int(b.seqs[-1]) if len(b) else -1
 
+        elif variant == "host":  # the host batch path's own copy (no GPU): the plumbing's check
+
+            def step() -> int:
+                b = consumer.poll_batch(batch_n, copy=True)
+                return int(b.seqs[-1]) if len(b) else -1
+
         else:
             sink: list[Any] = [None]
             to_dev = (
@@ -253,7 +266,10 @@ def _variant(
                 b.confirm()
                 return int(b.seqs[-1])
 
-        with cp.cuda.Device(int(args.device.partition(":")[2] or 0)), warnings.catch_warnings():
+        with contextlib.ExitStack() as stack:
+            if cp is not None:
+                stack.enter_context(cp.cuda.Device(int(args.device.partition(":")[2] or 0)))
+            stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")  # torch: "the given NumPy array is not writable"
             return _measure(consumer, step, consumed, published, args.seconds)
     finally:
@@ -265,18 +281,18 @@ def build_table(rows: list[dict], gpu_name: str) -> str:
         f"GPU: {gpu_name}",
         "",
         "| frame | batch | registered GB/s | frames/s | pageable GB/s | frames/s | "
-        "torch .cuda() GB/s | frames/s | pinned H2D GB/s | registered / pinned | "
-        "registered / pageable frames/s | torn (registered) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "torch .cuda() GB/s | frames/s | host copy GB/s | frames/s | pinned H2D GB/s | "
+        "registered / pinned | registered / pageable frames/s | torn (registered) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cells = [r["size"], str(r["batch"])]
-        for v in ("registered", "pageable", "torch"):
+        for v in ("registered", "pageable", "torch", "host"):
             res = r.get(v)
             cells += [f"{res['gb_s']:.1f}", f"{res['frames_s']:,.0f}"] if res else ["-", "-"]
         reg, page = r.get("registered"), r.get("pageable")
         pinned = r["pinned_h2d_gb_s"]
-        cells.append(f"{pinned:.1f}")
+        cells.append(f"{pinned:.1f}" if pinned else "-")
         cells.append(f"{reg['gb_s'] / pinned:.2f}" if reg and pinned else "-")
         cells.append(
             f"{reg['frames_s'] / page['frames_s']:.1f}x"
@@ -298,29 +314,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--variants",
-        default="registered,pageable,torch",
+        default="registered,pageable,torch,host",
         type=lambda s: [v for v in s.split(",") if v],
+        help="comma list (default all four); host alone needs no GPU",
     )
     ap.add_argument("--json", help="write the raw results here")
     args = ap.parse_args(argv)
 
     from tensorpool.gpu.cuda import Cuda, GpuUnavailable, import_cupy, parse_device
 
+    cp = None
+    gpu_name = "none (--variants host)"
     try:
         ordinal = parse_device(args.device)
-        cp = import_cupy()
-        Cuda(ordinal)
-    except (ValueError, GpuUnavailable) as exc:
+        if any(v != "host" for v in args.variants):  # `--variants host` runs without a GPU
+            cp = import_cupy()
+            Cuda(ordinal)
+            name = cp.cuda.runtime.getDeviceProperties(ordinal)["name"]
+            gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+    except ValueError as exc:
         print(f"bench_gpu: {exc}", file=sys.stderr)
         return 2
+    except GpuUnavailable as exc:
+        print(f"bench_gpu: {exc}", file=sys.stderr)
+        return SKIPPED
     pick = {"640K": "640 KiB", "640x480": "640x480 uint16", "4M": "4 MiB"}
     wanted = (
         [s[0] for s in SIZES]
         if args.sizes == "all"
         else [pick.get(s.strip(), s.strip()) for s in args.sizes.split(",")]
     )
-    gpu_name = cp.cuda.runtime.getDeviceProperties(ordinal)["name"]
-    gpu_name = gpu_name.decode() if isinstance(gpu_name, bytes) else str(gpu_name)
     load = os.getloadavg()
     rows = []
     for label, shape, dtype in SIZES:

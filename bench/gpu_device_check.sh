@@ -18,25 +18,26 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tp-gpu-check}
 PY=${PY:-python3}
+SITE=${SITE:-/tmp/site}
 mkdir -p "$OUT"
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } \
   2>&1 | tee "$OUT/nvidia-smi.txt"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
 fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import cupy, numpy, pyaeron, tensorpool; print("cupy", cupy.__version__, "numpy", numpy.__version__)' \
   2>&1 | tee "$OUT/versions.txt"
 df -h /dev/shm 2>&1 | tee -a "$OUT/versions.txt"
 
 # 1. what needs no GPU (the bookkeeping core, options, the missing-extra error): seconds
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/unit/gpu 2>&1 | tee "$OUT/gpu-unit.log"
+timeout 60 "$PY" -m pytest -q -p no:cacheprovider tests/unit/gpu 2>&1 | tee "$OUT/gpu-unit.log"
 # 2. the GPU tests: real producers in other processes
-timeout 240 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 120 \
+timeout 150 "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 120 \
   tests/integration/test_gpu_delivery.py 2>&1 | tee "$OUT/gpu-tests.log"
 rc=${PIPESTATUS[0]}
 # 3. the benchmark table (docs/benchmarks/gpu.md)
-timeout 180 "$PY" -m bench.bench_gpu --seconds 1.5 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log"
+timeout 150 "$PY" -m bench.bench_gpu --seconds 1.5 --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log"
 # 4. the CLI: `tensorpool consume --device cuda:0` against a live producer, 3 s
 work=$(mktemp -d /tmp/tp-gpu-cli-XXXXXX)
 "$PY" -m tensorpool.transport.aeronmd --dir "$work/aeron" >"$work/md.log" 2>&1 &

@@ -562,7 +562,7 @@ class Consumer:
         if breader is None:
             return empty_batch()
         batch = breader.read_one(seq, index, copy)
-        if not batch.valid[0]:
+        if batch._one is None:  # refused (a RowBatch is an accepted row)
             self._read_misses(batch)
         batch.stream_id = self.stream_id
         batch.epoch = core.epoch
@@ -665,12 +665,16 @@ class Consumer:
         """Stats for a batch's accepted rows (after its final seqlock check)."""
         if self._pending is batch:
             self._pending = None
+        one = batch._one
+        if one is not None:  # one accepted row (RowBatch): plain ints
+            self.stats.frames += 1
+            self.stats.bytes += one[2]
+            return
         valid = batch.valid
         if len(valid) == 1:  # plain ints for a single row
             if valid[0]:
-                one = batch._one
                 self.stats.frames += 1
-                self.stats.bytes += one[2] if one is not None else int(batch.values_len[0])
+                self.stats.bytes += int(batch.values_len[0])
             return
         n = int(np.count_nonzero(valid))
         if n:

@@ -93,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 0:
         raise UserError(f"--batch must be >= 0, got {args.batch}")
     if args.device is not None:  # before any transport starts: a bad option or no CuPy fails fast
-        from tensorpool.gpu.cuda import GpuUnavailable, import_cupy, parse_device
+        from tensorpool.gpu.cuda import Cuda, GpuUnavailable, parse_device
+        from tensorpool.gpu.delivery import GpuRegistrationError
 
         try:
-            parse_device(args.device)
-            import_cupy()
+            Cuda(parse_device(args.device))  # CuPy importable, the device visible
         except (ValueError, GpuUnavailable) as exc:
             raise UserError(f"--device: {exc}") from None
     settings = client_settings(args)
@@ -177,7 +177,10 @@ def run(args: argparse.Namespace) -> int:
 
     def poll_device() -> int:
         nonlocal n_lat
-        batch = consumer.poll_batch(args.batch or 64, device=args.device)
+        try:
+            batch = consumer.poll_batch(args.batch or 64, device=args.device)
+        except GpuRegistrationError as exc:
+            raise UserError(str(exc)) from None
         got = batch.count if len(batch) else 0  # final: checked after the copy to the device
         if got:
             ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)

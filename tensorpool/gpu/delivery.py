@@ -189,8 +189,8 @@ class DeviceDelivery:
         """The consumer's pools now (``token`` changes whenever they do): register new ones."""
         if token is self._synced:
             return
-        self._synced = token
         self._execute(self.core.on_mapped(pool_ranges(pools)))
+        self._synced = token  # not before: a failed registration (policy error) fails again
 
     def release(self, pools: list[ShmRegion]) -> None:
         """The consumer is about to unmap these pools: finish the copy in flight (it reads
@@ -200,7 +200,7 @@ class DeviceDelivery:
         self._synced = None
 
     def _execute(self, actions: list[Register | Unregister]) -> None:
-        for action in actions:
+        for k, action in enumerate(actions):
             if isinstance(action, Unregister):
                 self.cuda.unregister(action)
                 continue
@@ -210,6 +210,11 @@ class DeviceDelivery:
                 continue
             decision = self.core.on_register_failed(action.path, failure)
             if decision.raise_error:
+                for rest in actions[k + 1 :]:  # unpins still happen; pins not attempted are
+                    if isinstance(rest, Unregister):  # forgotten, so tried again next poll
+                        self.cuda.unregister(rest)
+                    else:
+                        self.core.on_register_failed(rest.path, "not attempted")
                 raise GpuRegistrationError(
                     f"cannot pin {action.path} for GPU copies ({failure}); "
                     "use on_register_failure='staging' to copy through a pinned buffer"

@@ -182,10 +182,9 @@ class SlotBatch:
         if cb is not None:
             self.on_confirm = None
             cb(self)
-        valid = self.valid
-        if len(valid) == 1:  # one row (a paced stream): plain ints beat numpy calls
-            return 1 if valid[0] else 0
-        return int(np.count_nonzero(valid))
+        if self._one is not None:  # one accepted row (a paced stream): no numpy call
+            return 1
+        return int(np.count_nonzero(self.valid))
 
     @property
     def count(self) -> int:
@@ -210,16 +209,16 @@ class SlotBatch:
         ]
 
 
-def _row_column(name: str, field: int, dtype: type) -> property:
-    """A column of a :class:`RowBatch`, built from the row's :class:`SlotRead` on first use
-    and kept in the :class:`SlotBatch` slot of the same name (which the property shadows)."""
+def _row_column(name: str, make: Callable[[RowBatch], np.ndarray]) -> property:
+    """A column of a :class:`RowBatch`, made on first use and kept in the :class:`SlotBatch`
+    slot of the same name (which the property shadows)."""
     slot = SlotBatch.__dict__[name]
 
     def get(self: RowBatch) -> np.ndarray:
         try:
             return slot.__get__(self, SlotBatch)  # type: ignore[no-any-return]
         except AttributeError:
-            col = np.array([self._got[field]], dtype)
+            col = make(self)
             slot.__set__(self, col)
             return col
 
@@ -229,28 +228,34 @@ def _row_column(name: str, field: int, dtype: type) -> property:
 class RowBatch(SlotBatch):
     """A one-frame batch read by :meth:`BatchReader.read_one` (a paced stream's poll).
 
-    The same object as any :class:`SlotBatch` to its callers, but its numeric columns are
-    built only when read: a paced consumer that uses ``array``, ``valid`` and ``confirm()``
-    pays no numpy call for them (each one costs about what the whole per-frame check does,
-    and more with the cold caches of a consumer that waited a millisecond). Each batch is a
-    new object with its own columns: nothing a caller keeps is ever reused.
+    The same object as any :class:`SlotBatch` to its callers, but its columns (``valid`` and
+    ``codes`` too) are built only when read, and ``confirm()`` and the consumer's stats use
+    plain ints while ``_one`` is set (the row is accepted; a torn row clears it). Each numpy
+    call costs about what the whole per-frame check does, several times that in the cold
+    caches of a consumer that waited a millisecond for its frame: a paced batch consumer
+    would otherwise trail ``poll()``'s latency (issue #15). Each batch is a new object with
+    its own columns: nothing a caller keeps is ever reused.
     """
 
     __slots__ = ("_got",)
 
-    seqs = _row_column("seqs", 0, np.int64)
-    header_index = _row_column("header_index", 1, np.int64)
-    commit_words = _row_column("commit_words", 2, np.uint64)
-    timestamps_ns = _row_column("timestamps_ns", 3, np.uint64)
-    meta_versions = _row_column("meta_versions", 4, np.int64)
-    values_len = _row_column("values_len", 5, np.int64)
-    pool_id = _row_column("pool_id", 6, np.int64)
+    seqs = _row_column("seqs", lambda b: np.array([b._got.seq], np.int64))
+    header_index = _row_column("header_index", lambda b: np.array([b._got.header_index], np.int64))
+    commit_words = _row_column("commit_words", lambda b: np.array([b._got.commit_word], np.uint64))
+    timestamps_ns = _row_column(
+        "timestamps_ns", lambda b: np.array([b._got.timestamp_ns], np.uint64)
+    )
+    meta_versions = _row_column(
+        "meta_versions", lambda b: np.array([b._got.meta_version], np.int64)
+    )
+    values_len = _row_column("values_len", lambda b: np.array([b._got.values_len_bytes], np.int64))
+    pool_id = _row_column("pool_id", lambda b: np.array([b._got.pool_id], np.int64))
+    codes = _row_column("codes", lambda b: _ROW_OK.copy() if b._one else np.full(1, _TORN, np.int8))
+    valid = _row_column("valid", lambda b: _ROW_VALID.copy() if b._one else np.zeros(1, bool))
 
     def __init__(self, got: SlotRead, reader: BatchReader, copy: bool) -> None:
         # SlotBatch.__init__ would store the columns; set everything else it sets
         self._got = got
-        self.codes = _ROW_OK.copy()
-        self.valid = _ROW_VALID.copy()
         self.layout = got.layout
         arr = got.array
         self.array = None if arr is None else arr[None]  # (1, *shape): the slot (or a copy)
@@ -693,7 +698,7 @@ class BatchReader:
         """Re-load the commit words after a zero-copy batch was used; rows whose word moved are
         ``torn_read`` (counted) and leave ``valid``. Returns the rows still valid. Idempotent."""
         one = batch._one
-        if one is not None and not batch.confirmed and not self._closed and batch.valid[0]:
+        if one is not None and not batch.confirmed and not self._closed:
             # a row from read_one (a paced stream): the per-frame reader's check, plain ints
             # (a changed word goes on below, which counts the torn row)
             i, word, _ = one
@@ -722,6 +727,7 @@ class BatchReader:
             )
         reader = self._reader
         if torn.any():
+            batch._one = None  # a RowBatch's row is no longer accepted
             batch.codes[torn] = _TORN
             valid &= ~torn
             n = int(np.count_nonzero(torn))

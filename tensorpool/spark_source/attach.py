@@ -42,10 +42,16 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Final
 
-from tensorpool.client.announce import StreamLayout, Verdict
+from tensorpool.client.announce import (
+    CLOCK_REALTIME_SYNCED,
+    AnnounceTracker,
+    StreamLayout,
+    Verdict,
+)
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import DropInfo, IngressBuffer
@@ -120,6 +126,11 @@ class _IntakeConsumer(Consumer):
         sink = self._sink
         if sink is not None:
             sink((stream_id, epoch, seq, ts))
+
+
+def _same_regions(a: StreamLayout, b: StreamLayout) -> bool:
+    """The same layout apart from the announce's timestamp."""
+    return a == replace(b, announce_timestamp_ns=a.announce_timestamp_ns)
 
 
 def _noop(_frame: object) -> None:  # pragma: no cover - never called by _IntakeConsumer
@@ -362,17 +373,26 @@ class AnnounceProbe:
         settings: ClientSettings,
         *,
         map_layout: Callable[[StreamLayout], object],
+        is_current: Callable[[StreamLayout], bool] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        from tensorpool.client.announce import AnnounceTracker
-
         self.streams = streams
         self.settings = settings
         self._map = map_layout
+        self._is_current = is_current
         self._clock = clock
-        self._trackers = {sid: AnnounceTracker(sid, settings.freshness_ns) for sid in streams}
+        self._trackers: dict[int, AnnounceTracker] = {}
         self._layouts: dict[int, StreamLayout] = {}
+        #: per stream: (timestamp, clock domain) of the newest announce of its current layout
+        self._heard: dict[int, tuple[int, int]] = {}
         self.rejected: dict[str, int] = {}
+        #: ConsumerHellos said (a plan that found every layout fresh says none)
+        self.hellos = 0
+        #: held while a plan uses the probe; a shared probe's keeper polls only when it is free
+        self.lock = threading.RLock()
+        self.closed = False
+        self.last_used = time.monotonic()
+        self.track(streams)
         self._buf = bytearray(1024)
         self._consumer_id = random.getrandbits(31) + 1
         self._ctx = AeronContext(settings.transport).start()
@@ -407,9 +427,16 @@ class AnnounceProbe:
                 self._sub.join_time_ns(header.session_id),  # type: ignore[attr-defined]
                 now,
             )
-            if decision.verdict is Verdict.IGNORE or decision.verdict is Verdict.REFRESH:
+            if decision.verdict is Verdict.IGNORE:
                 return
             layout = StreamLayout.from_announce(dec)
+            if decision.verdict is Verdict.REFRESH:
+                held = self._layouts.get(sid)
+                if held is not None and _same_regions(held, layout):
+                    self._heard[sid] = (layout.announce_timestamp_ns, layout.clock_domain)
+                    return
+                # the same epoch with other regions (another producer directory whose epoch
+                # counter is at the same value): validate and map it like a new epoch
         except CodecError as exc:
             self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
             return
@@ -422,6 +449,41 @@ class AnnounceProbe:
             return
         tracker.on_mapped(layout.epoch, now)
         self._layouts[sid] = layout
+        self._heard[sid] = (layout.announce_timestamp_ns, layout.clock_domain)
+
+    def track(self, streams: tuple[int, ...]) -> None:
+        """Apply the announce rules to ``streams`` too (a shared probe serves many queries)."""
+        from tensorpool.client.announce import AnnounceTracker
+
+        for sid in streams:
+            if sid not in self._trackers:
+                self._trackers[sid] = AnnounceTracker(sid, self.settings.freshness_ns)
+
+    def _fresh(self, sid: int, now: int) -> bool:
+        """``sid`` has a mapped layout whose newest announce passes the freshness rule *now*
+        (the rule an arriving announce must pass, applied again at planning time)."""
+        tracker = self._trackers[sid]
+        if tracker.tick(now) is not None:  # no fresh announce for a freshness window: unmap
+            self._layouts.pop(sid, None)
+            self._heard.pop(sid, None)
+        layout = self._layouts.get(sid)
+        if layout is None:
+            return False
+        if self._is_current is not None and not self._is_current(layout):
+            # its files were removed or replaced since it mapped: that epoch is over
+            tracker.on_unmapped(forget_epoch=True)
+            del self._layouts[sid], self._heard[sid]
+            return False
+        ts, domain = self._heard[sid]
+        age = (time.time_ns() if domain == CLOCK_REALTIME_SYNCED else now) - ts
+        return age <= self.settings.freshness_ns
+
+    def poll(self) -> int:
+        """Drain the control subscription (announces in it are applied now)."""
+        work = 0
+        while n := self._sub.poll():
+            work += n
+        return work
 
     @property
     def context(self) -> AeronContext:
@@ -449,15 +511,24 @@ class AnnounceProbe:
             control_channel="",
         )
         self._pub.offer(self._buf, 0, n)
+        self.hellos += 1
 
-    def wait_for_layouts(self, timeout_s: float) -> dict[int, StreamLayout]:
+    def wait_for_layouts(
+        self, timeout_s: float, streams: tuple[int, ...] | None = None
+    ) -> dict[int, StreamLayout]:
+        """Layouts of ``streams`` (default: the probe's), each with a fresh announce; says
+        ``ConsumerHello`` every 0.2 s for the others until ``timeout_s``."""
+        streams = self.streams if streams is None else streams
+        self.track(streams)
         deadline = time.monotonic() + timeout_s
         next_hello = 0.0
+        self.poll()  # announces already delivered count (a shared probe has heard them)
         while True:
             now = time.monotonic()
-            missing = [s for s in self.streams if s not in self._layouts]
+            clock_now = self._clock()
+            missing = [s for s in streams if not self._fresh(s, clock_now)]
             if not missing:
-                return dict(self._layouts)
+                return {s: self._layouts[s] for s in streams}
             if now >= next_hello:
                 for sid in missing:
                     self._hello(sid)
@@ -475,7 +546,13 @@ class AnnounceProbe:
             if not self._sub.poll():
                 time.sleep(0.001)
 
+    @property
+    def context_dir(self) -> str | None:
+        """The Aeron directory (for messages), None once closed."""
+        return None if self.closed else self._ctx.dir
+
     def close(self) -> None:
+        self.closed = True
         self._ctx.close()
 
     def __enter__(self) -> AnnounceProbe:
@@ -483,6 +560,152 @@ class AnnounceProbe:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --- one shared probe per process and control channel (batch reads, #15) ------------------------
+#: how long an unused shared probe stays open. Spark reuses its Python workers (and ends idle ones
+#: after a minute), so a query planned in the same worker within this time skips the Aeron setup
+#: and, while the producers keep announcing, the wait for an announce.
+PROBE_IDLE_S: float = 30.0
+#: how often a shared probe's keeper drains the control subscription while no plan uses it: an
+#: IPC subscription that is not polled is flow control for every publisher on the control stream
+PROBE_KEEPER_PERIOD_S: Final = 0.01
+#: shared probes one process keeps (one per Aeron directory, channels and SHM base directories)
+MAX_SHARED_PROBES: Final = 4
+_PROBES: dict[tuple[object, ...], AnnounceProbe] = {}
+_PROBES_LOCK = threading.Lock()
+
+
+def _retire(key: tuple[object, ...], probe: AnnounceProbe, why: str) -> None:
+    """Close ``probe`` (its lock held by the caller) and forget it."""
+    with _PROBES_LOCK:
+        if _PROBES.get(key) is probe:
+            del _PROBES[key]
+    where = probe.context_dir
+    probe.close()
+    log.info("tensorpool: shared announce probe on %s closed (%s)", where, why)
+
+
+def _driver_lost(probe: AnnounceProbe) -> bool:
+    """The media driver went away or was replaced: a fresh client is needed (#13.2)."""
+    ctx = probe.context
+    return ctx.maintain() or ctx.media_driver_lost
+
+
+def _keeper(key: tuple[object, ...], probe: AnnounceProbe) -> None:
+    """Poll ``probe`` while no plan uses it; close it when idle or its media driver is gone."""
+    while not probe.closed:
+        time.sleep(PROBE_KEEPER_PERIOD_S)
+        if not probe.lock.acquire(blocking=False):
+            continue  # a plan holds it (and polls it itself)
+        try:
+            if probe.closed:
+                return
+            if time.monotonic() - probe.last_used > PROBE_IDLE_S:
+                _retire(key, probe, f"unused for {PROBE_IDLE_S:g} s")
+            elif _driver_lost(probe):
+                _retire(key, probe, "media driver lost")
+            else:
+                probe.poll()
+        except Exception:  # never leave a probe that nobody polls
+            log.exception("tensorpool: shared announce probe failed; closing it")
+            _retire(key, probe, "keeper failed")
+        finally:
+            probe.lock.release()
+
+
+@contextlib.contextmanager
+def shared_probe(
+    settings: ClientSettings,
+    *,
+    map_layout: Callable[[StreamLayout], object],
+    is_current: Callable[[StreamLayout], bool] | None = None,
+    scope: object = None,
+) -> Iterator[AnnounceProbe]:
+    """This process's :class:`AnnounceProbe` of ``settings``' control channel, held for one plan.
+
+    The first plan opens it (Aeron client, control subscription and publication: ~50 ms with
+    the media driver, and ~15 ms to close); later plans within :data:`PROBE_IDLE_S` reuse it, and
+    a keeper thread polls it in between, so the layouts of streams whose producers keep
+    announcing are known when the plan starts. Every announce still passes the same rules
+    (freshness, join time, highest epoch, regions that map), and a layout is used only while its
+    newest announce is fresh (:meth:`AnnounceProbe.wait_for_layouts`) and ``is_current`` says
+    its regions are still the files that were validated. ``scope``: whatever else the callbacks
+    depend on (the SHM base directories), part of the key.
+    """
+    if settings.transport.aeron_dir is None:  # an embedded media driver: nothing to share
+        with AnnounceProbe((), settings, map_layout=map_layout) as probe:
+            yield probe
+        return
+    key = (os.getpid(), settings, scope)
+    while True:
+        victims: list[tuple[tuple[object, ...], AnnounceProbe]] = []
+        with _PROBES_LOCK:
+            probe = _PROBES.get(key)
+            if probe is None:
+                probe = _PROBES[key] = AnnounceProbe(
+                    (), settings, map_layout=map_layout, is_current=is_current
+                )
+                threading.Thread(
+                    target=_keeper, args=(key, probe), name="tensorpool-spark-probe", daemon=True
+                ).start()
+                if is_spark_worker():
+                    watch_parent()
+                others = sorted(
+                    (p.last_used, id(k), k) for k, p in _PROBES.items() if p is not probe
+                )
+                for _, _, k in others[: max(0, len(_PROBES) - MAX_SHARED_PROBES)]:
+                    victims.append((k, _PROBES[k]))
+        for k, old in victims:  # the least recently used beyond the bound (not while in use)
+            if old.lock.acquire(blocking=False):
+                try:
+                    if not old.closed:
+                        _retire(k, old, f"more than {MAX_SHARED_PROBES} shared probes")
+                finally:
+                    old.lock.release()
+        with probe.lock:
+            if probe.closed:
+                continue  # retired meanwhile
+            if _driver_lost(probe):
+                _retire(key, probe, "media driver lost")
+                continue
+            try:
+                yield probe
+            finally:
+                probe.last_used = time.monotonic()
+            return
+
+
+def shared_probes() -> int:
+    """How many shared probes this process holds open."""
+    with _PROBES_LOCK:
+        return len(_PROBES)
+
+
+def _close_probes(timeout_s: float = 2.0) -> int:
+    with _PROBES_LOCK:
+        probes = list(_PROBES.items())
+    closed = 0
+    for key, probe in probes:
+        # a wedged plan may hold the lock: then leave the client to the media driver's timeout
+        if probe.lock.acquire(timeout=timeout_s):
+            try:
+                if not probe.closed:
+                    _retire(key, probe, "process exit")
+                    closed += 1
+            finally:
+                probe.lock.release()
+    return closed
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: its copies must never be used."""
+    global _PROBES_LOCK
+    _PROBES_LOCK = threading.Lock()
+    _PROBES.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- process-wide registry, exit hooks and the parent watch ------------------------------------
@@ -501,11 +724,14 @@ _WATCH: threading.Thread | None = None
 
 
 def close_all() -> int:
-    """Close every attachment of this process; returns how many were open."""
+    """Close every attachment (and shared probe) of this process; returns how many
+    attachments were open."""
     open_now = list(_OPEN)
     for a in open_now:
         with contextlib.suppress(Exception):
             a.close()
+    with contextlib.suppress(Exception):
+        _close_probes()
     return len(open_now)
 
 
@@ -581,11 +807,14 @@ def open_attachment(
 
 __all__ = [
     "DEFAULT_INTAKE_CAPACITY",
+    "PROBE_IDLE_S",
     "AnnounceProbe",
     "Attachment",
     "StreamsNotAttached",
     "close_all",
     "is_spark_worker",
     "open_attachment",
+    "shared_probe",
+    "shared_probes",
     "watch_parent",
 ]

@@ -24,7 +24,7 @@ from typing import Any, Final
 import numpy as np
 
 from tensorpool.spark_source import mapped_rings
-from tensorpool.spark_source.attach import AnnounceProbe, StreamsNotAttached, open_attachment
+from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment, shared_probe
 from tensorpool.spark_source.convert import NUMPY_DTYPES
 from tensorpool.spark_source.options import SourceOptions
 
@@ -78,8 +78,14 @@ def payload_metadata(opts: SourceOptions) -> dict[str, Any] | None:
             def validate(layout: Any) -> None:
                 mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
 
-            with AnnounceProbe(opts.streams, settings, map_layout=validate) as probe:
-                layouts = probe.wait_for_layouts(timeout)
+            # #15: the probe a batch plan in this process reuses (kept open between queries)
+            with shared_probe(
+                settings,
+                map_layout=validate,
+                is_current=mapped_rings.layout_still_mapped,
+                scope=conn.base_dirs,
+            ) as probe:
+                layouts = probe.wait_for_layouts(timeout, opts.streams)
         found = {
             ring_layout(
                 mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layouts[s]), conn.base_dirs)

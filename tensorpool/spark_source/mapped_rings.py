@@ -23,7 +23,9 @@ meanwhile. Frames that are gone are data loss: the caller decides whether to fai
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -131,6 +133,7 @@ class MappedStream:
             raise
         self.spec = spec
         self.regions = regions
+        self._ident = _file_ident(header.path)
         self.mask = spec.nslots - 1
         self.max_stride = spec.max_stride
         self.ring = HeaderRingView(header.mmap, spec.nslots)
@@ -139,6 +142,11 @@ class MappedStream:
         self.pool_u8 = {r.pool_id: np.frombuffer(r.mmap, np.uint8) for r in regions[1:]}
         self.pool_strides = {r.pool_id: r.stride_bytes for r in regions[1:]}
         self.layouts: dict[bytes, TensorLayout] = {}
+
+    def is_current(self) -> bool:
+        """Whether the header ring file at its path is still the one mapped (not removed or
+        replaced since): a layout remembered between plans must still describe the files."""
+        return self._ident is not None and _file_ident(self.regions[0].path) == self._ident
 
     def seq_words(self, idx: np.ndarray) -> np.ndarray:
         """``seq_commit`` of the slots ``idx`` (element-wise aligned 8-byte loads)."""
@@ -186,33 +194,58 @@ class MappedStream:
 
 
 _CACHE: OrderedDict[tuple[str, int], MappedStream] = OrderedDict()
+#: a shared announce probe's keeper thread validates new layouts here while a task may read
+_CACHE_LOCK = threading.Lock()
 
 
 def mapped(spec: RegionSpec, base_dirs: tuple[str, ...]) -> MappedStream:
     """The process-wide mapping of ``spec`` (mapped on first use, LRU-bounded)."""
     key = (spec.header_uri, spec.epoch)
-    m = _CACHE.get(key)
-    if m is not None and m.spec == spec:
-        _CACHE.move_to_end(key)
+    with _CACHE_LOCK:
+        m = _CACHE.get(key)
+        if m is not None and m.spec == spec:
+            _CACHE.move_to_end(key)
+            return m
+        m = MappedStream(spec, base_dirs)
+        _CACHE[key] = m
+        while len(_CACHE) > MAX_CACHED_MAPPINGS:
+            _, old = _CACHE.popitem(last=False)
+            old.close()
         return m
-    m = MappedStream(spec, base_dirs)
-    _CACHE[key] = m
-    while len(_CACHE) > MAX_CACHED_MAPPINGS:
-        _, old = _CACHE.popitem(last=False)
-        old.close()
-    return m
+
+
+def _file_ident(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def still_mapped(spec: RegionSpec) -> bool:
+    """Whether this process holds a mapping of ``spec`` whose header ring file is still there."""
+    with _CACHE_LOCK:
+        m = _CACHE.get((spec.header_uri, spec.epoch))
+    return m is not None and m.spec == spec and m.is_current()
+
+
+def layout_still_mapped(layout: StreamLayout) -> bool:
+    """:func:`still_mapped` of an announced layout (a shared probe's ``is_current``)."""
+    return still_mapped(RegionSpec.from_layout(layout))
 
 
 def forget(spec: RegionSpec) -> None:
-    m = _CACHE.pop((spec.header_uri, spec.epoch), None)
+    with _CACHE_LOCK:
+        m = _CACHE.pop((spec.header_uri, spec.epoch), None)
     if m is not None:
         m.close()
 
 
 def clear_cache() -> None:
-    while _CACHE:
-        _, m = _CACHE.popitem()
-        m.close()
+    with _CACHE_LOCK:
+        while _CACHE:
+            _, m = _CACHE.popitem()
+            m.close()
 
 
 # --- executor side -------------------------------------------------------------------------------
@@ -539,8 +572,10 @@ __all__ = [
     "RegionSpec",
     "clear_cache",
     "forget",
+    "layout_still_mapped",
     "mapped",
     "read_range",
     "rows_per_batch",
+    "still_mapped",
     "wall_clock_offset_ns",
 ]

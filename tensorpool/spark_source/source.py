@@ -66,6 +66,7 @@ from tensorpool.spark_source.attach import (
     Attachment,
     StreamsNotAttached,
     open_attachment,
+    shared_probe,
 )
 from tensorpool.spark_source.health import HealthMonitor, MinFramesGate, backlog
 from tensorpool.spark_source.hosts import (
@@ -447,9 +448,21 @@ class TensorPoolBatchReader(DataSourceReader):
             def validate(layout: Any) -> None:
                 mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
 
-            with AnnounceProbe(opts.streams, _settings(opts), map_layout=validate) as probe:
+            # #15: the process's shared probe (kept between plans) unless the plan needs the
+            # metadata a hello brings: that subscription lives only for this plan
+            probing = (
+                AnnounceProbe(opts.streams, _settings(opts), map_layout=validate)
+                if opts.include_stream_metadata
+                else shared_probe(
+                    _settings(opts),
+                    map_layout=validate,
+                    is_current=mapped_rings.layout_still_mapped,
+                    scope=conn.base_dirs,
+                )
+            )
+            with probing as probe:
                 meta = stream_meta.watch(probe.context, opts)
-                layouts = probe.wait_for_layouts(timeout)
+                layouts = probe.wait_for_layouts(timeout, opts.streams)
                 if meta is not None:
                     meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000), probe.hello)
         ranges: list[Range] = []

@@ -244,3 +244,52 @@ def test_a_batch_stops_at_the_ring_wrap_and_the_rest_comes_next(pair) -> None:
     second = consumer.poll_batch(64)  # the carried rows, without waiting for Aeron
     assert second.seqs.tolist() == [NSLOTS, NSLOTS + 1, NSLOTS + 2] and not second.copied
     assert second.confirm() == 3 and consumer.drops_late == 0 and consumer.drops_gap == 0
+
+
+def test_a_paced_single_frame_batch_is_a_full_batch_of_its_own(pair) -> None:
+    # one frame per poll (a paced stream) takes the per-frame read as a RowBatch: its columns
+    # are the same as a stacked batch's, counted once, and each batch keeps its own data
+    producer, consumer, _, _ = pair
+    frame = np.arange(16, dtype=np.float32).reshape(4, 4)
+    producer.offer_batch(frame[None], timestamps_ns=np.array([123], np.uint64), meta_version=5)
+    batch = _poll(consumer, 64)
+    assert len(batch) == 1 and batch.valid.tolist() == [True] and batch.codes.tolist() == [0]
+    assert batch.seqs.tolist() == [0] and batch.header_index.tolist() == [0]
+    assert batch.timestamps_ns.tolist() == [123] and batch.meta_versions.tolist() == [5]
+    assert batch.values_len.tolist() == [frame.nbytes] and batch.pool_id.tolist() == [1]
+    assert batch.array is not None and batch.array.shape == (1, 4, 4) and not batch.copied
+    np.testing.assert_array_equal(batch.array[0], frame)
+    assert consumer.stats.frames == 0 and batch.confirm() == 1 and batch.confirm() == 1
+    assert consumer.stats.frames == 1 and consumer.stats.bytes == frame.nbytes
+    # a copied batch belongs to the caller: the next polls leave it and its columns intact
+    producer.offer(frame + 1)
+    owned = _poll(consumer, 64, copy=True)
+    producer.offer(frame + 2)
+    later = _poll(consumer, 64, copy=True)
+    assert later is not owned and later.seqs.tolist() == [2]
+    np.testing.assert_array_equal(owned.array[0], frame + 1)  # type: ignore[index]
+    assert owned.seqs.tolist() == [1] and owned.valid.tolist() == [True]
+    assert owned.confirm() == 1 and later.confirm() == 1
+    assert consumer.stats.frames == 3  # a copied batch is counted once, confirmed or not
+
+
+def test_a_copied_batch_is_counted_once_when_the_caller_confirms_it(pair) -> None:
+    producer, consumer, _, _ = pair
+    producer.offer_batch(np.ones((4, 8), np.int64))
+    batch = _poll(consumer, 64, copy=True)
+    assert len(batch) == 4 and batch.copied
+    assert batch.confirm() == 4
+    assert consumer.stats.frames == 4 and consumer.stats.bytes == 4 * 64
+
+
+def test_a_single_frame_overwritten_before_confirm_is_torn(pair) -> None:
+    producer, consumer, _, _ = pair
+    producer.offer(np.ones(8, np.int64))
+    batch = _poll(consumer, 64)
+    assert len(batch) == 1 and batch.valid.all()
+    for _ in range(NSLOTS):  # the producer laps the ring: the slot holds seq NSLOTS now
+        producer.offer(np.zeros(8, np.int64))
+    late = consumer.drops_late
+    assert batch.confirm() == 0 and batch.confirm() == 0
+    assert batch.valid.tolist() == [False] and batch.reasons() == [Reason.TORN_READ]
+    assert consumer.drops_late == late + 1 and consumer.stats.frames == 0

@@ -61,6 +61,16 @@ def _wait_mapped(consumer: Consumer, epoch: int | None = None, seconds: float = 
         time.sleep(0.002)
 
 
+def _warm_up(consumer: Consumer) -> None:
+    """CUDA context, stream, pool registration and CuPy's allocator, before the producer starts:
+    a first device poll that takes a second would let the producer lap the ring."""
+    import cupy as cp
+
+    consumer.to_device("cuda:0")
+    consumer.poll_batch(1, device="cuda:0")
+    cp.asnumpy(cp.zeros(1, cp.uint8))
+
+
 def _check_rows(batch, bad: list[int]) -> int:
     """Copy the accepted rows back from the device and check every byte; returns rows seen."""
     import cupy as cp
@@ -85,6 +95,8 @@ def _registered(address: int) -> bool:
 
 
 def test_frames_arrive_on_the_device_bit_exact(roles, media_driver, shm_base) -> None:
+    import cupy as cp
+
     n = 400
     sid = next(_streams)
     shape = ["--shape", "48", "640", "--dtype", "uint16", "--stream-id", str(sid)]
@@ -96,12 +108,10 @@ def test_frames_arrive_on_the_device_bit_exact(roles, media_driver, shm_base) ->
         consumer = _consumer(ctx, sid, settings)
         try:
             _wait_mapped(consumer)
+            _warm_up(consumer)
             prod.send("go")
-            try:  # the DLPack hand-off PyTorch users take
-                import torch
-            except ImportError:
-                torch = None
             seen: list[int] = []
+            last = None
             bad: list[int] = []
             deadline = time.monotonic() + 60
             wait = True
@@ -114,14 +124,19 @@ def test_frames_arrive_on_the_device_bit_exact(roles, media_driver, shm_base) ->
                 _check_rows(batch, bad)
                 seen += batch.seqs[batch.valid].tolist()
                 wait = not wait  # both the synchronous and the event path
-                arr = batch.device_array
-                if torch is not None and arr is not None:
-                    t = torch.from_dlpack(arr)
-                    assert t.is_cuda and t.data_ptr() == arr.data.ptr  # zero-copy
-                    assert tuple(t.shape) == arr.shape
-                    torch = None  # once is enough
+                last = batch
             assert bad == []
             assert seen == list(range(n))
+            try:  # the DLPack hand-off PyTorch users take (the last batch: no poll since)
+                import torch
+            except ImportError:
+                torch = None
+            if torch is not None and last is not None and last.device_array is not None:
+                arr = last.device_array
+                t = torch.from_dlpack(arr)
+                assert t.is_cuda and t.data_ptr() == arr.data.ptr  # zero-copy
+                assert tuple(t.shape) == arr.shape
+                assert bool((t.cpu().numpy() == cp.asnumpy(arr)).all())
             gpu = consumer._gpu
             assert gpu is not None and gpu.core.registrations == 1
             (span,) = gpu.core.spans("registered")
@@ -175,6 +190,7 @@ def test_producer_restart_unregisters_and_registers_the_new_pool(
         consumer = _consumer(ctx, sid, settings)
         try:
             _wait_mapped(consumer, e1)
+            _warm_up(consumer)
             p1.send("go")
             got = 0
             deadline = time.monotonic() + 30
@@ -209,3 +225,61 @@ def test_producer_restart_unregisters_and_registers_the_new_pool(
             assert old_addr == new_addr or not _registered(old_addr)
         finally:
             consumer.close()
+
+
+def test_a_pool_that_cannot_be_pinned_fails_or_is_staged_as_chosen(
+    roles, media_driver, shm_base
+) -> None:
+    """A real registration failure: the pool's range is pinned beforehand (by the test), so the
+    consumer's ``cudaHostRegister`` fails (already registered). ``error`` raises naming the
+    pool; ``staging`` copies through a pinned buffer and the frames still arrive whole."""
+    import cupy as cp
+
+    from tensorpool.gpu.cuda import (
+        HOST_REGISTER_PORTABLE,
+        HOST_REGISTER_READ_ONLY,
+        Cuda,
+        page_size,
+    )
+    from tensorpool.gpu.delivery import GpuRegistrationError, pool_ranges
+    from tensorpool.gpu.registry import STAGING, page_span
+
+    sid = next(_streams)
+    prod = roles(
+        "producer", "--shape", "8192", "--stream-id", str(sid), "--count", "200",
+        "--rate", "1000", "--wait-go",
+    )  # fmt: skip
+    prod.wait_event("ready")
+    settings = _settings(media_driver, shm_base)
+    with AeronContext(settings.transport) as ctx:
+        ctx.start()
+        consumer = _consumer(ctx, sid, settings)
+        pinned: list[int] = []
+        try:
+            _wait_mapped(consumer)
+            (pool,) = pool_ranges(consumer._regions[1:])
+            start, size = page_span(pool.address, pool.length, page_size())
+            flags = HOST_REGISTER_PORTABLE
+            if Cuda(0).read_only_supported:
+                flags |= HOST_REGISTER_READ_ONLY
+            cp.cuda.runtime.hostRegister(start, size, flags)
+            pinned.append(start)
+            consumer.to_device("cuda:0", on_register_failure="error")
+            with pytest.raises(GpuRegistrationError, match=pool.path):
+                consumer.poll_batch(16, device="cuda:0")
+            gpu = consumer.to_device("cuda:0", on_register_failure="staging")
+            prod.send("go")
+            seen: list[int] = []
+            bad: list[int] = []
+            deadline = time.monotonic() + 30
+            while len(seen) < 100 and time.monotonic() < deadline:
+                batch = consumer.poll_batch(16, device="cuda:0")
+                if len(batch):
+                    _check_rows(batch, bad)
+                    seen += batch.seqs[batch.valid].tolist()
+            assert bad == [] and len(seen) >= 100
+            assert gpu.core.state(pool.path) == STAGING and gpu.staged_bytes > 0
+        finally:
+            consumer.close()
+            for start in pinned:
+                cp.cuda.runtime.hostUnregister(start)

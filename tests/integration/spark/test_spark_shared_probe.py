@@ -1,0 +1,179 @@
+"""#15: a batch plan reuses its process's announce probe, only while the announces are fresh.
+
+The fixed cost of a small ``spark.read.format("tensorpool")`` query was an Aeron client, a
+control subscription and publication (and closing them) plus a hello round trip, in both the
+Python process that runs ``schema()`` and the one that runs ``partitions()``. Spark reuses those
+processes, so :func:`~tensorpool.spark_source.attach.shared_probe` keeps the probe between plans.
+These tests hold it to the rules a fresh probe obeys, and to the process hygiene rules (#13.6).
+
+Real parts, no JVM: a standalone media driver, a producer process, the probe in this process or
+in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from spark_helpers import source_options
+
+from tensorpool.spark_source import attach, mapped_rings
+from tensorpool.spark_source.options import parse_source_options
+
+STREAM = 151
+
+
+def _probe(opts: dict[str, str]):  # type: ignore[no-untyped-def]
+    conn = parse_source_options({**opts, "streams": str(STREAM)}).connection
+
+    def validate(layout: object) -> None:
+        mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)  # type: ignore[arg-type]
+
+    return attach.shared_probe(
+        conn.client_settings(freshness_ms=int(opts.get("freshnessMs", "3000"))),
+        map_layout=validate,
+        is_current=mapped_rings.layout_still_mapped,
+        scope=conn.base_dirs,
+    )
+
+
+def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
+    spark_media_driver, tmp_shm, producers
+):
+    """The second plan gets the same Aeron client and the layout without a hello; a layout
+    whose files were removed, or whose producer stopped announcing for a freshness window, is
+    never handed out (the plan asks again and times out like a fresh probe)."""
+    opts = source_options(spark_media_driver, tmp_shm, freshnessMs="1000")
+    p = producers("--stream-id", str(STREAM), "--nslots", "8")
+    try:
+        with _probe(opts) as first:
+            got = first.wait_for_layouts(10, (STREAM,))
+            assert got[STREAM].epoch == p.epoch
+        time.sleep(0.5)  # the keeper polls the periodic announces meanwhile
+        with _probe(opts) as second:
+            hellos = second.hellos
+            assert second is first and second.context is first.context
+            assert second.wait_for_layouts(10, (STREAM,))[STREAM].epoch == p.epoch
+            assert second.hellos == hellos  # no round trip: the layout was fresh
+        # the producer dies and its files go: the remembered layout is not current any more
+        p.proc.kill()
+        p.proc.wait()
+        shutil.rmtree(os.path.join(tmp_shm, os.listdir(tmp_shm)[0]))
+        with _probe(opts) as third, pytest.raises(attach.StreamsNotAttached):
+            third.wait_for_layouts(0.3, (STREAM,))
+        # a second producer; then it stops announcing (SIGSTOP) with its files in place
+        q = producers("--stream-id", str(STREAM), "--nslots", "8")
+        with _probe(opts) as fourth:
+            assert fourth.wait_for_layouts(10, (STREAM,))[STREAM].epoch == q.epoch
+        q.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(1.2)  # > freshnessMs since its last announce
+            with _probe(opts) as fifth, pytest.raises(attach.StreamsNotAttached):
+                fifth.wait_for_layouts(0.3, (STREAM,))
+        finally:
+            q.proc.send_signal(signal.SIGCONT)
+    finally:
+        attach.close_all()
+    assert attach.shared_probes() == 0
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    from tensorpool.spark_source import attach
+    from tensorpool.client.settings import ClientSettings
+    from tensorpool.transport.config import TransportConfig
+
+    aeron_dir, shm, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    attach.PROBE_IDLE_S = 0.3
+    s = ClientSettings(transport=TransportConfig(aeron_dir=aeron_dir), shm_base_dir=shm)
+
+    def keepers():
+        return sum(t.name == "tensorpool-spark-probe" for t in threading.enumerate())
+
+    def plan():
+        with attach.shared_probe(s, map_layout=lambda layout: None) as probe:
+            probe.hello(4343)
+            return probe
+
+    probe = plan()
+    print("open", attach.shared_probes(), keepers(), flush=True)
+    if mode == "idle":
+        deadline = time.monotonic() + 10
+        while (attach.shared_probes() or keepers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("idle", attach.shared_probes(), keepers(), probe.closed, flush=True)
+        plan()  # a later plan opens a new one; the normal exit closes it (atexit)
+        print("again", attach.shared_probes(), flush=True)
+    else:
+        time.sleep(600)  # the parent is killed: the parent watch must end this process
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_shared_probe_closes_when_idle_and_at_exit(spark_media_driver, tmp_shm):
+    """An unused shared probe closes itself (client and keeper thread gone); a normal exit closes
+    the one still open; the process leaves nothing in its SHM directory."""
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, spark_media_driver.dir, tmp_shm, "idle"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split("\n")[:3] == ["open 1 1", "idle 0 0 True", "again 1"]
+    assert "shared announce probe" not in child.stderr or "Traceback" not in child.stderr
+    assert os.listdir(tmp_shm) == []
+
+
+def test_worker_with_a_shared_probe_exits_when_its_parent_goes_away(spark_media_driver, tmp_shm):
+    """#13.6 for the probe: in a process the JVM started, it starts the parent watch, so the
+    worker does not outlive a crashed JVM."""
+    parent_code = textwrap.dedent(
+        """
+        import os, subprocess, sys, time
+        env = {**os.environ, "PYTHON_WORKER_FACTORY_PORT": "1"}
+        child = subprocess.Popen([sys.executable, "-c", *sys.argv[1:]], env=env,
+                                 stdout=subprocess.PIPE, text=True)
+        print(child.pid, child.stdout.readline().strip(), flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, CHILD, spark_media_driver.dir, tmp_shm, "hold"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = None
+    try:
+        assert parent.stdout is not None
+        pid, *line = parent.stdout.readline().split()
+        worker = int(pid)
+        assert line == ["open", "1", "1"]
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), "the worker outlived its parent"
+        assert os.listdir(tmp_shm) == []
+    finally:
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
