@@ -410,8 +410,11 @@ def issue15_targets(
                 )
                 ok = wall >= need and (size != 4 * MIB or per_cpu >= need)
                 # the same copy into memory of the ring's page size: where the gap comes from
+                prod_cpu_fps = run.producer.frames / max(run.producer.cpu_s, 1e-9)
                 same_pages = [
-                    f"{100 * _div(run.producer_fps, copyto[size][kind]):.0f}% of copyto {what}"
+                    f"{100 * _div(run.producer_fps, copyto[size][kind]):.0f}% wall, "
+                    f"{100 * _div(prod_cpu_fps, copyto[size][kind + '_per_cpu_s']):.0f}% per "
+                    f"CPU-s of copyto {what}"
                     for kind, what in (
                         ("rotating_4k", "at 4 KiB pages"),
                         ("rotating_shm", "into a mapping in the ring's directory"),
@@ -646,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="just the CPU time of each phase of poll_batch(64) per size (issue 15)",
     )
+    ap.add_argument(
+        "--shm-dir",
+        help="directory for the rings, Aeron and copyto files (default /dev/shm): e.g. a tmpfs "
+        "mounted with huge=within_size to measure huge pages (docs/operator.md)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per scenario")
     args = ap.parse_args(argv)
 
@@ -668,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = time.monotonic()
     load_before = os.getloadavg()
     base = tempfile.mkdtemp(
-        prefix="tp-bench-ipc-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        prefix="tp-bench-ipc-",
+        dir=args.shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None),
     )
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)

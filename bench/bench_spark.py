@@ -26,6 +26,8 @@ host the median is the steadier statistic), and the median CPU time per frame of
 of its Python worker processes (read from /proc; barely moved by other load, and it says which
 side the work is on). For 1 MiB frames, the per-query cost: the same batch reads of only 16
 frames (planning, Python worker round trips, task start), which a 512-frame query still pays.
+``--per-query`` runs only that (best and median of ``--repeat`` rounds, at least 5, with CPU),
+beside the pre-#15 plan that opened a fresh announce probe per ``schema()`` and ``partitions()``.
 
 Latency: a producer thread publishes 4 KiB frames at 200 Hz while a streaming query (default
 trigger) collects ``timestamp_ns`` in ``foreachBatch``; latency = CLOCK_MONOTONIC when the
@@ -61,7 +63,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from tensorpool.spark_source.source import SCHEMA_DDL
+from tensorpool.spark_source.datasource import TensorPoolDataSource
+from tensorpool.spark_source.source import SCHEMA_DDL, TensorPoolBatchReader
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024
@@ -180,6 +183,49 @@ class ApiSource(DataSource):
 
     def streamReader(self, schema: Any) -> Any:
         return ApiStreamReader(dict(self.options))
+
+
+# --- the per-query baseline: the pre-#15 plan (a fresh announce probe per schema/plan) --------
+class _FreshProbes:
+    """While active, this process's plans open a one-shot announce probe (the pre-#15 path)."""
+
+    def __enter__(self) -> None:
+        import tensorpool.spark_source.layout_hint as hint
+        import tensorpool.spark_source.source as src
+        from tensorpool.spark_source.attach import AnnounceProbe
+
+        def fresh(settings: Any, *, map_layout: Any, **_: Any) -> Any:
+            return AnnounceProbe((), settings, map_layout=map_layout)
+
+        self.saved = (src.shared_probe, hint.shared_probe)
+        src.shared_probe = hint.shared_probe = fresh  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        import tensorpool.spark_source.layout_hint as hint
+        import tensorpool.spark_source.source as src
+
+        src.shared_probe, hint.shared_probe = self.saved
+
+
+class FreshReader(TensorPoolBatchReader):
+    def partitions(self) -> list[Any]:
+        with _FreshProbes():
+            return super().partitions()
+
+
+class FreshProbeSource(TensorPoolDataSource):
+    """``format("tensorpool_fresh_probe")``: tensorpool with a fresh probe per schema/plan."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tensorpool_fresh_probe"
+
+    def schema(self) -> Any:
+        with _FreshProbes():
+            return super().schema()
+
+    def reader(self, schema: Any) -> Any:
+        return FreshReader(super().reader(schema).opts)  # type: ignore[attr-defined]
 
 
 # --- the producer, owned by one thread --------------------------------------------------------
@@ -514,6 +560,53 @@ def run_size(
     return rows
 
 
+def run_per_query(
+    spark: Any, md_dir: str, shm: str, work: str, repeat: int, meter: CpuMeter
+) -> dict[str, list[tuple[float, float]]]:
+    """#15: batch reads of TINY x 1 MiB frames, the sources interleaved ``repeat`` times after
+    one warm-up each: (wall s, JVM + Python CPU s) per query."""
+    stream = 990
+    prod = ProducerThread(md_dir, shm, stream, 64, MIB)
+    data = np.random.default_rng(15).integers(0, 256, (TINY, MIB), dtype=np.uint8)
+    head = prod.call("fill", data)
+    pq_tiny = os.path.join(work, "pq-per-query")
+    write_parquet(data, pq_tiny, 1)
+    end = json.dumps({str(stream): {"epoch": prod.epoch, "seq": head}})
+    tp = {
+        "streams": str(stream),
+        "aeronDir": md_dir,
+        "shmBaseDir": shm,
+        "minPartitions": "2",
+        "startingOffsets": "earliest",
+        "endingOffsets": end,
+    }
+    api = {"frames": str(TINY), "frame_bytes": str(MIB), "partitions": "2"}
+
+    def noop(df: Any) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    sources: dict[str, Callable[[], None]] = {
+        "tensorpool": lambda: noop(spark.read.format("tensorpool").options(**tp).load()),
+        "tensorpool, fresh probe per query (before #15)": lambda: noop(
+            spark.read.format("tensorpool_fresh_probe").options(**tp).load()
+        ),
+        "(a) API ceiling": lambda: noop(spark.read.format("bench_arrow").options(**api).load()),
+        "(b) Parquet": lambda: noop(spark.read.parquet(pq_tiny)),
+    }
+    out: dict[str, list[tuple[float, float]]] = {k: [] for k in sources}
+    try:
+        for fn in sources.values():
+            fn()
+        for _ in range(repeat):
+            for name, fn in sources.items():
+                c0 = sum(meter.sample())
+                secs = timed(fn)
+                out[name].append((secs, sum(meter.sample()) - c0))
+    finally:
+        prod.stop()
+    return out
+
+
 def run_latency(
     spark: Any, md_dir: str, shm: str, work: str, seconds: float, hz: float
 ) -> list[int]:
@@ -553,6 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="half the data, shorter latency run")
     ap.add_argument("--repeat", type=int, default=3, help="measured runs per source (best kept)")
+    ap.add_argument(
+        "--per-query",
+        action="store_true",
+        help=f"only the per-query cost ({TINY} x 1 MiB batch reads, --repeat rounds, at least 5)",
+    )
     a = ap.parse_args(argv)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -587,6 +685,30 @@ def main(argv: list[str] | None = None) -> int:
             tps.register(spark)
             spark.dataSource.register(me.ApiSource)
             meter = CpuMeter(spark)
+            if a.per_query:
+                spark.dataSource.register(me.FreshProbeSource)
+                load0 = os.getloadavg()
+                per = run_per_query(spark, md.dir, shm, work, max(5, a.repeat), meter)
+                spark.stop()
+                print(
+                    f"\n| batch read of {TINY} x 1 MiB | best s | median s | median CPU s "
+                    "JVM + Python | median / (a) |"
+                )
+                print("| --- | ---: | ---: | ---: | ---: |")
+                ceiling = statistics.median(w for w, _ in per["(a) API ceiling"])
+                for name, runs in per.items():
+                    walls = [w for w, _ in runs]
+                    med = statistics.median(walls)
+                    print(
+                        f"| {name} | {min(walls):.3f} | {med:.3f} | "
+                        f"{statistics.median(c for _, c in runs):.3f} | {ceiling / med:.2f} |"
+                    )
+                load1 = os.getloadavg()
+                print(
+                    f"\n{max(5, a.repeat)} rounds; load average (1/5/15 min) at start, end: "
+                    + "; ".join("/".join(f"{x:.1f}" for x in la) for la in (load0, load1))
+                )
+                return 0
             fixed: dict[str, float] = {}
             loads = [os.getloadavg()]
             rows = []

@@ -407,7 +407,8 @@ class Consumer:
         """
         if device is not None:
             return self._poll_device(max_frames, device, stream, wait)
-        self._settle()
+        if self._pending is not None:
+            self._settle()
         now = self._clock()
         if now >= self._next_duty_ns:
             self._control_duties(now)
@@ -428,7 +429,12 @@ class Consumer:
         if n == 0:
             return empty_batch()
         self._carry = 0
-        if n > 1 and not self._rec_odd:
+        if n == 1:  # a paced stream: one descriptor, nothing to split or carry
+            batch = self._read_one_recorded(copy)
+            if self._rec_odd:
+                self._rec_odd.clear()
+            return batch
+        if not self._rec_odd:
             # a batch stops at the ring's wrap (one view, no gather): the rest of the
             # descriptors stay recorded for the next call, which the caller makes at once
             first = _unpack_seq(self._rec_buf, _SEQ_AT)[0]
@@ -494,8 +500,6 @@ class Consumer:
         core = self.core
         breader = self._batch_reader
         assert breader is not None
-        if n == 1:
-            return self._read_one_recorded(copy)
         first = _unpack_seq(self._rec_buf, _SEQ_AT)[0]
         batch: FrameBatch | None = None
         if not self._rec_odd and self._clean_run(n, first):
@@ -677,6 +681,8 @@ class Consumer:
                 self.stats.bytes += int(batch.values_len[0])
             return
         n = int(np.count_nonzero(valid))
+        if n < len(valid):
+            self.core.note_batch(True)  # rows lost: the lapped prediction of accept_run
         if n:
             stats = self.stats
             stats.frames += n

@@ -182,6 +182,7 @@ class ConsumerCore:
         "_gate",
         "_hello_due",
         "_join_floor",
+        "_lapping",
         "_max_gap_cfg",
         "_newest_announce_ns",
         "_next_qos_ns",
@@ -255,6 +256,7 @@ class ConsumerCore:
         self.head_seq = -1
         self._join_floor = 0
         self._ring_head_seen = -1
+        self._lapping = False
         self.resyncs = 0
         self.meta_version: int | None = None
         # (epoch, driver time of the announce that made us map it): a producer revocation
@@ -331,6 +333,7 @@ class ConsumerCore:
         self.head_seq = head_seq
         self._join_floor = max(head_seq, 0)
         self._ring_head_seen = -1
+        self._lapping = False
         # more than nslots-1 behind the head means overwritten for sure: skip without reading
         self.max_gap = max(1, min(self._max_gap_cfg, layout.header_nslots - 1))
         self._tracker.on_mapped(layout.epoch, now_ns)
@@ -386,15 +389,17 @@ class ConsumerCore:
         one: not mapped, not continuing :attr:`last_seq`, or a rate grid applies.
 
         ``ring_head``: the producer's position read from the ring when it is at least half a
-        ring past ``first_seq`` (:meth:`BatchReader.lapped_head`), else -1. A batch is read
-        after it is recorded and used before it is confirmed, so a frame the producer will
-        overwrite before the caller is done with it costs a read and still drops; reading
-        such frames only delays the ones that can still be had (a 4 KiB batch consumer
-        behind a faster producer accepted 3-7x fewer frames when it read them). The producer
-        is assumed to move as far in this batch as it did since the last one: frames within
-        that distance of being lapped are resync drops, like the ones beyond ``max_gap``.
-        An idle producer moved nothing, so nothing it still holds is skipped; however fast
-        it runs, the newest quarter of the ring is always read."""
+        ring past ``first_seq`` (:meth:`BatchReader.lapped_head`), else -1. Frames a full ring
+        behind it are overwritten already: resync drops, never read. Beyond that, a batch is
+        used before it is confirmed, so a frame the producer overwrites in the meantime costs
+        the caller's work and still drops; a 4 KiB batch consumer behind a faster producer
+        spent most of its time on such frames and accepted 3-7x fewer. So while the consumer
+        is *being lapped* (the last batch lost rows to overwrites, see :meth:`note_batch`)
+        and the producer keeps moving at least a quarter ring per batch, it is assumed to
+        move as far in this batch as since the last one, and the frames within that distance
+        of being overwritten are resync drops too; the newest quarter of the ring is always
+        read. A burst that ends (the producer stops) loses nothing it still holds: no rows
+        were lost, or it moved too little, and only the overwritten frames are skipped."""
         if not self.mapped or n <= 0 or first_seq != self.last_seq + 1 or self._gate is not None:
             return -1
         last = first_seq + n - 1
@@ -406,9 +411,14 @@ class ConsumerCore:
             head = max(head, ring_head)
             if seen >= 0:
                 nslots = self.mask + 1
-                gap = min(gap, max(nslots >> 2, nslots - 1 - (ring_head - seen)))
+                moved = ring_head - seen
+                if moved < nslots >> 2:
+                    self._lapping = False
+                elif self._lapping:
+                    gap = min(gap, max(nslots >> 2, nslots - 1 - moved))
         else:
             self._ring_head_seen = -1
+            self._lapping = False
         skipped = min(n, max(0, head - gap - first_seq))
         if skipped:
             self.stats.drops_gap += skipped
@@ -417,6 +427,12 @@ class ConsumerCore:
         self.last_seq = last
         self.head_seq = max(head, last)
         return skipped
+
+    def note_batch(self, lost: bool) -> None:
+        """A batch was confirmed; ``lost``: some of its rows were overwritten before (or
+        while) they were read. Turns on :meth:`accept_run`'s lapped prediction."""
+        if lost:
+            self._lapping = True
 
     def on_slot_check(self, seq: int, slot_seq: int, last_slot_seq: int, now_ns: int) -> int:
         """Decide a ``CHECK``ed descriptor from what the ring holds now (a hint, not a read):

@@ -386,6 +386,9 @@ class AnnounceProbe:
         #: per stream: (timestamp, clock domain) of the newest announce of its current layout
         self._heard: dict[int, tuple[int, int]] = {}
         self.rejected: dict[str, int] = {}
+        #: stream id -> when an announce of it was last received (any stream on the channel)
+        self._announced: dict[int, int] = {}
+        self._opened_ns = clock()
         #: ConsumerHellos said (a plan that found every layout fresh says none)
         self.hellos = 0
         #: held while a plan uses the probe; a shared probe's keeper polls only when it is free
@@ -414,10 +417,11 @@ class AnnounceProbe:
             if not isinstance(dec, wire.ShmPoolAnnounceDecoder):
                 return
             sid = dec.stream_id
+            now = self._clock()
+            self._announced[sid] = now  # stream discovery (#16.4) hears every announce
             tracker = self._trackers.get(sid)
             if tracker is None:
                 return
-            now = self._clock()
             decision = tracker.on_announce(
                 sid,
                 dec.epoch,
@@ -477,6 +481,19 @@ class AnnounceProbe:
         ts, domain = self._heard[sid]
         age = (time.time_ns() if domain == CLOCK_REALTIME_SYNCED else now) - ts
         return age <= self.settings.freshness_ns
+
+    def announced(self, lo: int, hi: int, window_s: float) -> tuple[int, ...]:
+        """Stream ids in ``[lo, hi]`` announced within the last ``window_s`` (a probe younger
+        than that listens for the rest of it first): stream discovery for a batch read."""
+        window = int(window_s * 1e9)
+        while self._clock() - self._opened_ns < window:
+            if not self._sub.poll():
+                time.sleep(0.005)
+        self.poll()
+        now = self._clock()
+        return tuple(
+            sorted(s for s, t in self._announced.items() if lo <= s <= hi and now - t <= window)
+        )
 
     def poll(self) -> int:
         """Drain the control subscription (announces in it are applied now)."""

@@ -19,12 +19,15 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from tensorpool.spark_source.options import SourceOptions
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext
+
+if TYPE_CHECKING:
+    from tensorpool.spark_source.attach import AnnounceProbe
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,23 @@ def discover_once(
         return tuple(sorted(disc.wait(wait, poll=True)))
 
 
+def discovered_from(probe: AnnounceProbe, opts: SourceOptions) -> SourceOptions:
+    """:func:`discovered_options` through an announce probe (#15): the streams whose announces
+    it received within the last announce period (plus slack), waiting for the rest of that
+    period only if it has listened for less. A probe kept between plans answers at once."""
+    if opts.stream_pattern is None:
+        return opts
+    lo, hi = opts.stream_pattern
+    window = min(
+        opts.connection.attach_timeout_ms / 1000,
+        announce_period_s(opts.freshness_ms) + WAIT_SLACK_S,
+    )
+    found = probe.announced(lo, hi, window)
+    if not found:
+        log.warning("tensorpool: no stream in %d-%d is announced; the batch read is empty", lo, hi)
+    return replace(opts, streams=found)
+
+
 def discovered_options(opts: SourceOptions, settings: object) -> SourceOptions:
     """``opts`` with ``streams`` set to the streams announced now (a batch read's snapshot)."""
     if opts.stream_pattern is None:
@@ -110,4 +130,10 @@ def discovered_options(opts: SourceOptions, settings: object) -> SourceOptions:
     return replace(opts, streams=found)
 
 
-__all__ = ["StreamDiscovery", "announce_period_s", "discover_once", "discovered_options"]
+__all__ = [
+    "StreamDiscovery",
+    "announce_period_s",
+    "discover_once",
+    "discovered_from",
+    "discovered_options",
+]

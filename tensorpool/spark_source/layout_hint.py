@@ -76,7 +76,8 @@ def payload_metadata(opts: SourceOptions) -> dict[str, Any] | None:
         else:
 
             def validate(layout: Any) -> None:
-                mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
+                spec = mapped_rings.RegionSpec.from_layout(layout)
+                mapped_rings.mapped(spec, conn.base_dirs, revalidate=True)
 
             # #15: the probe a batch plan in this process reuses (kept open between queries)
             with shared_probe(

@@ -198,12 +198,19 @@ _CACHE: OrderedDict[tuple[str, int], MappedStream] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
-def mapped(spec: RegionSpec, base_dirs: tuple[str, ...]) -> MappedStream:
-    """The process-wide mapping of ``spec`` (mapped on first use, LRU-bounded)."""
+def mapped(
+    spec: RegionSpec, base_dirs: tuple[str, ...], *, revalidate: bool = False
+) -> MappedStream:
+    """The process-wide mapping of ``spec`` (mapped on first use, LRU-bounded).
+
+    ``revalidate``: map anew when the cached mapping's header file was removed or replaced (a
+    producer directory wiped and recreated starts its epochs again; an announce validated
+    against the old files would be wrong). The old mapping is dropped, not closed: a reader
+    may still hold it, and it closes with its last reference."""
     key = (spec.header_uri, spec.epoch)
     with _CACHE_LOCK:
         m = _CACHE.get(key)
-        if m is not None and m.spec == spec:
+        if m is not None and m.spec == spec and not (revalidate and not m.is_current()):
             _CACHE.move_to_end(key)
             return m
         m = MappedStream(spec, base_dirs)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -398,6 +399,28 @@ def _settings(opts: SourceOptions) -> Any:
     return opts.connection.client_settings(freshness_ms=opts.freshness_ms)
 
 
+def _validate(base_dirs: tuple[str, ...]) -> Callable[[Any], None]:
+    """A probe's ``map_layout``: an announced layout counts once its regions map and validate
+    (mapped anew if the files changed since this process mapped them)."""
+
+    def validate(layout: Any) -> None:
+        spec = mapped_rings.RegionSpec.from_layout(layout)
+        mapped_rings.mapped(spec, base_dirs, revalidate=True)
+
+    return validate
+
+
+def _shared_probe(opts: SourceOptions) -> AbstractContextManager[AnnounceProbe]:
+    """This process's announce probe for ``opts``' control channel, kept between plans (#15)."""
+    base_dirs = opts.connection.base_dirs
+    return shared_probe(
+        _settings(opts),
+        map_layout=_validate(base_dirs),
+        is_current=mapped_rings.layout_still_mapped,
+        scope=base_dirs,
+    )
+
+
 def plan_origin(spec: mapped_rings.RegionSpec, opts: SourceOptions, kind: str) -> PlanOrigin | None:
     """This planning host's view of ``spec``'s header ring (#16.3), None if it is not mapped."""
     try:
@@ -428,8 +451,12 @@ class TensorPoolBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         # streams="*" / a range (#16.4): the streams announced now (one announce period)
-        opts = discovery.discovered_options(self.opts, _settings(self.opts))
-        conn = opts.connection
+        opts, conn = self.opts, self.opts.connection
+        if opts.stream_pattern is not None and opts.remote is None and not conn.driver:
+            with _shared_probe(opts) as probe:  # #15: a kept probe has heard the period already
+                opts = discovery.discovered_from(probe, opts)
+        else:
+            opts = discovery.discovered_options(opts, _settings(opts))
         timeout = conn.attach_timeout_ms / 1000
         # #18: streams served by `tensorpool serve`: snapshots from their hosts, no Aeron here
         served = remote_io.snapshot(opts) if opts.remote is not None else None
@@ -444,21 +471,12 @@ class TensorPoolBatchReader(DataSourceReader):
                 if meta is not None:
                     meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000))
         else:
-
-            def validate(layout: Any) -> None:
-                mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)
-
             # #15: the process's shared probe (kept between plans) unless the plan needs the
             # metadata a hello brings: that subscription lives only for this plan
             probing = (
-                AnnounceProbe(opts.streams, _settings(opts), map_layout=validate)
+                AnnounceProbe(opts.streams, _settings(opts), map_layout=_validate(conn.base_dirs))
                 if opts.include_stream_metadata
-                else shared_probe(
-                    _settings(opts),
-                    map_layout=validate,
-                    is_current=mapped_rings.layout_still_mapped,
-                    scope=conn.base_dirs,
-                )
+                else _shared_probe(opts)
             )
             with probing as probe:
                 meta = stream_meta.watch(probe.context, opts)

@@ -148,6 +148,23 @@ def test_s15_4_overrun_is_counted_like_the_per_frame_path(pair) -> None:
     assert consumer.drops_late - late_before == 4
 
 
+def test_15_s15_4_a_lapped_batch_consumer_skips_what_the_producer_will_overwrite(pair) -> None:
+    """Once a batch lost rows to overwrites, the next batch skips (as resync) the frames the
+    producer will lap before it is confirmed, assuming it moves as far as since the last."""
+    producer, consumer, _, _ = pair
+    producer.offer_batch(np.zeros((NSLOTS, 8), np.uint8))  # 0..15
+    assert _poll(consumer, 64).confirm() == NSLOTS
+    producer.offer_batch(np.zeros((NSLOTS, 8), np.uint8))  # 16..31
+    batch = _poll(consumer, 64)
+    assert batch.seqs.tolist() == list(range(NSLOTS, 2 * NSLOTS)) and consumer.core.resyncs == 0
+    producer.offer_batch(np.ones((4, 8), np.uint8))  # 32..35 overwrite 16..19 before confirm
+    assert batch.confirm() == NSLOTS - 4
+    producer.offer_batch(np.ones((NSLOTS, 8), np.uint8))  # 36..51: moved 20 since the last
+    batch = _poll(consumer, 64)  # 32..47 (the ring's wrap): within 4 of 51 is only 47
+    assert batch.seqs.tolist() == [47] and batch.confirm() == 1
+    assert consumer.core.resyncs == 15  # 32..35 overwritten already, 36..46 predicted
+
+
 def _forge(ctx: AeronContext, settings: ClientSettings, **fields: int) -> None:
     ch = settings.channels
     pub = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)

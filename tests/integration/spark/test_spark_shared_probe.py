@@ -34,7 +34,8 @@ def _probe(opts: dict[str, str]):  # type: ignore[no-untyped-def]
     conn = parse_source_options({**opts, "streams": str(STREAM)}).connection
 
     def validate(layout: object) -> None:
-        mapped_rings.mapped(mapped_rings.RegionSpec.from_layout(layout), conn.base_dirs)  # type: ignore[arg-type]
+        spec = mapped_rings.RegionSpec.from_layout(layout)  # type: ignore[arg-type]
+        mapped_rings.mapped(spec, conn.base_dirs, revalidate=True)
 
     return attach.shared_probe(
         conn.client_settings(freshness_ms=int(opts.get("freshnessMs", "3000"))),
@@ -62,6 +63,9 @@ def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
             assert second is first and second.context is first.context
             assert second.wait_for_layouts(10, (STREAM,))[STREAM].epoch == p.epoch
             assert second.hellos == hellos  # no round trip: the layout was fresh
+            # streams="lo-hi": what was announced within the last window (#16.4)
+            assert second.announced(STREAM - 1, STREAM + 1, 0.5) == (STREAM,)
+            assert second.announced(STREAM + 1, STREAM + 9, 0.5) == ()
         # the producer dies and its files go: the remembered layout is not current any more
         p.proc.kill()
         p.proc.wait()
@@ -75,8 +79,10 @@ def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
         q.proc.send_signal(signal.SIGSTOP)
         try:
             time.sleep(1.2)  # > freshnessMs since its last announce
-            with _probe(opts) as fifth, pytest.raises(attach.StreamsNotAttached):
-                fifth.wait_for_layouts(0.3, (STREAM,))
+            with _probe(opts) as fifth:
+                assert fifth.announced(STREAM, STREAM, 0.5) == ()  # not announced lately
+                with pytest.raises(attach.StreamsNotAttached):
+                    fifth.wait_for_layouts(0.3, (STREAM,))
         finally:
             q.proc.send_signal(signal.SIGCONT)
     finally:
@@ -86,7 +92,10 @@ def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
 
 CHILD = textwrap.dedent(
     """
-    import os, sys, threading, time
+    import atexit, os, sys, threading, time
+
+    # registered before tensorpool's own exit hook, so it runs after it (LIFO)
+    atexit.register(lambda: print("exit", attach.shared_probes(), flush=True))
     from tensorpool.spark_source import attach
     from tensorpool.client.settings import ClientSettings
     from tensorpool.transport.config import TransportConfig
@@ -135,8 +144,8 @@ def test_shared_probe_closes_when_idle_and_at_exit(spark_media_driver, tmp_shm):
         timeout=60,
     )
     assert child.returncode == 0, child.stderr
-    assert child.stdout.split("\n")[:3] == ["open 1 1", "idle 0 0 True", "again 1"]
-    assert "shared announce probe" not in child.stderr or "Traceback" not in child.stderr
+    assert child.stdout.split("\n")[:4] == ["open 1 1", "idle 0 0 True", "again 1", "exit 0"]
+    assert "Traceback" not in child.stderr
     assert os.listdir(tmp_shm) == []
 
 

@@ -488,24 +488,39 @@ def test_15_s15_4_accept_run_resyncs_the_same_frames_as_one_by_one() -> None:
 
 
 def test_15_s15_4_accept_run_skips_what_the_producer_laps_before_the_batch_is_done() -> None:
-    """A batch is used before it is confirmed: frames the producer will overwrite in the
-    meantime (it is assumed to move as far as since the last batch) are resync drops."""
+    """While a batch consumer is being lapped (its last batch lost rows), the frames the
+    producer will overwrite before the batch is used and confirmed are resync drops: it is
+    assumed to move as far as since the last batch."""
     core = _mapped()
     _feed(core, 0)
-    # first sight of the ring's head (72): nothing to extrapolate, only max_gap applies
-    assert core.accept_run(1, 16, ring_head=NSLOTS + 8) == 8  # 1..8 are > 63 behind 72
+    # first sight of the ring's head (72): only what is overwritten already (> 63 behind)
+    assert core.accept_run(1, 16, ring_head=NSLOTS + 8) == 8
+    core.note_batch(lost=True)
     # the producer moved 30 since: frames within 30 of being lapped (older than 102 - 33) go
     assert core.accept_run(17, 64, ring_head=102) == 69 - 17
     assert (core.last_seq, core.head_seq) == (80, 102)
     assert core.resyncs == core.drops_gap == 8 + 69 - 17
     # however fast it runs (48 since), the newest quarter of the ring is read: 134..144
     assert core.accept_run(81, 64, ring_head=150) == 150 - NSLOTS // 4 - 81
-    # an idle producer (moved nothing): what it still holds is read
-    idle = _mapped()
-    _feed(idle, 0)
-    assert idle.accept_run(1, 8, ring_head=40) == 0
-    assert idle.accept_run(9, 8, ring_head=40) == 0
-    assert idle.accept_run(17, 8, ring_head=-1) == 0  # no head: max_gap alone
+
+
+def test_15_s15_4_a_burst_that_ended_loses_nothing_the_ring_still_holds() -> None:
+    """A producer that wrote a whole ring and stopped: however far it moved since the last
+    batch, no batch lost rows, so only what is overwritten already is skipped."""
+    core = _mapped()
+    _feed(core, 0)
+    assert core.accept_run(1, 8, ring_head=40) == 0
+    assert core.accept_run(9, 64, ring_head=40 + 60) == 100 - 63 - 9  # 9..36 overwritten
+    core.note_batch(lost=False)
+    assert core.accept_run(73, 64, ring_head=100 + 60) == 160 - 63 - 73  # still only those
+    # lapped once, then the producer slows to less than a quarter ring per batch: exact again
+    lapped = _mapped()
+    _feed(lapped, 0)
+    assert lapped.accept_run(1, 8, ring_head=40) == 0
+    lapped.note_batch(lost=True)
+    assert lapped.accept_run(9, 8, ring_head=40 + NSLOTS // 4 - 1) == 0
+    assert lapped.accept_run(17, 8, ring_head=80) == 0  # no longer lapping: none overwritten
+    assert lapped.accept_run(25, 8, ring_head=-1) == 0  # no head: max_gap alone
 
 
 @pytest.mark.parametrize(("first", "why"), [(0, "repeats the last seq"), (3, "leaves a gap")])

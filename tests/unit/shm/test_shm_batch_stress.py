@@ -2,7 +2,8 @@
 
 Like ``test_shm_seqlock_stress.py``, with both sides vectorized: a writer process commits frames
 three at a time through ``BatchWriter`` (one store pass per seqlock step, claims crossing the
-ring's wrap) as fast as it can; this process reads runs of four frames through ``BatchReader``,
+ring's wrap) as fast as it can; this process reads runs of four frames through ``BatchReader``
+(a quarter of the reads take a single frame through ``read_one``: a paced consumer's batch),
 alternating zero-copy runs (checked, then ``confirm``) and copied runs, and verifies every
 *accepted* row's checksum. The guard must fire and must never accept a wrong payload. The run
 is extended in steps until enough of both kinds were accepted and late drops were seen, bounded
@@ -86,7 +87,7 @@ def test_s8_3_s15_13_batch_path_accepts_no_torn_frame_across_processes(shm_base:
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "_stress_writer.py"), shm_base, *writer_args]
     )
-    accepted = accepted_copy = wrong_accepted = caught = reads = 0
+    accepted = accepted_copy = accepted_one = wrong_accepted = caught = reads = 0
     try:
         start = time.monotonic()
         while ctl[0] == 0:
@@ -103,7 +104,11 @@ def test_s8_3_s15_13_batch_path_accepts_no_torn_frame_across_processes(shm_base:
                 continue
             reads += 1
             copy = bool(i & 1)
-            batch = batches.read_run(first, RUN, copy)
+            one = (i & 7) < 2  # a zero-copy and a copied one-row read every eight
+            if one:
+                batch = batches.read_one(first, first & (NSLOTS - 1), copy)
+            else:
+                batch = batches.read_run(first, RUN, copy)
             if batch.array is None:
                 continue  # nothing accepted (all rows late)
             ok = _rows_ok(batch.array, batch.seqs)
@@ -116,9 +121,11 @@ def test_s8_3_s15_13_batch_path_accepts_no_torn_frame_across_processes(shm_base:
                 accepted += int(batch.valid.sum())
                 wrong_accepted += int((batch.valid & ~ok).sum())
                 caught += int((before & ~batch.valid & ~ok).sum())
+            if one:
+                accepted_one += int(batch.valid.sum())
             if not i & 63 and time.monotonic() > phase_end:
                 late = reader.counters.sum_of(LATE_REASONS)
-                enough = late > 0 and accepted > 100 and accepted_copy > 100
+                enough = late > 0 and accepted > 100 and accepted_copy > 100 and accepted_one > 50
                 if enough or proc.poll() is not None:
                     break
                 phase_end = time.monotonic() + 1.0  # extend the run until the guard fired
@@ -139,11 +146,12 @@ def test_s8_3_s15_13_batch_path_accepts_no_torn_frame_across_processes(shm_base:
     ctl_map.close()
     summary = (
         f"reads={reads} accepted={accepted} accepted_copy={accepted_copy} "
+        f"accepted_one={accepted_one} "
         f"caught_torn_payloads={caught} written={written} drops={counts}"
     )
     print(summary)
     assert proc.returncode == 0, summary
     assert wrong_accepted == 0, summary
-    assert accepted > 100 and accepted_copy > 100, summary
+    assert accepted > 100 and accepted_copy > 100 and accepted_one > 50, summary
     assert sum(v for k, v in counts.items() if k in LATE_REASONS) > 0, summary
     assert set(counts) <= {Reason.NOT_COMMITTED, Reason.SEQ_MISMATCH, Reason.TORN_READ}, summary
