@@ -22,7 +22,8 @@ from tensorpool.transport.process import StopSignals
 if TYPE_CHECKING:
     import numpy as np
 
-    from tensorpool.client.consumer import Consumer
+    from tensorpool.client.consumer import Consumer, FrameBatch
+    from tensorpool.gpu.delivery import DeviceBatch
     from tensorpool.transport.idle import IdleStrategy
     from tensorpool.transport.wakeup import SemaphoreIdleStrategy
 
@@ -153,8 +154,17 @@ def run(args: argparse.Namespace) -> int:
             lat[n_lat & 0xFFFF] = now_ns() - frame.timestamp_ns
             n_lat += 1
 
+    def record_ages(batch: FrameBatch | DeviceBatch) -> None:
+        """Latency samples of a batch's accepted rows, into the ring ``lat``."""
+        nonlocal n_lat
+        ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)
+        k = n_lat & 0xFFFF
+        m = min(len(ages), lat.size - k)
+        lat[k : k + m] = ages[:m]
+        n_lat += m
+
     def poll_batch() -> int:
-        nonlocal n_lat, touched
+        nonlocal touched
         batch = consumer.poll_batch(args.batch)
         if not len(batch):
             return 0
@@ -165,29 +175,20 @@ def run(args: argparse.Namespace) -> int:
                 touched += int(rows.view(np.uint8)[:, ::4096].sum())
         got = batch.confirm()
         if got:
-            ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)
-            k = n_lat & 0xFFFF
-            m = min(len(ages), lat.size - k)
-            lat[k : k + m] = ages[:m]
-            n_lat += m
+            record_ages(batch)
         return got
 
     def poll_frames() -> int:
         return consumer.poll(handler, 64)
 
     def poll_device() -> int:
-        nonlocal n_lat
         try:
             batch = consumer.poll_batch(args.batch or 64, device=args.device)
         except GpuRegistrationError as exc:
             raise UserError(str(exc)) from None
         got = batch.count if len(batch) else 0  # final: checked after the copy to the device
         if got:
-            ages = now_ns() - batch.timestamps_ns[batch.valid].astype(np.int64)
-            k = n_lat & 0xFFFF
-            m = min(len(ages), lat.size - k)
-            lat[k : k + m] = ages[:m]
-            n_lat += m
+            record_ages(batch)
         return got
 
     step = poll_batch if args.batch > 0 else poll_frames

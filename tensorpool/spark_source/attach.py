@@ -62,6 +62,8 @@ from tensorpool.transport.context import AeronContext
 log = logging.getLogger(__name__)
 
 DEFAULT_INTAKE_CAPACITY: Final = 65536
+#: stream ids an announce probe remembers for discovery before it forgets the silent ones
+MAX_HEARD_STREAMS: Final = 65536
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 
 
@@ -356,7 +358,7 @@ class Attachment:
 
 
 class AnnounceProbe:
-    """Standalone layouts for a one-shot batch plan, with two Aeron resources.
+    """Standalone layouts for batch plans, with two Aeron resources.
 
     A :class:`Attachment` builds a full Consumer per stream (five publications and
     subscriptions, ~30 ms each to register with the media driver); a batch read only needs
@@ -365,6 +367,9 @@ class AnnounceProbe:
     announce rules as the Consumer (:class:`~tensorpool.client.announce.AnnounceTracker`:
     freshness, join time, highest epoch wins). A layout counts only once its regions map and
     validate (``on_mapped``), so a bad announce cannot hide the stream's real producer.
+    One plan can open and close its own probe; :func:`shared_probe` keeps one per process
+    between plans (#15), so a layout is handed out only while its newest announce is fresh and
+    ``is_current`` says its files are still the ones validated.
     """
 
     def __init__(
@@ -418,6 +423,8 @@ class AnnounceProbe:
                 return
             sid = dec.stream_id
             now = self._clock()
+            if len(self._announced) >= MAX_HEARD_STREAMS and sid not in self._announced:
+                self._forget_unheard(now)
             self._announced[sid] = now  # stream discovery (#16.4) hears every announce
             tracker = self._trackers.get(sid)
             if tracker is None:
@@ -457,8 +464,6 @@ class AnnounceProbe:
 
     def track(self, streams: tuple[int, ...]) -> None:
         """Apply the announce rules to ``streams`` too (a shared probe serves many queries)."""
-        from tensorpool.client.announce import AnnounceTracker
-
         for sid in streams:
             if sid not in self._trackers:
                 self._trackers[sid] = AnnounceTracker(sid, self.settings.freshness_ns)
@@ -481,6 +486,11 @@ class AnnounceProbe:
         ts, domain = self._heard[sid]
         age = (time.time_ns() if domain == CLOCK_REALTIME_SYNCED else now) - ts
         return age <= self.settings.freshness_ns
+
+    def _forget_unheard(self, now: int) -> None:
+        """Bound the discovery record: drop streams not heard for a minute."""
+        old = now - 60_000_000_000
+        self._announced = {s: t for s, t in self._announced.items() if t >= old}
 
     def announced(self, lo: int, hi: int, window_s: float) -> tuple[int, ...]:
         """Stream ids in ``[lo, hi]`` announced within the last ``window_s`` (a probe younger

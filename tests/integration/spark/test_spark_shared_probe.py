@@ -30,8 +30,8 @@ from tensorpool.spark_source.options import parse_source_options
 STREAM = 151
 
 
-def _probe(opts: dict[str, str]):  # type: ignore[no-untyped-def]
-    conn = parse_source_options({**opts, "streams": str(STREAM)}).connection
+def _probe(opts: dict[str, str], stream: int = STREAM):  # type: ignore[no-untyped-def]
+    conn = parse_source_options({**opts, "streams": str(stream)}).connection
 
     def validate(layout: object) -> None:
         spec = mapped_rings.RegionSpec.from_layout(layout)  # type: ignore[arg-type]
@@ -88,6 +88,37 @@ def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
     finally:
         attach.close_all()
     assert attach.shared_probes() == 0
+
+
+def test_same_epoch_from_other_files_replaces_the_remembered_layout(spark_media_driver, tmp_shm):
+    """Epochs count per producer directory: a producer in another directory can announce the
+    epoch the probe holds. Its announce must replace the remembered layout, not refresh it,
+    even while the first producer's files are still there and its last announce is fresh."""
+    from spark_helpers import ProducerProc
+
+    opts = source_options(spark_media_driver, tmp_shm)
+    dirs = [os.path.join(tmp_shm, name) for name in ("a", "b")]
+    first = ProducerProc(spark_media_driver.dir, dirs[0], "--stream-id", "152", "--nslots", "8")
+    second = None
+    try:
+        with _probe(opts, 152) as probe:
+            old = probe.wait_for_layouts(10, (152,))[152]
+        first.proc.kill()  # its files stay
+        first.proc.wait()
+        second = ProducerProc(
+            spark_media_driver.dir, dirs[1], "--stream-id", "152", "--nslots", "8"
+        )
+        assert second.epoch == first.epoch
+        time.sleep(0.5)  # it announces every 0.2 s; the keeper hears it
+        with _probe(opts, 152) as probe:
+            new = probe.wait_for_layouts(10, (152,))[152]
+        assert new.epoch == old.epoch and new.header_region_uri != old.header_region_uri
+        assert dirs[1] in new.header_region_uri
+    finally:
+        attach.close_all()
+        for p in (first, second):
+            if p is not None:
+                p.close()
 
 
 CHILD = textwrap.dedent(
