@@ -23,7 +23,8 @@ the Julia reference implementation's published 640 KiB results (1,035 frames/s a
 CPU: user + system time of each process over the measured window (``/proc/<pid>/stat``),
 in cores (1.0 = one core busy), so the table shows where the time goes. The micro rows time
 the two Python hot paths alone (CPU time, best of several rounds): the receiver core per
-chunk, and the sender per frame for both send strategies.
+chunk (one at a time, and in the staged runs the receiver agent uses), and the sender per
+frame for both send strategies. ``--profiles ''`` runs the micro rows alone.
 """
 
 from __future__ import annotations
@@ -461,7 +462,12 @@ def run_profile(name: str, a: argparse.Namespace) -> dict[str, Any]:
 
 def micro_rows(rounds: int) -> list[tuple[str, float, str]]:
     """Per-chunk receiver core cost and per-frame sender cost, CPU time, best of rounds."""
-    from tensorpool.bridge.assembler import ReceiverCore, ReceiverMapping, SourceAnnounce
+    from tensorpool.bridge.assembler import (
+        RUN_HEAD,
+        ReceiverCore,
+        ReceiverMapping,
+        SourceAnnounce,
+    )
     from tensorpool.bridge.chunker import Chunker
     from tensorpool.bridge.sender import ChunkSender
     from tensorpool.shm.layout import SLOT_FIELDS, SLOT_FIELDS_OFFSET, TENSOR_BLOB_OFFSET
@@ -501,6 +507,42 @@ def micro_rows(rounds: int) -> list[tuple[str, float, str]]:
         n = len(frames[0])
         rows.append((f"receiver core, {name} ({n} chunks/frame)", best,
                      f"{best / n * 1e9:.0f} ns/chunk"))  # fmt: skip
+        # The receiver agent's way (#15): full-size middle chunks are only copied into a
+        # staging row (BridgeReceiver._chunk_handler), each poll's rows go to on_chunk_run at
+        # once; any other chunk flushes and goes one by one. Polls of 256 messages.
+        stride = RUN_HEAD + chunk
+        staging = np.zeros((256, stride), np.uint8)
+        row_views = [memoryview(r) for r in staging]
+        msgs = [m for f in frames for m in f]
+        polls = [msgs[i : i + 256] for i in range(0, len(msgs), 256)]
+        best_run = float("inf")
+        for _ in range(rounds):
+            core = ReceiverCore([ReceiverMapping(0, SRC, DEST)], chunk_bound=chunk,
+                                max_payload_bytes=1 << 30, assembly_timeout_ns=10**9)  # fmt: skip
+            core.on_announce(SourceAnnounce(SRC, 1, 1, 64, 256, ((1, 64, 1 << 20),)), 0)
+            core.destination_ready(0, header_nslots=64, max_stride=1 << 20, dest_stream_id=DEST)
+            on_chunk, on_run = core.on_chunk, core.on_chunk_run
+            t0 = time.process_time()
+            for poll in polls:
+                k = 0
+                for m in poll:
+                    if len(m) == stride:
+                        row_views[k][:] = m
+                        k += 1
+                        continue
+                    if k:
+                        for _r in on_run(staging, k, 0):
+                            pass
+                        k = 0
+                    on_chunk(m, 0)
+                if k:
+                    for _r in on_run(staging, k, 0):
+                        pass
+            best_run = min(best_run, (time.process_time() - t0) / len(frames))
+            assert core.stats(0).frames == len(frames)
+        rows.append((f"receiver core, {name}, staged runs", best_run,
+                     f"{best_run / n * 1e9:.0f} ns/chunk (copy to staging row + on_chunk_run), "
+                     f"{best / best_run:.1f}x"))  # fmt: skip
 
     ctx = AeronContext(TransportConfig(pre_touch_mapped_memory=True)).start()
     try:

@@ -32,6 +32,10 @@ Model, per receiver mapping (keyed by the *source* stream id the chunks carry):
   frame drops the incomplete one (``superseded``: something went missing, §5.3); chunks of
   frames already finished are ``stale_seq``. The assembly timeout runs from the frame's
   first chunk (§5.3a) and is checked on every chunk and every :meth:`tick`.
+* Runs (:meth:`ReceiverCore.on_chunk_run`): the agent stages full-size middle chunks and
+  hands them over per poll; rows that continue the frame in flight in order are applied in
+  bulk, every other row goes through :meth:`ReceiverCore.on_chunk`, so the outcome is
+  exactly that of one call per chunk (tests/unit/bridge/test_bridge_chunk_runs.py).
 * On the last chunk the header is validated (§6.4-6.6): ``seq_commit >> 1 == seq``,
   ``values_len_bytes == payloadLength``, ``payload_offset == 0``, ``pool_id`` among the
   announced pools and ``payloadLength`` within that pool's stride, a decodable embedded
@@ -44,9 +48,11 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right, insort
-from collections.abc import Buffer, Iterable
+from collections.abc import Buffer, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, Protocol
+
+import numpy as np
 
 from tensorpool.bridge.chunker import HEADER_SLOT_BYTES
 from tensorpool.bridge.reasons import ChunkDrop, ControlDrop, FrameDrop
@@ -86,6 +92,13 @@ _VERSION: Final = _Dec.SCHEMA_VERSION
 MAX_CHUNK_COUNT: Final = _Dec.CHUNK_COUNT_MAX_VALUE
 _LAYOUT_CACHE_MAX: Final = 256
 _NO_SEQ: Final = -1
+RUN_HEAD: Final = _HEAD57.size  # 57: a middle chunk's payload starts here
+# on_chunk_run copies each row's 57-byte head into a 64-byte scratch row (bytes 57-63 stay
+# zero) read as 8 little-endian u64 words: chunkIndex is the high half of word 3,
+# chunkOffset the high half of word 4, chunkLength the low half of word 5.
+_RUN_SCRATCH_ROW: Final = 64
+_RUN_MIN_ROWS: Final = 3  # shorter segments: numpy's per-call cost exceeds on_chunk's
+_LOW32: Final = (1 << 32) - 1
 
 
 # --------------------------------------------------------------------------- inputs / outputs
@@ -273,6 +286,7 @@ class _Assembly:
         "plen",
         "prefix",
         "received",
+        "runs",
         "seq",
         "starts",
     )
@@ -288,7 +302,19 @@ class _Assembly:
         self.prefix = 0  # bytes [0, prefix) are covered
         self.pending: list[tuple[int, int]] = []  # covered [start, end) beyond the prefix
         self.starts: dict[int, int] = {}  # chunkOffset -> chunkLength of accepted chunks
+        # ...and those accepted in bulk (on_chunk_run), one (offset, end, length) per run:
+        # a dict entry per chunk cost more than the rest of a bulk chunk's bookkeeping
+        self.runs: list[tuple[int, int, int]] = []
         self.header: bytes | None = None
+
+    def start_length(self, off: int) -> int | None:
+        """chunkLength of the accepted chunk that starts at ``off``, or None."""
+        known = self.starts.get(off)
+        if known is None:
+            for start, end, clen in self.runs:
+                if start <= off < end and (off - start) % clen == 0:
+                    return clen
+        return known
 
     def overlaps(self, start: int, end: int) -> bool:
         if start < self.prefix:
@@ -377,6 +403,10 @@ class ReceiverCore:
         self.chunk_drops = DropCounters()
         """Chunks refused before a mapping was known (malformed, foreign stream)."""
         self._layouts: dict[bytes, TensorLayout] = {}
+        self._run_heads = np.zeros((0, _RUN_SCRATCH_ROW), np.uint8)
+        self._run_steps = np.zeros(0, np.uint64)  # i << 32: chunkIndex i rows on
+        self._run_clen = 0
+        self._run_offsets = np.zeros(0, np.uint64)  # (i * clen) << 32: chunkOffset i rows on
 
     # -- introspection --------------------------------------------------------------------
 
@@ -504,6 +534,155 @@ class ReceiverCore:
             return self._complete(st, asm)
         return None
 
+    def on_chunk_run(
+        self, rows: np.ndarray, k: int, now_ns: int
+    ) -> Iterator[FrameComplete | Dropped]:
+        """Process ``rows[:k]`` — each row one whole message of exactly ``rows.shape[1]``
+        bytes, in arrival order — exactly as ``k`` calls of :meth:`on_chunk` would.
+
+        Why: per-chunk Python was the receiver's limit (docs/benchmarks/bridge.md). The agent
+        records the common message (a full-size middle chunk) into a staging array and hands
+        runs of them here. Consecutive rows that continue one another (same head except
+        ``chunkIndex`` + 1 and ``chunkOffset`` + ``chunkLength``: found with a few whole-array
+        compares) form segments; a segment whose first row passes the fast path's own
+        conditions is applied in bulk — one copy, then the same ``prefix``/``starts``/
+        ``received``/``nrecv``/``chunks`` updates that one fast-path call per row makes — as
+        far as the frame's bounds and not-yet-received indices allow. Every other row goes
+        through :meth:`on_chunk` unchanged, so every drop reason and counter is the scalar one.
+
+        A generator, lazily: the caller must act on each event (publish a FrameComplete, whose
+        payload is the sink buffer) before the next row is processed, as with on_chunk.
+        """
+        if k <= 0:
+            return
+        stride = int(rows.shape[1])
+        if not rows.flags.c_contiguous or rows.dtype != np.uint8 or k > rows.shape[0]:
+            raise ValueError("rows must be a C-contiguous uint8 array of at least k rows")
+        mv = memoryview(rows[:k]).cast("B")
+        on_chunk = self.on_chunk
+        if stride < RUN_HEAD:
+            for p in range(k):
+                r = on_chunk(mv[p * stride : (p + 1) * stride], now_ns)
+                if r is not None:
+                    yield r
+            return
+        bounds = [0]
+        if k > 1:
+            bounds.extend(self._run_breaks(rows, k))
+        bounds.append(k)
+        for s in range(len(bounds) - 1):
+            p, q = bounds[s], bounds[s + 1]
+            misses = 0
+            while p < q:
+                if misses < 2 and q - p >= _RUN_MIN_ROWS:
+                    n, r = self._bulk(rows, mv, p, q, stride, now_ns)
+                else:
+                    n = 0
+                if n:
+                    p += n
+                    misses = 0
+                else:  # the scalar path decides (and counts) this row
+                    r = on_chunk(mv[p * stride : (p + 1) * stride], now_ns)
+                    p += 1
+                    misses += 1
+                if r is not None:
+                    yield r
+
+    def _run_breaks(self, rows: np.ndarray, k: int) -> list[int]:
+        """Rows ``i`` of ``rows[:k]`` (``i`` >= 1) that do not continue row ``i - 1``.
+
+        The common run is one segment: with ``chunkIndex`` and ``chunkOffset`` reduced by what
+        ``i`` steps from row 0 add, every head equals row 0's — one copy, two subtractions and
+        one bytes compare. Otherwise rows are compared pairwise (segments of other streams
+        or frames, a duplicate, a corrupt field).
+        """
+        heads = self._run_heads
+        if heads.shape[0] < k:
+            heads = self._run_heads = np.zeros((rows.shape[0], _RUN_SCRATCH_ROW), np.uint8)
+            self._run_steps = np.arange(rows.shape[0], dtype=np.uint64) << np.uint64(32)
+            self._run_clen = 0
+        words = heads.view("<u8")
+        heads[:k, :RUN_HEAD] = rows[:k, :RUN_HEAD]
+        clen = int(words[0, 5]) & _LOW32
+        if clen != self._run_clen or self._run_offsets.shape[0] < k:
+            self._run_offsets = self._run_steps * np.uint64(clen)
+            self._run_clen = clen
+        # (u64 wrap-around is harmless: _bulk bounds every offset by payloadLength < 2**32)
+        words[:k, 3] -= self._run_steps[:k]
+        words[:k, 4] -= self._run_offsets[:k]
+        flat = heads[:k].tobytes()
+        if flat == flat[:_RUN_SCRATCH_ROW] * k:
+            return []
+        # pairwise: equal reduced heads continue each other only at row 0's chunkLength
+        brk = (words[1:k] != words[: k - 1]).any(axis=1)
+        brk |= (words[: k - 1, 5] & np.uint64(_LOW32)) != np.uint64(clen)
+        return (np.flatnonzero(brk) + 1).tolist()  # type: ignore[no-any-return]
+
+    def _bulk(
+        self, rows: np.ndarray, mv: memoryview, p: int, q: int, stride: int, now_ns: int
+    ) -> tuple[int, FrameComplete | Dropped | None]:
+        """Apply rows ``[p, p + n)`` of one continuing segment at once; ``n`` = 0 if row ``p``
+        would not take on_chunk's fast path (the caller then runs it through on_chunk).
+
+        Rows after ``p`` repeat row ``p``'s head except index and offset, so row ``p``'s
+        checks hold for them; what differs per row — index and offset within the frame, the
+        index not yet received — is bounded here by trimming ``n``.
+        """
+        (bl, tid, sch, ver, sid, epoch, seq, idx, count, off, clen, plen, hinc, hlen, dlen) = (
+            _HEAD57.unpack_from(mv, p * stride)
+        )
+        st = self._streams.get(sid)
+        if (
+            hlen
+            or bl != _BLOCK
+            or st is None
+            or tid != _TEMPLATE
+            or sch != _SCHEMA
+            or ver > _VERSION
+            or 57 + dlen > stride
+            or epoch != st.epoch
+            or hinc
+            or not 0 < idx < count <= MAX_CHUNK_COUNT
+            or clen != dlen
+            or clen > self.chunk_bound
+            or plen > st.max_plen
+            or off + clen > plen
+            or not clen
+            or count > plen
+            or count * self.chunk_bound < plen
+        ):
+            return 0, None
+        asm = st.asm
+        if (
+            asm is None
+            or seq != asm.seq
+            or now_ns - asm.first_ns > self.timeout_ns
+            or count != asm.count
+            or plen != asm.plen
+            or off != asm.prefix
+            or asm.pending
+            or asm.received[idx]
+        ):
+            return 0, None
+        # every row stays inside the frame (index < count, offset + length <= plen) and lands
+        # on an index not received yet (so nrecv reaches count on the last row at the latest)
+        n = min(q - p, count - idx, (plen - off) // clen)
+        received = asm.received
+        hit = received.find(1, idx, idx + n)
+        if hit >= 0:
+            n = hit - idx
+        end = off + n * clen
+        dst = np.frombuffer(asm.buf, np.uint8, n * clen, off)  # type: ignore[call-overload]
+        dst.reshape(n, clen)[...] = rows[p : p + n, 57 : 57 + clen]
+        asm.prefix = end
+        asm.runs.append((off, end, clen))
+        received[idx : idx + n] = b"\x01" * n
+        asm.nrecv += n
+        st.stats.chunks += n
+        if asm.nrecv == count:
+            return n, self._complete(st, asm)
+        return n, None
+
     def _parse_slow(self, mv: memoryview, now_ns: int) -> FrameComplete | Dropped | None:
         """Full decode with a named reason for every refusal (§5.2, §6 steps 1-3, §8)."""
         try:
@@ -625,7 +804,7 @@ class ReceiverCore:
             asm.buf[off:end] = data
             asm.prefix = end
         else:
-            known = asm.starts.get(off)
+            known = asm.start_length(off)
             if known is not None:
                 if (
                     known == clen

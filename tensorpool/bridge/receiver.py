@@ -29,10 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+import numpy as np
+
 from tensorpool.bridge.assembler import (
+    RUN_HEAD,
     Dropped,
     FrameComplete,
     OpenDestination,
@@ -63,6 +67,7 @@ _ROW: Final = int(wire.MajorOrder.ROW)
 _STREAM_ID_AT: Final = struct.Struct("<I")
 _RETRY_NS: Final = 1_000_000_000
 _NO_DEST: Final = "dest_not_open"
+_RUN_STAGING_BYTES: Final = 4 << 20  # bound on the chunk-run staging rows (64 KiB chunks)
 
 
 @dataclass(slots=True)
@@ -164,11 +169,21 @@ class BridgeReceiver:
         self.control_drops = DropCounters()
         self._now = clock()
         self._on_chunk_core = self.core.on_chunk
+        self._on_run_core = self.core.on_chunk_run
+        # Staging for runs of full-size middle chunks, one message per row: a poll hands
+        # at most fragment_limit messages, all of which fit unless chunks are huge (then a
+        # full stage just sends the rest through the scalar path).
+        self._run_stride = RUN_HEAD + b.chunk_size
+        cap = min(fragment_limit, max(16, _RUN_STAGING_BYTES // self._run_stride))
+        self._run_rows = np.zeros((cap, self._run_stride), np.uint8)
+        self._run_k = [0]
+        self.run_chunks = 0
+        """Chunks handed to the core in staged runs (the rest went one by one)."""
         self._buf = bytearray(64 * 1024)
         self._sub_payload = ctx.add_subscription(
             b.receive_payload_channel,
             b.payload_stream_id,
-            self._on_chunk,
+            self._chunk_handler(),
             fragment_limit=fragment_limit,
             guard=False,
         )
@@ -209,6 +224,8 @@ class BridgeReceiver:
         if self._sub_meta is not None:
             work += self._sub_meta.poll()
         work += self._sub_payload.poll()
+        if self._run_k[0]:
+            self._flush_run()
         for dest in self._dests.values():
             p = dest.producer
             if p is not None:
@@ -223,15 +240,60 @@ class BridgeReceiver:
 
     # -- chunks (hot path) ------------------------------------------------------------------------
 
-    def _on_chunk(self, buffer: object, header: object) -> None:
+    def _chunk_handler(self) -> Callable[[object, object], None]:
+        """The payload subscription's handler (a closure: the hottest Python in the bridge).
+
+        The common message — a middle chunk of the full chunk size (chunk 0 also carries the
+        header slot, the last chunk is usually shorter) — is only copied into the next
+        staging row; :meth:`do_work` hands the rows to ``ReceiverCore.on_chunk_run`` after
+        the poll. Any other message first flushes what is staged, so the core sees every
+        message in arrival order. Recording cannot raise (guard=False).
+        """
+        stride = self._run_stride
+        rows = [memoryview(row) for row in self._run_rows]
+        cap = len(rows)
+        state = self._run_k
+        other = self._on_other_chunk
+
+        def on_chunk(buffer: object, header: object) -> None:
+            if len(buffer) == stride:  # type: ignore[arg-type]
+                k = state[0]
+                if k < cap:
+                    rows[k][:] = buffer  # type: ignore[assignment]
+                    state[0] = k + 1
+                    return
+            other(buffer)
+
+        return on_chunk
+
+    def _on_other_chunk(self, buffer: object) -> None:
+        if self._run_k[0]:
+            self._flush_run()
         try:
             r = self._on_chunk_core(buffer, self._now)  # type: ignore[arg-type]
             if r is not None and r.__class__ is FrameComplete:
                 self._publish(r)  # type: ignore[arg-type]
         except Exception:  # never lose the rest of a poll batch to one bad frame
-            self.errors += 1
-            if self.errors & (self.errors - 1) == 0:
-                log.exception("bridge receiver: chunk handling failed (%d so far)", self.errors)
+            self._chunk_error()
+
+    def _flush_run(self) -> None:
+        k = self._run_k[0]
+        self._run_k[0] = 0
+        self.run_chunks += k
+        events = self._on_run_core(self._run_rows, k, self._now)
+        while True:
+            try:
+                for r in events:  # lazily: each frame is published before the next row
+                    if r.__class__ is FrameComplete:
+                        self._publish(r)  # type: ignore[arg-type]
+                return
+            except Exception:  # a failed publish: go on with the run (a core error ends it)
+                self._chunk_error()
+
+    def _chunk_error(self) -> None:
+        self.errors += 1
+        if self.errors & (self.errors - 1) == 0:
+            log.exception("bridge receiver: chunk handling failed (%d so far)", self.errors)
 
     def _publish(self, c: FrameComplete) -> None:
         dest = self._dests[c.mapping]

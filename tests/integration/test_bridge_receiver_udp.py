@@ -241,6 +241,9 @@ def test_s5_2_s6_udp_one_chunk_many_chunks_and_empty(h: Harness) -> None:
         assert s.seq == seq and s.timestamp_ns == 1_000_000 + seq
         assert s.shape == arr.shape and s.dtype == arr.dtype
         assert s.data == arr.tobytes()
+    # chunks 1-511 of the 640 KiB frame (full size, the last one too) went through the
+    # staged-run path with real Aeron buffers; every other chunk one by one
+    assert h.app.receiver.run_chunks == 511
 
 
 def test_s5_2_udp_chunks_before_announce_are_dropped(h: Harness) -> None:
