@@ -567,7 +567,7 @@ class ReceiverCore:
                     yield r
             return
         bounds = [0]
-        if k > 1:
+        if k >= _RUN_MIN_ROWS:
             bounds.extend(self._run_breaks(rows, k))
         bounds.append(k)
         for s in range(len(bounds) - 1):

@@ -29,7 +29,10 @@ handler only runs when the main thread returns to Python: one that waited on a l
 runners alive for hours after their JVM was gone, issue #13.6). The driver expires the lease of
 a process that died that way (loss spools are abstract sockets: nothing to remove). In
 a Spark worker process (started by the JVM), the first attachment also starts a daemon thread
-that exits the process when its parent JVM goes away (:func:`watch_parent`).
+that exits the process when its parent JVM goes away (:func:`watch_parent`). The batch readers'
+shared announce probes (:func:`shared_probe`, #15) follow the same rules: closed by ``atexit``,
+when unused for :data:`PROBE_IDLE_S` or their media driver is gone, and they start the parent
+watch in a Spark worker.
 """
 
 from __future__ import annotations

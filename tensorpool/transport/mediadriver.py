@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Final, Self
 
@@ -189,24 +190,37 @@ def run_media_driver(
     *,
     stop: threading.Event | None = None,
     handle_signals: bool = True,
+    parent_pid: int | None = None,
+    parent_created: Sequence[str] = (),
 ) -> None:
     """Serve ``aeron_dir`` until ``stop`` is set or SIGTERM/SIGINT arrives, then close.
 
-    Signal handlers are only installed when called from the main thread.
+    Signal handlers are only installed when called from the main thread. ``parent_pid``: the
+    process that started this driver for itself (:class:`MediaDriverProcess`); when it dies
+    without stopping the driver (killed, or crashed in its cleanup), nothing else would, so
+    the driver stops too and removes the directories that parent made for it
+    (``parent_created``) if nothing but Aeron's files were in them.
     """
     signals = StopSignals()
     if handle_signals:
         signals.install()
     driver: EmbeddedMediaDriver | None = None
+    orphaned = False
     try:
         driver = start_media_driver(aeron_dir, config)
         log.info("media driver serving %s", driver.dir)
         # time.sleep, not Event.wait: a signal interrupts it, and the handler takes no lock
         while not signals.requested and not (stop is not None and stop.is_set()):
+            if parent_pid is not None and os.getppid() != parent_pid:
+                orphaned = True  # re-parented: the process that owned this driver is gone
+                log.warning("media driver for %s: its parent %d is gone", aeron_dir, parent_pid)
+                break
             time.sleep(0.05)
     finally:
         if driver is not None:
             close_media_driver(driver)
+        if orphaned:
+            _remove_created(aeron_dir, list(parent_created))
         signals.restore()
         log.info("media driver for %s stopped", aeron_dir)
 
@@ -258,7 +272,9 @@ class MediaDriverProcess:
     def command(self) -> list[str]:
         cfg = self._config
         cmd = [sys.executable, "-m", "tensorpool.transport.aeronmd", "--dir", self.dir]
-        cmd += ["--threading", cfg.threading_mode]
+        cmd += ["--threading", cfg.threading_mode, "--parent-pid", str(os.getpid())]
+        for path in self._created:
+            cmd += ["--parent-created", path]
         if cfg.ipc_term_buffer_length is not None:
             cmd += ["--ipc-term-length", str(cfg.ipc_term_buffer_length)]
         if cfg.term_buffer_length is not None:

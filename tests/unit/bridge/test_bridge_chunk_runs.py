@@ -357,7 +357,7 @@ def test_staged_run_stops_at_an_index_already_received() -> None:
     early = patch(f.chunks[1], OFF_INDEX, "<I", 5)  # offset 64 claims index 5
     polls = [Poll(MS, msgs=[f.chunks[0], early]), Poll(2 * MS, msgs=f.chunks[2:8])]
     staged, events = run_both(polls, 64, 8)
-    assert staged.bulk_rows == 1 + 3  # the early chunk itself, then indices 2-4 (5 is taken)
+    assert staged.bulk_rows == 3  # indices 2-4 (5 is taken); the early chunk went alone
     assert [e.reason for e in events if isinstance(e, Dropped)] == [
         FrameDrop.CHUNK_CONFLICT,
         ChunkDrop.STALE_SEQ,
@@ -373,3 +373,36 @@ def test_staged_run_edges() -> None:
     assert [e.reason for e in short] == [ChunkDrop.TRUNCATED] * 2  # type: ignore[attr-defined]
     with pytest.raises(ValueError):
         list(core.on_chunk_run(np.zeros((4, 121), np.uint16), 2, 0))
+
+
+def forged_next(msg: bytes, steps: int, clen: int) -> bytes:
+    """``msg`` moved ``steps`` chunks on: index and offset advanced, the rest identical."""
+    idx, _count, off = struct.unpack_from("<III", msg, OFF_INDEX)
+    return patch(patch(msg, OFF_INDEX, "<I", idx + steps), OFF_OFFSET, "<I", off + steps * clen)
+
+
+def test_staged_run_that_goes_past_the_frame_is_cut_at_its_bounds() -> None:
+    """Rows that continue one another beyond chunkCount or payloadLength: bulk stops at the
+    frame's last index / last byte, the rest are refused one at a time."""
+    f = make_frame(1, 10 * 64, chunk=64)  # ends on a full chunk: the run completes it
+    past_count = [forged_next(f.chunks[-1], i, 64) for i in (1, 2)]
+    g = make_frame(2, 10 * 64, chunk=64)
+    wide = [patch(c, OFF_COUNT, "<I", 12) for c in g.chunks]  # 12 chunks "fit" 640 bytes
+    past_plen = [forged_next(wide[-1], i, 64) for i in (1, 2)]
+    h = make_frame(3, 10 * 64, chunk=64)  # indices run 2 ahead of offsets: count ends first
+    ahead = [patch(c, OFF_INDEX, "<I", i + 2) for i, c in enumerate(h.chunks[1:9], start=1)]
+    polls = [
+        Poll(MS, msgs=f.chunks + past_count),
+        Poll(2 * MS, msgs=wide + past_plen),
+        Poll(3 * MS, msgs=[h.chunks[0], *ahead]),
+    ]
+    staged, events = run_both(polls, 64, 64)
+    assert staged.bulk_rows == 9 + 9 + 7
+    assert [e.reason for e in events if isinstance(e, Dropped)] == [
+        ChunkDrop.CHUNK_INDEX_OUT_OF_RANGE,
+        ChunkDrop.CHUNK_INDEX_OUT_OF_RANGE,
+        ChunkDrop.CHUNK_OUT_OF_BOUNDS,
+        ChunkDrop.CHUNK_OUT_OF_BOUNDS,
+        ChunkDrop.CHUNK_INDEX_OUT_OF_RANGE,
+    ]
+    assert staged.core.stats(0).frame_drops[FrameDrop.SUPERSEDED] == 1  # frame 2, by frame 3

@@ -125,6 +125,42 @@ def test_aeronmd_cli_stops_cleanly_on_sigint(tmp_path: Path) -> None:
     assert not os.path.exists(aeron_dir)
 
 
+_DIES_WITHOUT_STOP = """
+import os, sys
+from tensorpool.transport import MediaDriverProcess, TransportConfig
+md = MediaDriverProcess(config=TransportConfig(embedded_parent_dir=sys.argv[1])).start()
+print(md.pid, md.dir, flush=True)
+os._exit(0)  # no stop(): killed, or crashed in its own cleanup
+"""
+
+
+def test_a_media_driver_process_stops_and_cleans_up_when_its_parent_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Leave nothing behind: a driver started for one process does not outlive it."""
+    got = subprocess.run(
+        [sys.executable, "-c", _DIES_WITHOUT_STOP, str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pid_text, aeron_dir = got.stdout.split()
+    pid = int(pid_text)
+
+    def gone() -> bool:  # exited (a zombie too: who reaps it is up to the host's init)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    try:
+        assert poll_until(lambda: None, gone, timeout_s=10.0), "driver outlived its parent"
+    finally:
+        if not gone():
+            os.kill(pid, signal.SIGKILL)
+    assert not os.path.exists(aeron_dir)  # Aeron's files and the directory made for it
+    assert os.listdir(tmp_path) == []
+
+
 def test_aeronmd_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--dir", "/nonexistent-parent/x", "--ipc-term-length", "1000"]) == 2
     assert "ipc_term_buffer_length" in capsys.readouterr().err
