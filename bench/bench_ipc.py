@@ -650,6 +650,11 @@ def main(argv: list[str] | None = None) -> int:
         help="just the CPU time of each phase of poll_batch(64) per size (issue 15)",
     )
     ap.add_argument(
+        "--write-vs-copyto",
+        action="store_true",
+        help="just the producer's write against numpy.copyto from the same source, one process",
+    )
+    ap.add_argument(
         "--shm-dir",
         help="directory for the rings, Aeron and copyto files (default /dev/shm): e.g. a tmpfs "
         "mounted with huge=within_size to measure huge pages (docs/operator.md)",
@@ -660,6 +665,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.only_costs:
         print(_ipc_costs.cost_table(sizes, size_label))
+        return 0
+    if args.write_vs_copyto:
+        for size in sizes:
+            print(f"\n{size_label(size)} frames, one process:\n")
+            print(_ipc_costs.write_vs_copyto(size))
         return 0
     if args.batch_phases:
         for size in sizes:
