@@ -293,8 +293,13 @@ def test_adaptive_batches_adapt_and_the_memory_emergency_sheds_oldest(
         e = end()
         assert e["shedMemory"] > 0 and e["lost"] == 0
         seqs = sink.seqs()  # each trigger over the threshold sheds its oldest pending frames
-        assert seqs[:800] == list(range(800)) and seqs[800] > 800 and len(set(seqs)) == len(seqs)
+        assert seqs[:800] == list(range(800)) and len(set(seqs)) == len(seqs)
         assert len(seqs) == e["frames"] and set(seqs) <= set(range(2800))
+        # a trigger may plan while the 2000 frames are still being produced (under the
+        # threshold: nothing shed yet); what is shed is counted exactly, and is older than
+        # the frames delivered after it
+        shed = sorted(set(range(2800)) - set(seqs))
+        assert len(shed) == e["shedMemory"] and shed[-1] < seqs[-1]
         assert max(sink.sizes()) <= high
         src = json.loads(q.lastProgress["sources"][0]["latestOffset"])["source"]
         assert src["emergencies"] >= 1 and src["costNsPerByte"] is not None
