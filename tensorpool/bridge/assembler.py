@@ -628,6 +628,8 @@ class ReceiverCore:
         checks hold for them; what differs per row — index and offset within the frame, the
         index not yet received — is bounded here by trimming ``n``.
         """
+        # on_chunk's fast-path conditions, repeated inline on purpose: a shared helper would add
+        # a call to on_chunk, the per-chunk path of every chunk that is not in a run
         (bl, tid, sch, ver, sid, epoch, seq, idx, count, off, clen, plen, hinc, hlen, dlen) = (
             _HEAD57.unpack_from(mv, p * stride)
         )
