@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from tensorpool.transport.process import exit_with_parent
+
 # 128 + SIGPIPE: what `yes | head -1` reports for `yes`, so `set -o pipefail` sees it.
 EXIT_BROKEN_PIPE = 141
 
@@ -74,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pointed at /dev/null (the recipe in Python's `signal` docs) so the interpreter's final
     flush cannot print a second error, and no traceback is shown.
     """
+    exit_with_parent()  # a part of `tensorpool demo` does not outlive the demo
     try:
         try:
             return _main(argv)

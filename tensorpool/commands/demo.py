@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from tensorpool.cli import UserError
-from tensorpool.transport.process import stop_process
+from tensorpool.transport.process import child_env, stop_process
 
 CAMERA_STREAM = 10000
 VIEW_STREAM = 20000
@@ -128,6 +128,7 @@ def _start_view(bind: str, client: tuple[str, ...]) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         _tp("view", "--driver", *client, "--stream-id", str(CAMERA_STREAM), "--bind", bind),
         stdin=subprocess.DEVNULL,
+        env=child_env(),  # stops when the demo is gone, however it ended
         stdout=subprocess.DEVNULL,
     )
     print(f"demo: the camera live at {url} (tensorpool view)", flush=True)
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             subprocess.Popen(
                 _tp("driver", "--config", str(work / "driver.toml"), "--log-level", "warning"),
                 stdin=subprocess.DEVNULL,
+                env=child_env(),  # stops when the demo is gone, however it ended
             )
         )
         _wait_driver(str(work / "driver.toml"), procs[0], 30)
@@ -201,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
                     "instrument=demo-camera",
                 ),
                 stdin=subprocess.DEVNULL,
+                env=child_env(),  # stops when the demo is gone, however it ended
             )
         )
         with open(work / "ratelimiter.log", "wb") as rl_log:  # its own log; shown on failure
@@ -214,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                         "0",
                     ),
                     stdin=subprocess.DEVNULL,
+                    env=child_env(),  # stops when the demo is gone, however it ended
                     stdout=rl_log,
                     stderr=rl_log,
                 )

@@ -18,13 +18,58 @@ stop. Two rules, both learnt from processes that outlived their parents (#13.6):
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
+import time
+from collections.abc import Mapping
 from types import FrameType
-from typing import Self
+from typing import Final, Self
 
 log = logging.getLogger(__name__)
+
+#: Environment variable naming the process that started this one for itself (the demo's parts):
+#: see :func:`exit_with_parent`.
+PARENT_ENV: Final = "TENSORPOOL_PARENT_PID"
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child that must not outlive this process (:func:`exit_with_parent`)."""
+    return {**(os.environ if base is None else base), PARENT_ENV: str(os.getpid())}
+
+
+def exit_with_parent(poll_s: float = 0.25) -> bool:
+    """When :data:`PARENT_ENV` names this process's parent, stop (as on SIGTERM, so the
+    command's own cleanup runs) once that parent is gone: a part of ``tensorpool demo`` whose
+    demo was killed would otherwise run on forever. Returns whether the watch started.
+
+    The variable is inherited by grandchildren, which must not obey it: it counts only while
+    the named process is our parent. If it is already gone at start (it died before we got
+    here), stop at once; if it is alive but not our parent, the variable is someone else's.
+    """
+    text = os.environ.get(PARENT_ENV, "")
+    if not text.isdigit():
+        return False
+    parent = int(text)
+    if os.getppid() != parent:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return True
+        except PermissionError:
+            pass
+        return False
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("parent process %d is gone: stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tensorpool-parent-watch", daemon=True).start()
+    return True
 
 
 def stop_process(
