@@ -151,9 +151,35 @@ def _wait_driver(config: str, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise UserError(f"the SHM driver did not come up within {timeout_s:g} s")
 
 
+#: Written first into a demo's working directory: the pid of the demo that made it. A demo that
+#: was killed cannot remove its directory; the next demo does, once that pid is gone.
+OWNER_FILE = "demo.pid"
+
+
+def remove_dead_demos(root: str) -> list[str]:
+    """Remove working directories of earlier demos that were killed (their processes stopped
+    by themselves: :func:`~tensorpool.transport.process.exit_with_parent`). Only directories
+    named like a demo's and holding an :data:`OWNER_FILE` whose pid is no longer alive."""
+    from tensorpool.commands.inspect import pid_alive
+
+    removed = []
+    for path in sorted(Path(root).glob("tensorpool-demo-*")):
+        try:
+            pid = int((path / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not provably a demo's: leave it
+        if pid_alive(pid) is False:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
 def run(args: argparse.Namespace) -> int:
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    for stale in remove_dead_demos(root):
+        print(f"demo: removed {stale}, left by a demo that was killed", flush=True)
     work = Path(tempfile.mkdtemp(prefix="tensorpool-demo-", dir=root))
+    (work / OWNER_FILE).write_text(str(os.getpid()))
     aeron, shm = work / "aeron", work / "shm"
     fields = {
         "aeron": aeron,
