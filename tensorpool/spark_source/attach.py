@@ -61,6 +61,7 @@ from tensorpool.ingest import DropInfo, IngressBuffer
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.process import watch_parent as watch_parent_process
 
 log = logging.getLogger(__name__)
 
@@ -780,27 +781,17 @@ def _parent_gone(parent: int, close_timeout_s: float) -> None:
 
 
 def watch_parent(poll_s: float = 0.5, close_timeout_s: float = 2.0) -> bool:
-    """Exit this process (``os._exit``) soon after its parent process goes away (idempotent).
-
-    A daemon thread compares ``os.getppid()`` with the parent seen at start: it changes only when
-    the parent *process* dies and this one is re-parented. (``PR_SET_PDEATHSIG`` fires when the
-    parent *thread* that forked us exits, which in a JVM is any thread, and a Python signal
-    handler needs the main thread.) Before exiting it closes the attachments (detaching driver
-    leases) for at most ``close_timeout_s``. Returns whether a watch runs.
+    """Exit this process (``os._exit``) soon after its parent process goes away (idempotent):
+    :func:`tensorpool.transport.process.watch_parent` on the parent seen now. Before exiting it
+    closes the attachments (detaching driver leases) for at most ``close_timeout_s``. Returns
+    whether a watch runs.
     """
     global _WATCH
     with _HOOKS_LOCK:
         if _WATCH is not None:
             return True
         parent = os.getppid()
-
-        def run() -> None:
-            while os.getppid() == parent:
-                time.sleep(poll_s)
-            _parent_gone(parent, close_timeout_s)
-
-        _WATCH = threading.Thread(target=run, name="tensorpool-parent-watch", daemon=True)
-        _WATCH.start()
+        _WATCH = watch_parent_process(parent, lambda: _parent_gone(parent, close_timeout_s), poll_s)
         return True
 
 

@@ -38,12 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--term-length", type=_positive_int, default=None)
     parser.add_argument("--mtu", type=_positive_int, default=None)
     parser.add_argument(
-        "--parent-pid", type=_positive_int, default=None,
-        help="stop when this process (the one that started the driver for itself) is gone",
-    )  # fmt: skip
-    parser.add_argument(
         "--parent-created", action="append", default=[], metavar="DIR",
-        help="a directory the parent made for this driver: removed if empty after an orphaned stop",
+        help="a directory the parent made for this driver: removed at the stop if empty",
     )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -56,9 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             term_buffer_length=args.term_length,
             mtu_length=args.mtu,
         )
-        run_media_driver(
-            args.dir, config, parent_pid=args.parent_pid, parent_created=args.parent_created
-        )
+        run_media_driver(args.dir, config, parent_created=args.parent_created)
     except (MediaDriverError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

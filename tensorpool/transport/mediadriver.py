@@ -48,7 +48,7 @@ from tensorpool.fsafety import (
     remove_aeron_files,
 )
 from tensorpool.transport.config import TransportConfig
-from tensorpool.transport.process import StopSignals, stop_process
+from tensorpool.transport.process import StopSignals, child_env, exit_with_parent, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -190,36 +190,32 @@ def run_media_driver(
     *,
     stop: threading.Event | None = None,
     handle_signals: bool = True,
-    parent_pid: int | None = None,
     parent_created: Sequence[str] = (),
 ) -> None:
     """Serve ``aeron_dir`` until ``stop`` is set or SIGTERM/SIGINT arrives, then close.
 
-    Signal handlers are only installed when called from the main thread. ``parent_pid``: the
-    process that started this driver for itself (:class:`MediaDriverProcess`); when it dies
-    without stopping the driver (killed, or crashed in its cleanup), nothing else would, so
-    the driver stops too and removes the directories that parent made for it
-    (``parent_created``) if nothing but Aeron's files were in them.
+    Signal handlers are only installed when called from the main thread. ``parent_created``:
+    directories the process that started this driver for itself (:class:`MediaDriverProcess`)
+    made for it; removed after the close if nothing but Aeron's files were in them, so a
+    driver whose parent died without stopping it (it stops through
+    :func:`~tensorpool.transport.process.exit_with_parent`, when signal handlers are installed)
+    leaves nothing behind.
     """
     signals = StopSignals()
     if handle_signals:
         signals.install()
+        exit_with_parent()  # a MediaDriverProcess child: stop (through `signals`) when it dies
     driver: EmbeddedMediaDriver | None = None
-    orphaned = False
     try:
         driver = start_media_driver(aeron_dir, config)
         log.info("media driver serving %s", driver.dir)
         # time.sleep, not Event.wait: a signal interrupts it, and the handler takes no lock
         while not signals.requested and not (stop is not None and stop.is_set()):
-            if parent_pid is not None and os.getppid() != parent_pid:
-                orphaned = True  # re-parented: the process that owned this driver is gone
-                log.warning("media driver for %s: its parent %d is gone", aeron_dir, parent_pid)
-                break
             time.sleep(0.05)
     finally:
         if driver is not None:
             close_media_driver(driver)
-        if orphaned:
+        if parent_created:
             _remove_created(aeron_dir, list(parent_created))
         signals.restore()
         log.info("media driver for %s stopped", aeron_dir)
@@ -272,7 +268,7 @@ class MediaDriverProcess:
     def command(self) -> list[str]:
         cfg = self._config
         cmd = [sys.executable, "-m", "tensorpool.transport.aeronmd", "--dir", self.dir]
-        cmd += ["--threading", cfg.threading_mode, "--parent-pid", str(os.getpid())]
+        cmd += ["--threading", cfg.threading_mode]
         for path in self._created:
             cmd += ["--parent-created", path]
         if cfg.ipc_term_buffer_length is not None:
@@ -299,7 +295,8 @@ class MediaDriverProcess:
             raise MediaDriverError(f"a media driver is already active in {self.dir}")
         if not self._owns_dir:
             self._created = missing_dirs(self.dir)
-        self._process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
+        # child_env: the driver stops (and removes what was made for it) if we die first
+        self._process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=child_env())
         try:
             wait_until_active(self.dir, self._start_timeout_s, process=self._process)
         except BaseException:

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Final, Self
 
@@ -39,6 +39,34 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if base is None else base), PARENT_ENV: str(os.getpid())}
 
 
+def watch_parent(
+    parent: int, on_gone: Callable[[], None], poll_s: float = 0.25
+) -> threading.Thread:
+    """Call ``on_gone`` from a daemon thread once ``parent`` is no longer this process's parent.
+
+    ``os.getppid()`` changes only when the parent *process* dies and this one is re-parented
+    (``PR_SET_PDEATHSIG`` fires when the parent *thread* that forked us exits, which in a JVM
+    is any thread, and a Python signal handler needs the main thread).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("parent process %d is gone: stopping", parent)
+        on_gone()
+
+    thread = threading.Thread(target=watch, name="tensorpool-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+_WATCHING = False
+
+
+def _terminate_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def exit_with_parent(poll_s: float = 0.25) -> bool:
     """When :data:`PARENT_ENV` names this process's parent, stop (as on SIGTERM, so the
     command's own cleanup runs) once that parent is gone: a part of ``tensorpool demo`` whose
@@ -47,7 +75,11 @@ def exit_with_parent(poll_s: float = 0.25) -> bool:
     The variable is inherited by grandchildren, which must not obey it: it counts only while
     the named process is our parent. If it is already gone at start (it died before we got
     here), stop at once; if it is alive but not our parent, the variable is someone else's.
+    Idempotent: one watch per process (a second SIGTERM would cut the cleanup short).
     """
+    global _WATCHING
+    if _WATCHING:
+        return True
     text = os.environ.get(PARENT_ENV, "")
     if not text.isdigit():
         return False
@@ -56,19 +88,14 @@ def exit_with_parent(poll_s: float = 0.25) -> bool:
         try:
             os.kill(parent, 0)
         except ProcessLookupError:
-            os.kill(os.getpid(), signal.SIGTERM)
+            _WATCHING = True
+            _terminate_self()
             return True
         except PermissionError:
             pass
         return False
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        log.warning("parent process %d is gone: stopping", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="tensorpool-parent-watch", daemon=True).start()
+    _WATCHING = True
+    watch_parent(parent, _terminate_self, poll_s)
     return True
 
 
