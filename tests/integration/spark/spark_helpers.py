@@ -122,3 +122,18 @@ def publish_sparse(p: Any, n: int, step: int) -> list[int]:
     p.send(f"sparse {n} {step}")
     p.next_event("produced")
     return [first + i * step for i in range(n)]
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie counts as gone: who reaps it is up to the host's init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not process_alive(pid)

@@ -15,7 +15,15 @@ import textwrap
 import time
 from pathlib import Path
 
-from spark_helpers import BatchLog, ProducerProc, source_options, start_query, wait_query
+from spark_helpers import (
+    BatchLog,
+    ProducerProc,
+    process_alive,
+    source_options,
+    start_query,
+    wait_gone,
+    wait_query,
+)
 
 from tensorpool.spark_source import spool
 
@@ -41,20 +49,6 @@ ATTACHED = textwrap.dedent(
         att.layouts()
     """
 )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 def test_sigterm_terminates_a_process_holding_an_attachment(spark_media_driver, tmp_shm):
@@ -104,11 +98,11 @@ def test_spark_worker_exits_when_its_parent_goes_away(spark_media_driver, tmp_sh
         assert addr in Path("/proc/net/unix").read_text()
         parent.kill()
         parent.wait()
-        assert _wait_gone(worker), "the worker outlived its parent"
+        assert wait_gone(worker), "the worker outlived its parent"
         assert addr not in Path("/proc/net/unix").read_text()
         assert os.listdir(tmp_shm) == []
     finally:
-        if worker is not None and _alive(worker):
+        if worker is not None and process_alive(worker):
             os.kill(worker, signal.SIGKILL)
         if parent.poll() is None:
             parent.kill()
@@ -166,7 +160,7 @@ def test_stopped_and_failed_queries_leave_no_runner_and_no_spool(
                 finally:
                     q.stop()
                 for pid in mine:
-                    assert _wait_gone(pid), f"source runner {pid} outlived its query"
+                    assert wait_gone(pid), f"source runner {pid} outlived its query"
             assert not os.path.exists(os.path.join(tmp_shm, spool.SPOOL_ROOT))
     finally:
         producer.close()

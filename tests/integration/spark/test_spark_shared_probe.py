@@ -19,10 +19,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-from spark_helpers import source_options
+from spark_helpers import process_alive, source_options, wait_gone
 
 from tensorpool.spark_source import attach, mapped_rings
 from tensorpool.spark_source.options import parse_source_options
@@ -158,13 +157,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_shared_probe_closes_when_idle_and_at_exit(spark_media_driver, tmp_shm):
     """An unused shared probe closes itself (client and keeper thread gone); a normal exit closes
     the one still open; the process leaves nothing in its SHM directory."""
@@ -206,13 +198,10 @@ def test_worker_with_a_shared_probe_exits_when_its_parent_goes_away(spark_media_
         assert line == ["open", "1", "1"]
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 30
-        while _alive(worker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(worker), "the worker outlived its parent"
+        assert wait_gone(worker), "the worker outlived its parent"
         assert os.listdir(tmp_shm) == []
     finally:
-        if worker is not None and _alive(worker):
+        if worker is not None and process_alive(worker):
             os.kill(worker, signal.SIGKILL)
         if parent.poll() is None:
             parent.kill()
