@@ -383,6 +383,18 @@ def write_parquet(frames: np.ndarray, path: str, files: int) -> None:
         pq.write_table(table.slice(i * per, per), os.path.join(path, f"part-{i}.parquet"))
 
 
+def tp_options(stream: int, md_dir: str, shm: str, **extra: str) -> dict[str, str]:
+    """The tensorpool source's options in every batch read here (2 partitions, the whole ring)."""
+    return {
+        "streams": str(stream),
+        "aeronDir": md_dir,
+        "shmBaseDir": shm,
+        "minPartitions": "2",
+        "startingOffsets": "earliest",
+        **extra,
+    }
+
+
 def run_size(
     spark: Any,
     md_dir: str,
@@ -404,13 +416,7 @@ def run_size(
     pq_tiny = os.path.join(work, f"pq-tiny-{size}")
     write_parquet(data[:TINY], pq_tiny, 1)
     del data
-    tp = {
-        "streams": str(stream),
-        "aeronDir": md_dir,
-        "shmBaseDir": shm,
-        "minPartitions": "2",
-        "startingOffsets": "earliest",
-    }
+    tp = tp_options(stream, md_dir, shm)
     api = {"frames": str(frames), "frame_bytes": str(size), "partitions": "2"}
     per_trigger = frames // 4
 
@@ -572,14 +578,7 @@ def run_per_query(
     pq_tiny = os.path.join(work, "pq-per-query")
     write_parquet(data, pq_tiny, 1)
     end = json.dumps({str(stream): {"epoch": prod.epoch, "seq": head}})
-    tp = {
-        "streams": str(stream),
-        "aeronDir": md_dir,
-        "shmBaseDir": shm,
-        "minPartitions": "2",
-        "startingOffsets": "earliest",
-        "endingOffsets": end,
-    }
+    tp = tp_options(stream, md_dir, shm, endingOffsets=end)
     api = {"frames": str(TINY), "frame_bytes": str(MIB), "partitions": "2"}
 
     def noop(df: Any) -> None:
