@@ -31,6 +31,14 @@ Model §4.8, one live lease per clientId):
 * any other refusal ("shutting down"), no answer within ``confirm_timeout_ns``, or a lost
   media driver: the notice is confirmed and the lease is dropped as §4.9/§4.13 say.
 
+Late grants (§4.2 with §4.8). An attach request that timed out may still be answered: a
+driver that stalled (stopped, swapping) past ``attach_timeout_ns`` works through its queue when
+it resumes, granting our first request and refusing the retry because our client id now holds
+a lease. The machine remembers the requests it gave up on; a late grant is taken while it still
+looks for a lease and detached otherwise, and a refusal naming a lease of ours that it never
+heard of (a lost answer) detaches that lease and retries at the busy period. Without this the
+client would be kept out until the unused lease expired.
+
 The deviation from "immediately" in §4.9/§4.13 is one driver round trip (bounded by
 ``confirm_timeout_ns``); the regions stay mapped meanwhile, and consumers drop anything the
 producer writes to a revoked epoch by the epoch filter (Wire §10.2.1). docs/operator.md
@@ -44,7 +52,9 @@ import logging
 import os
 import random
 import re
+from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from tensorpool.client.announce import AnnouncedPool, StreamLayout
 from tensorpool.client.settings import ClientSettings
@@ -178,6 +188,8 @@ class LeaseTimings:
 _TRANSIENT_REFUSALS = ("already has a producer", "already holds lease", "shutting down")
 # The duplicate-clientId refusal names the lease the driver holds for us (driver/core.py).
 _HELD_LEASE = re.compile(r"already holds lease (\d+)\b")
+#: timed-out attach requests remembered for their late answer (a few attach timeouts' worth)
+_ABANDONED_KEPT: Final = 8
 
 
 def is_transient_refusal(code: int | None, message: str) -> bool:
@@ -220,6 +232,9 @@ class LeaseMachine:
         self._next_keepalive = 0
         self._backoff_ns = self.timings.backoff_initial_ns
         self._notice: str | None = None  # the notice being confirmed (CONFIRMING)
+        # attach requests given up on (timed out) whose answer may still come: a driver that
+        # stalled past our attach timeout grants them when it resumes (see on_attach_response)
+        self._abandoned: deque[int] = deque(maxlen=_ABANDONED_KEPT)
         self.counters: dict[str, int] = {}
 
     def _count(self, key: str) -> None:
@@ -274,7 +289,10 @@ class LeaseMachine:
 
     # --- inputs -------------------------------------------------------------------------------
     def on_attach_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
-        if r.correlation_id != self._pending or self.state not in (
+        corr = r.correlation_id
+        if corr != self._pending and corr in self._abandoned:
+            return self._on_late_response(r, now)
+        if corr != self._pending or self.state not in (
             AttachPhase.ATTACHING,
             AttachPhase.CONFIRMING,
         ):
@@ -286,6 +304,15 @@ class LeaseMachine:
         if code != _OK:
             self._count(f"attach_code_{code}")
             message = r.error_message
+            held = _HELD_LEASE.search(message)
+            if held is not None and int(held.group(1)) != self.lease_id:
+                # §4.8: the driver holds a lease for our client id that we never heard of (a
+                # grant whose answer was lost): release it and attach again at the busy period
+                self._count("unknown_lease_released")
+                self._to_backoff(now)
+                self._deadline = now + self.timings.busy_retry_ns
+                self._backoff_ns = self.timings.backoff_initial_ns
+                return [self._detach_request(int(held.group(1)))]
             backoff = self._to_backoff(now)
             if is_transient_refusal(code, message):
                 # an old lease still holds the stream: poll for its expiry, do not back off
@@ -297,6 +324,41 @@ class LeaseMachine:
         except (ValueError, CodecError, ShmError) as exc:
             self._count("attach_protocol_error")
             return [*self._to_backoff(now), AttachFailed(None, f"protocol error: {exc}")]
+        return self._attached(lease_id, expiry, layout, now)
+
+    def _on_late_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
+        """The answer to an attach we gave up on (it timed out while the driver stalled).
+
+        The driver granted it when it resumed, and refuses our newer request because that lease
+        exists (one lease per client id, §4.8): ignoring the grant would keep us out until the
+        unused lease expires. So a late grant is taken if we are still looking for a lease, and
+        released (detached) if we are not; a late refusal says nothing new.
+        """
+        self._abandoned.remove(r.correlation_id)
+        if r.code_raw != _OK:
+            return []
+        try:
+            lease_id, expiry, layout = _validate_ok_response(r, self.stream_id)
+        except (ValueError, CodecError, ShmError):
+            self._count("late_grant_malformed")  # its lease, unknown to us, expires by itself
+            return []
+        if self.state in (AttachPhase.ATTACHING, AttachPhase.BACKOFF):
+            self._count("late_grant_taken")
+            if self._pending is not None:  # the newer request: refused, or released if granted
+                self._abandoned.append(self._pending)
+            self._pending = None
+            self._notice = None
+            return self._attached(lease_id, expiry, layout, now)
+        self._count("late_grant_released")
+        return [self._detach_request(lease_id)]
+
+    def _detach_request(self, lease_id: int) -> SendDetach:
+        """A detach of a lease this machine does not use (its answer is not waited for)."""
+        return SendDetach(self._next_corr(), lease_id, self.stream_id, self.client_id, self.role)
+
+    def _attached(
+        self, lease_id: int, expiry: int | None, layout: StreamLayout, now: int
+    ) -> list[Action]:
         self.state = AttachPhase.ATTACHED
         self.lease_id = lease_id
         self.lease_expiry_ns = expiry
@@ -450,6 +512,8 @@ class LeaseMachine:
                 ]
         elif st is AttachPhase.ATTACHING and now >= self._deadline:
             self._count("attach_timeout")
+            if self._pending is not None:
+                self._abandoned.append(self._pending)
             return [*self._to_backoff(now), AttachFailed(None, "attach timed out")]
         elif st is AttachPhase.DETACHING and now >= self._deadline:
             self.state = AttachPhase.CLOSED

@@ -375,3 +375,95 @@ def test_14_2_lease_loss_while_confirming_is_not_delayed() -> None:
     m.on_driver_shutdown(0)
     (lost,) = m.on_transport_reset(1)
     assert isinstance(lost, LeaseLost) and lost.reason == "media_driver_restarted"
+
+
+def _timed_out_then_retried(m: LeaseMachine) -> tuple[int, int]:
+    """The first request times out (the driver stalled); the retry goes out. Returns both
+    correlation ids."""
+    (req1,) = m.attach(0)
+    failed = m.tick(500 * MS)
+    assert isinstance(failed[-1], AttachFailed) and m.state is AttachPhase.BACKOFF
+    (req2,) = m.tick(550 * MS)
+    assert isinstance(req2, SendAttach)
+    return req1.correlation_id, req2.correlation_id
+
+
+def _held(corr: int, lease: int) -> dp.ShmAttachResponseDecoder:
+    return _refusal(corr, f"client id 42 already holds lease {lease} (PRODUCER on stream 5)")
+
+
+def test_s4_8_a_late_grant_of_a_timed_out_attach_is_taken() -> None:
+    """The resumed driver grants the first request and refuses the retry (one lease per
+    client id): the grant is taken, the refusal of the retry is ignored."""
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    corr1, corr2 = _timed_out_then_retried(m)
+    (ev,) = m.on_attach_response(_response(corr1, lease_id=70), 600 * MS)
+    assert isinstance(ev, Attached) and ev.lease_id == 70
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 70
+    assert m.on_attach_response(_held(corr2, 70), 600 * MS) == []
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 70
+    assert m.counters["late_grant_taken"] == 1
+    assert isinstance(m.tick(700 * MS)[0], SendKeepalive)
+
+
+def test_s4_8_a_late_grant_while_backing_off_is_taken() -> None:
+    m = LeaseMachine(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+    (req1,) = m.attach(0)
+    m.tick(500 * MS)
+    assert m.state is AttachPhase.BACKOFF
+    (ev,) = m.on_attach_response(_response(req1.correlation_id), 520 * MS)
+    assert isinstance(ev, Attached) and m.state is AttachPhase.ATTACHED
+    assert m.tick(550 * MS) == []  # no retry once attached
+
+
+def test_s4_8_a_late_grant_we_no_longer_need_is_released() -> None:
+    """The retry was granted first (the old lease had expired meanwhile), then the late grant
+    of the first request arrives: it is detached, the lease in use is kept."""
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    corr1, corr2 = _timed_out_then_retried(m)
+    (ev,) = m.on_attach_response(_response(corr2, lease_id=71), 600 * MS)
+    assert isinstance(ev, Attached) and m.lease_id == 71
+    (detach,) = m.on_attach_response(_response(corr1, lease_id=70), 610 * MS)
+    assert isinstance(detach, SendDetach) and detach.lease_id == 70
+    assert m.state is AttachPhase.ATTACHED and m.lease_id == 71
+    assert m.counters["late_grant_released"] == 1
+    assert m.on_attach_response(_response(corr1, lease_id=70), 620 * MS) == []  # once only
+
+
+def test_s4_8_the_retry_granted_after_a_taken_late_grant_is_released() -> None:
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    corr1, corr2 = _timed_out_then_retried(m)
+    m.on_attach_response(_response(corr1, lease_id=70), 600 * MS)
+    (detach,) = m.on_attach_response(_response(corr2, lease_id=72), 610 * MS)
+    assert isinstance(detach, SendDetach) and detach.lease_id == 72 and m.lease_id == 70
+
+
+def test_s4_8_a_late_refusal_changes_nothing() -> None:
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    corr1, corr2 = _timed_out_then_retried(m)
+    assert m.on_attach_response(_refusal(corr1, "shutting down"), 600 * MS) == []
+    assert m.state is AttachPhase.ATTACHING and m.pending_correlation_id == corr2
+
+
+def test_s4_8_a_late_grant_after_close_is_released() -> None:
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    (req1,) = m.attach(0)
+    m.tick(500 * MS)
+    assert m.detach(510 * MS) == [] and m.state is AttachPhase.CLOSED
+    (detach,) = m.on_attach_response(_response(req1.correlation_id, lease_id=70), 600 * MS)
+    assert isinstance(detach, SendDetach) and detach.lease_id == 70
+    assert m.state is AttachPhase.CLOSED
+
+
+def test_s4_8_a_lease_the_driver_holds_for_us_unknown_is_released_and_retried() -> None:
+    """The refusal names a lease for our client id we never heard of (its grant was lost):
+    it is detached and the attach retried at the short busy period, not after a backoff."""
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    (req,) = m.attach(0)
+    (detach,) = m.on_attach_response(_held(req.correlation_id, 66), 10 * MS)
+    assert isinstance(detach, SendDetach) and detach.lease_id == 66
+    assert detach.client_id == 42 and detach.role == ROLE_PRODUCER
+    assert m.state is AttachPhase.BACKOFF and m.counters["unknown_lease_released"] == 1
+    assert m.tick(10 * MS + T.busy_retry_ns - 1) == []
+    (again,) = m.tick(10 * MS + T.busy_retry_ns)
+    assert isinstance(again, SendAttach)
