@@ -132,8 +132,10 @@ def format_status_line(row: dict[str, Any]) -> str:
         return f"{head} epoch {row['source_epoch']} drops: {_drops_text(drops)}"
     drops = {**row["chunk_drops"], **row["frame_drops"]}
     drops.pop("duplicate_chunk", None)
+    state = row.get("destination", "open")
+    dest = f"dest {row['dest_stream_id']}" + ("" if state == "open" else f" ({state})")
     return (
-        f"{head} dest {row['dest_stream_id']} local epoch {row['local_epoch']} "
+        f"{head} {dest} local epoch {row['local_epoch']} "
         f"(source epoch {row['source_epoch']}) assembly timeouts {row['assembly_timeouts']} "
         f"drops: {_drops_text(drops)}"
     )

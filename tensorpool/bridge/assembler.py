@@ -340,6 +340,7 @@ class _Stream:
     __slots__ = (
         "announce",
         "asm",
+        "attaching",
         "dest",
         "dest_ready",
         "epoch",
@@ -363,6 +364,7 @@ class _Stream:
         self.pools: dict[int, int] = {}
         self.max_source_stride = 0
         self.dest_ready = False
+        self.attaching = False  # the agent is attaching the destination (not ready yet)
         self.local_nslots = 0
         self.local_max_stride = 0
         self.max_plen = -1  # min of every payloadLength bound; -1 until ready (fast path off)
@@ -422,7 +424,27 @@ class ReceiverCore:
         asm = self._by_index[mapping].asm
         return None if asm is None else asm.seq
 
+    def destination_state(self, mapping: int) -> str:
+        """``open``, ``attaching`` or ``closed``: the destination as the agent reported it."""
+        st = self._by_index[mapping]
+        return "open" if st.dest_ready else "attaching" if st.attaching else "closed"
+
     # -- destination lifecycle (reported by the agent) ------------------------------------
+
+    def destination_attaching(self, mapping: int) -> Dropped | None:
+        """The agent started attaching the local producer and keeps running meanwhile.
+
+        Why a state of its own: the attach may take up to the attach timeout (a slow,
+        restarting or stopped SHM driver) and the receiver must not stall its other streams
+        for it, so this stream's chunks keep arriving and are dropped as
+        ``destination_attaching`` — not ``dest_not_ready`` — until :meth:`destination_ready`
+        (or :meth:`destination_lost`, when the attach fails).
+        """
+        st = self._by_index[mapping]
+        st.dest_ready = False
+        st.attaching = True
+        self._refresh_bounds(st)
+        return self._abandon(st, FrameDrop.DEST_LOST)
 
     def destination_ready(
         self, mapping: int, *, header_nslots: int, max_stride: int, dest_stream_id: int
@@ -430,15 +452,18 @@ class ReceiverCore:
         """The local producer is attached: its ring depth and largest pool stride."""
         st = self._by_index[mapping]
         st.dest_ready = True
+        st.attaching = False
         st.local_nslots = header_nslots
         st.local_max_stride = max_stride
         st.dest = dest_stream_id
         self._refresh_bounds(st)
 
     def destination_lost(self, mapping: int) -> Dropped | None:
-        """The local producer went away (lease lost, closed): drop the frame in flight."""
+        """The local producer went away (lease lost, closed, attach failed): drop the frame in
+        flight."""
         st = self._by_index[mapping]
         st.dest_ready = False
+        st.attaching = False
         self._refresh_bounds(st)
         return self._abandon(st, FrameDrop.DEST_LOST)
 
@@ -724,6 +749,8 @@ class ReceiverCore:
             self._abandon(st, FrameDrop.EPOCH_CHANGE)
             return self._drop(st, seq, ChunkDrop.EPOCH_MISMATCH)
         if not st.dest_ready:
+            if st.attaching:
+                return self._drop(st, seq, ChunkDrop.DESTINATION_ATTACHING)
             return self._drop(st, seq, ChunkDrop.DEST_NOT_READY)
         # §5.2 chunk rules, cheapest first; nothing touched yet.
         if hinc > 1:

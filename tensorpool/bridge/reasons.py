@@ -29,6 +29,10 @@ class ChunkDrop:
     STALE_EPOCH: Final = "stale_epoch"
     """Older than the forwarded announce (§8)."""
     DEST_NOT_READY: Final = "dest_not_ready"
+    """No local producer for the mapping: not opened yet, or its open failed (retried)."""
+    DESTINATION_ATTACHING: Final = "destination_attaching"
+    """The local producer is attaching through the SHM driver; the receiver keeps serving
+    its other streams meanwhile instead of waiting for the driver's answer."""
     CHUNK_COUNT_INVALID: Final = "chunk_count_invalid"
     CHUNK_INDEX_OUT_OF_RANGE: Final = "chunk_index_out_of_range"
     HEADER_INCLUDED_INVALID: Final = "header_included_invalid"

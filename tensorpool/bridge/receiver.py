@@ -11,7 +11,10 @@ and carries out what the core decides:
   (standalone mode; the epoch is one above any this instance used before). If the
   destination already has a producer, a statically configured mapping fails and is
   retried later; one allocated from ``dest_stream_id_range`` moves to the next free id
-  (§4).
+  (§4). The driver's answer is never waited for: the attach is started, then driven one
+  step per duty cycle (``Producer.poll_attach``) while every other mapping keeps flowing;
+  meanwhile the core drops this stream's chunks as ``destination_attaching``. A refusal
+  or the attach timeout (``local.attach_timeout_ms``) takes the failure path above.
 * assembling — the core writes every chunk straight into the local payload slot the
   producer claimed for the frame (:class:`LocalSink`), so payload bytes are copied once,
   from the Aeron log into shared memory;
@@ -48,6 +51,7 @@ from tensorpool.bridge.assembler import (
 from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, FrameDrop
 from tensorpool.client.producer import AttachError, FrameClaim, PoolConfig, Producer, StreamConfig
+from tensorpool.client.producer_core import AttachWait
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.tensor import TensorLayout
@@ -77,6 +81,8 @@ class _Dest:
     mapping: BridgeMapping
     dest_stream_id: int
     producer: Producer | None = None
+    pending: Producer | None = None  # attaching (driver mode): driven by do_work
+    attach_wait: AttachWait | None = None  # the pending attach's refusal/deadline rules
     claim: FrameClaim | None = None
     local_epoch: int = 0
     open_failures: int = 0
@@ -232,6 +238,8 @@ class BridgeReceiver:
                 work += p.do_work(now)
                 if p.epoch != dest.local_epoch:
                     self._destination_changed(dest)
+            elif dest.pending is not None:
+                work += self._drive_attach(dest, now)
             elif dest.wanted_epoch is not None and now >= dest.retry_at_ns:
                 self._open(dest, dest.wanted_epoch)
         for d in self.core.tick(now):
@@ -327,7 +335,14 @@ class BridgeReceiver:
     # -- destinations -----------------------------------------------------------------------------
 
     def _open(self, dest: _Dest, source_epoch: int) -> None:
-        """(Re)attach the local producer for a (new) source epoch (§4, §8)."""
+        """(Re)attach the local producer for a (new) source epoch (§4, §8), without waiting.
+
+        Why not ``wait_until_attached``: the driver may take up to the attach timeout to
+        answer (slow, restarting, stopped), and every other mapping of this receiver would
+        stall meanwhile — no chunks polled, UDP buffers full, healthy streams' frames lost.
+        A driver-mode producer is left pending and driven by :meth:`_drive_attach` each duty
+        cycle; a standalone one is attached on construction.
+        """
         dest.wanted_epoch = source_epoch
         self._close_producer(dest)
         m = dest.mapping
@@ -358,28 +373,73 @@ class BridgeReceiver:
                 # id of an allocated range
                 wait_for_held_lease=False,
             )
-            try:
-                producer.wait_until_attached()  # #14.1: the constructor does not block
-            except BaseException:
-                producer.close()
-                raise
         except (AttachError, ShmError, OSError, ValueError) as exc:
-            dest.open_failures += 1
-            dest.last_error = str(exc)
-            dest.retry_at_ns = self._clock() + _RETRY_NS
-            log.warning(
-                "mapping %s: cannot open destination %d: %s", m.name, dest.dest_stream_id, exc
-            )
-            if m.dest_allocated:
-                self._remap(dest)
+            self._open_failed(dest, str(exc))
             return
+        if producer.attached:
+            self._opened(dest, producer)
+            return
+        now = self._clock()
+        dest.pending = producer
+        dest.attach_wait = AttachWait(
+            dest.dest_stream_id,
+            local.attach_timeout_ms * 1_000_000,
+            now,
+            wait_for_held_lease=False,
+        )
+        d = self.core.destination_attaching(m.index)
+        if d is not None:
+            self._on_drop(d)
+        log.info(
+            "mapping %s: attaching destination stream %d (source epoch %d)",
+            m.name, dest.dest_stream_id, source_epoch,
+        )  # fmt: skip
+
+    def _drive_attach(self, dest: _Dest, now: int) -> int:
+        """One step of a pending attach: done, refused, timed out, or still waiting."""
+        producer = dest.pending
+        wait = dest.attach_wait
+        assert producer is not None and wait is not None
+        try:
+            error = producer.poll_attach(wait, now)
+        except (ShmError, OSError, ValueError) as exc:
+            error = str(exc)
+        if error is not None:
+            dest.pending = dest.attach_wait = None
+            # not waited for: a grant still in flight is never used and expires with its lease
+            producer.close(detach_timeout_ns=0)
+            self._open_failed(dest, error)
+            return 1
+        if not producer.attached:
+            return 0
+        dest.pending = dest.attach_wait = None
+        self._opened(dest, producer)
+        return 1
+
+    def _open_failed(self, dest: _Dest, error: str) -> None:
+        m = dest.mapping
+        dest.open_failures += 1
+        dest.last_error = error
+        dest.retry_at_ns = self._clock() + _RETRY_NS
+        d = self.core.destination_lost(m.index)  # attaching -> dest_not_ready until retried
+        if d is not None:
+            self._on_drop(d)
+        log.warning(
+            "mapping %s: cannot open destination %d: %s", m.name, dest.dest_stream_id, error
+        )
+        if m.dest_allocated:
+            self._remap(dest)
+
+    def _opened(self, dest: _Dest, producer: Producer) -> None:
+        m = dest.mapping
         dest.producer = producer
+        source_epoch = dest.wanted_epoch
         dest.wanted_epoch = None
         dest.last_error = ""
         self._destination_changed(dest)
         self._restore_metadata(dest)
         log.info(
-            "mapping %s: destination stream %d open, local epoch %d (source epoch %d)",
+            "mapping %s: destination stream %d open, local epoch %d (source epoch %s)",
             m.name, dest.dest_stream_id, producer.epoch, source_epoch,
         )  # fmt: skip
 
@@ -419,6 +479,12 @@ class BridgeReceiver:
                 self._on_drop(d)
 
     def _close_producer(self, dest: _Dest) -> None:
+        if dest.pending is not None:  # an attach still in progress: abandoned, not waited for
+            dest.pending.close(detach_timeout_ns=0)
+            dest.pending = dest.attach_wait = None
+            d = self.core.destination_lost(dest.mapping.index)
+            if d is not None:
+                self._on_drop(d)
         if dest.producer is not None:
             d = self.core.destination_lost(dest.mapping.index)
             if d is not None:
@@ -600,6 +666,7 @@ class BridgeReceiver:
                 "source_stream_id": m.source_stream_id,
                 "dest_stream_id": dest.dest_stream_id,
                 "source_epoch": self.core.source_epoch(m.index),
+                "destination": self.core.destination_state(m.index),
                 "local_epoch": p.epoch if p is not None else None,
                 "descriptors_not_sent": p.stats.descriptors_not_sent if p is not None else 0,
                 "open_failures": dest.open_failures,
@@ -611,6 +678,9 @@ class BridgeReceiver:
 
     def close(self) -> None:
         for dest in self._dests.values():
+            if dest.pending is not None:
+                dest.pending.close(detach_timeout_ns=0)
+                dest.pending = dest.attach_wait = None
             if dest.producer is not None:
                 dest.producer.close()
                 dest.producer = None

@@ -752,6 +752,7 @@ class Consumer:
         """
         strategy = SemaphoreIdleStrategy(self.settings.namespace, self.stream_id, max_wait_ns)
         self._wake_strategies.append(strategy)
+        self.stats.wake_sems_removed += strategy.removed
         return strategy
 
     # --- relay hooks (rate limiter, bridge) ------------------------------------------------------

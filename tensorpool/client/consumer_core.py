@@ -169,6 +169,8 @@ class ConsumerStats:
     bytes: int = 0
     drops_gap: int = 0
     remaps: int = 0
+    wake_sems_removed: int = 0
+    """Dead consumers' wake semaphore files swept when this one made its own (wakeup.py)."""
     drops: DropCounters = field(default_factory=DropCounters)
     control: DropCounters = field(default_factory=DropCounters)
 

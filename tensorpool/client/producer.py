@@ -158,6 +158,8 @@ class ProducerStats:
     bytes: int = 0
     descriptors_not_sent: int = 0
     announces: int = 0
+    wake_sems_removed: int = 0
+    """Dead consumers' wake semaphore files the rescan removed (transport/wakeup.py)."""
     drops: DropCounters = field(default_factory=DropCounters)
 
 
@@ -453,22 +455,33 @@ class Producer:
             self.stream_id, int(timeout * 1e9), self._clock(), wait_for_held_lease=wait_held
         )
         while not core.attached:
-            self.do_work()
-            now = self._clock()
-            for failure in core.attach_failures:
-                fatal, note = wait.on_failure(failure, now)
-                if fatal is not None:
-                    core.attach_failures.clear()
-                    raise AttachError(fatal)
-                if note is not None:
-                    log.warning("%s", note)
-            core.attach_failures.clear()
-            if core.attached:
-                break
-            error = wait.expired(now, core.map_error)
+            error = self.poll_attach(wait)
             if error is not None:
                 raise AttachError(error)
-            time.sleep(0.001)
+            if not core.attached:
+                time.sleep(0.001)
+
+    def poll_attach(self, wait: AttachWait, now_ns: int | None = None) -> str | None:
+        """One non-blocking step of :meth:`wait_until_attached`: :meth:`do_work` once, then
+        the driver's refusals and the deadline judged by ``wait``.
+
+        For agents that attach from their own duty cycle because other work must not stall
+        meanwhile (the bridge receiver's other streams). Returns the error that ends the
+        attempt, or None (check :attr:`attached`; keep calling while it is False).
+        """
+        self.do_work(now_ns)
+        core = self._core
+        now = self._clock() if now_ns is None else now_ns
+        failures = core.attach_failures
+        for failure in failures:
+            fatal, note = wait.on_failure(failure, now)
+            if fatal is not None:
+                failures.clear()
+                return fatal
+            if note is not None:
+                log.warning("%s", note)
+        failures.clear()
+        return None if core.attached else wait.expired(now, core.map_error)
 
     def _map_lease(self, layout: StreamLayout) -> None:
         self._uninstall()
@@ -920,7 +933,7 @@ class Producer:
         core = self._core
         work = self._sub_control.poll()
         if self._wake is not None:
-            self._wake.maybe_rescan(now)
+            self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
         if self._driver is not None:
             events = self._driver.do_work(now)
             if events:

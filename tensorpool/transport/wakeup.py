@@ -16,7 +16,9 @@ Model:
   ``/tensorpool-wake-<namespace>-<stream_id>-<pid>-<token>`` (``O_CREAT|O_EXCL``, mode 0600),
   and as an idle strategy blocks on it for at most ``max_wait_ns`` when a duty cycle found no
   work, so control-plane duties (announces, QoS, keepalives) still run at least that often.
-  ``close()`` unlinks it: only the creator deletes it (it can prove it made it).
+  ``close()`` unlinks it: only the creator deletes it (it can prove it made it). It stamps
+  the file's mtime with its pid namespace and process start tick (:func:`_creator_stamp`), so
+  that after a SIGKILL a sweeper can prove the file's creator is gone.
 * :class:`WakePoster` (producer side) finds the semaphores of its stream by listing
   ``/dev/shm`` (glibc keeps a named semaphore ``/x`` as ``/dev/shm/sem.x``) every
   ``rescan_ns`` and posts each one after a descriptor went out. It posts only while a
@@ -24,28 +26,48 @@ Model:
   at most one spurious wakeup follows a busy period. No wakeup is lost: the descriptor is in
   the Aeron log before the value is read, and a consumer that finds the value non-zero polls
   after taking it.
+* **Leave nothing behind** (:func:`remove_if_abandoned`): a consumer killed with SIGKILL
+  cannot unlink its 32-byte file, so two sweepers remove it, on proof only (exact name layout,
+  regular file of our uid, mode within 0600, 32 bytes, our pid namespace's stamp, and the pid
+  dead, a zombie with no thread left, or reused by a process that started at another tick):
+  the producer's rescan (every ``rescan_ns``, so within 1 s of the kill while a producer of
+  the stream runs) and every new consumer of the namespace before it creates its own
+  (:func:`sweep_abandoned`: a restarted consumer clears its predecessor's even with no
+  producer). Both are off the per-frame path; each counts (``removed``) and logs one line when
+  it removed something. A consumer the producer already posts is re-checked by its pid only
+  (one ``stat`` a second), so its file goes once its pid is gone: a zombie waits for its
+  reaping, a pid reused within one rescan for the next sweep by a new consumer.
+  Why a stamp: a pid alone proves nothing across pid namespaces (containers of one pod share
+  ``/dev/shm`` but not pids) nor after pid reuse; comparing the file's mtime with the pid's
+  start time would need the wall clock, and a clock stepped forward after the file was made
+  would make a live creator look younger than its file and lose it its semaphore.
 
 Why one semaphore per consumer and not one per stream: Aeron IPC delivers every descriptor to
 every subscriber, but a post wakes exactly one waiter, so one shared semaphore would wake one
 consumer per frame and leave the others asleep until their timeout.
 
 Limits: Linux (glibc's ``/dev/shm/sem.*`` layout is how a producer discovers consumers); a
-consumer killed with SIGKILL leaves its 32-byte ``/dev/shm/sem.tensorpool-wake-*`` entry behind
-(the poster stops posting it once its pid is gone, and nothing deletes it because nothing can
-prove who made it); a consumer that starts after the producer's last rescan sleeps up to
+SIGKILLed consumer's file stays until a producer of its stream or a new consumer of its
+namespace runs in the same pid namespace and as the same user (files of older tensorpool
+versions, unstamped, stay for good: remove them by hand once their pid, the field after the
+stream id, is gone); a consumer that starts after the producer's last rescan sleeps up to
 ``max_wait_ns`` per frame until the next rescan (``rescan_ns``, 1 s by default). Same-user only
 (mode 0600), like the SHM pools.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, Final
 
 from tensorpool.config_util import check_path_component
+
+log = logging.getLogger(__name__)
 
 SEM_DIR: Final = Path("/dev/shm")
 """Where glibc keeps named semaphores: ``/name`` is the file ``/dev/shm/sem.name``."""
@@ -54,10 +76,20 @@ DEFAULT_MAX_WAIT_NS: Final = 10_000_000
 """Longest block per idle cycle: control duties run at least every 10 ms (keepalives and QoS
 are 1 s periods; the consumer's control poll is rate-limited to every 100 us anyway)."""
 DEFAULT_RESCAN_NS: Final = 1_000_000_000
-_OWNER_RE: Final = re.compile(r"(\d+)-[0-9a-f]{8}")
+_OWNER_RE: Final = re.compile(r"([1-9][0-9]{0,6})-[0-9a-f]{8}")
 """What follows a stream's prefix in a consumer's name: ``<pid>-<token>``, nothing else (so a
 namespace with ``-`` in it cannot pass for another namespace's stream: ``a`` + stream 1 vs
-``a-1`` + stream 5)."""
+``a-1`` + stream 5). The pid as ``str(os.getpid())`` writes it (no sign, no leading zero, at
+most 7 digits: Linux's ``PID_MAX_LIMIT`` is 2**22); the token is ``secrets.token_hex(4)``."""
+_NAME_RE: Final = re.compile(
+    r"sem\.tensorpool-wake-([A-Za-z0-9._-]+)-(0|[1-9][0-9]{0,9})-([1-9][0-9]{0,6})-[0-9a-f]{8}"
+)
+"""A whole wake semaphore file name as :class:`SemaphoreIdleStrategy` writes it (namespace,
+stream id, pid, token), ASCII only, matched with ``fullmatch``: the first proof before a sweep
+removes a file (:func:`remove_if_abandoned`)."""
+SEM_FILE_SIZE: Final = 32
+"""``sizeof(sem_t)`` on 64-bit glibc: what ``sem_open`` writes into ``/dev/shm/sem.<name>``."""
+_NS_PER_S: Final = 1_000_000_000
 
 
 def wake_prefix(namespace: str, stream_id: int) -> str:
@@ -83,14 +115,150 @@ def _posix_ipc() -> Any:
     return posix_ipc
 
 
+def _proc_stat(pid: int) -> tuple[bytes, int] | None:
+    """State and start time (clock ticks after boot) of process ``pid`` from
+    ``/proc/<pid>/stat`` (fields 3 and 22), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2 :].split()  # comm may hold spaces and ")"
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _creator_stamp(pid_namespace: int, start_ticks: int) -> int:
+    """The mtime (ns) a creator stamps on its semaphore file: its pid namespace's inode as
+    the seconds, its start time (ticks, modulo 1e9) as the nanoseconds. Who made the file is
+    then provable without a clock: same pid namespace as the sweeper (else its pids mean
+    nothing here), and a process now holding that pid is the creator only if it started at
+    the same tick (``/proc/<pid>/stat``, boot-relative, immune to wall-clock steps)."""
+    return pid_namespace * _NS_PER_S + start_ticks % _NS_PER_S
+
+
+_PIDNS: list[int] = [0, 0]
+"""``[pid, inode]``: this process's pid namespace, read once per process (``setns`` moves
+only children; the pid key makes a forked child read its own)."""
+
+
+def _pid_namespace() -> int:
+    pid = os.getpid()
+    if _PIDNS[0] != pid:
+        _PIDNS[1] = os.stat("/proc/self/ns/pid").st_ino
+        _PIDNS[0] = pid
+    return _PIDNS[1]
+
+
+def _creator_gone(pid: int, mtime_ns: int) -> bool:
+    """True only when the process that stamped ``mtime_ns`` under ``pid`` provably exited."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # EPERM: alive, another user's; never ours to judge
+        return False
+    proc = _proc_stat(pid)
+    if proc is None:
+        return False  # exited meanwhile (the next sweep sees it) or unreadable: keep
+    state, start_ticks = proc
+    if state in (b"Z", b"X"):
+        # a zombie holds no mappings: nothing can wait on the file any more. Only if it is
+        # alone: a leader that exited before its threads shows "Z" while they still run
+        try:
+            return len(os.listdir(f"/proc/{pid}/task")) == 1
+        except OSError:
+            return False
+    # alive with a different start tick: the pid was reused, the creator is gone
+    return start_ticks % _NS_PER_S != mtime_ns % _NS_PER_S
+
+
+def remove_if_abandoned(entry: str) -> bool:
+    """Unlink ``/dev/shm/<entry>`` if every proof holds that a dead tensorpool consumer made
+    it; True if this call removed it.
+
+    Deleting is privileged, so each of these must hold, else the file is kept: the name is
+    exactly the layout :class:`SemaphoreIdleStrategy` writes (:data:`_NAME_RE`, a valid
+    namespace, a uint32 stream id); the entry is a regular file (not followed if a link) owned
+    by this uid, mode within 0600, ``sizeof(sem_t)`` bytes; its mtime is the creator stamp
+    (:func:`_creator_stamp`) of this pid namespace; and the pid is dead, or a zombie, or now a
+    process that started at another tick (pid reused). A file of another pid namespace, of
+    another user, of an older tensorpool (no stamp) or not stamped yet (the instant between
+    ``sem_open`` and the stamp) is kept. A concurrent unlink (the creator closing, another
+    sweeper) is not an error.
+    """
+    m = _NAME_RE.fullmatch(entry)
+    if m is None or check_path_component(m[1]) is not None or int(m[2]) >= 2**32:
+        return False
+    path = f"{SEM_DIR}/{entry}"  # a str: pathlib would cost more than the checks
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if (
+        not stat.S_ISREG(st.st_mode)
+        or st.st_uid != os.getuid()
+        or stat.S_IMODE(st.st_mode) & ~0o600
+        or st.st_size != SEM_FILE_SIZE
+        or st.st_mtime_ns // _NS_PER_S != _pid_namespace()
+        or not _creator_gone(int(m[3]), st.st_mtime_ns)
+    ):
+        return False
+    try:
+        os.unlink(path)
+    except OSError:  # FileNotFoundError: someone was first
+        return False
+    return True
+
+
+def _log_removed(removed: list[str]) -> None:
+    if removed:
+        log.info(
+            "removed %d wake semaphore(s) of dead consumers: %s",
+            len(removed),
+            " ".join(removed),
+        )
+
+
+def sweep_abandoned(namespace: str) -> list[str]:
+    """Remove the wake semaphores of every dead consumer of ``namespace`` (any stream), each
+    only on :func:`remove_if_abandoned`'s proofs; return the entries removed (logged in one
+    line). Run when a consumer creates its own: a restarted consumer clears what its killed
+    predecessor left, even with no producer running."""
+    head = "sem." + WAKE_PREFIX + namespace + "-"
+    try:
+        names = os.listdir(SEM_DIR)
+    except OSError:
+        return []
+    removed = []
+    for entry in names:
+        if not entry.startswith(head):
+            continue
+        m = _NAME_RE.fullmatch(entry)
+        if m is not None and m[1] == namespace and remove_if_abandoned(entry):
+            removed.append(entry)
+    _log_removed(removed)
+    return removed
+
+
 class SemaphoreIdleStrategy:
     """Idle strategy that blocks on this consumer's own wake semaphore (see module doc).
 
     ``idle(work)``: work > 0 returns at once; 0 blocks until the producer posts or
     ``max_wait_ns`` passes. Owns the semaphore: ``close()`` (or the context manager) unlinks it.
+    Creating one first sweeps the namespace (:func:`sweep_abandoned`): ``removed`` counts the
+    dead consumers' semaphores that removed.
     """
 
-    __slots__ = ("_busy", "_sem", "_timeout_s", "max_wait_ns", "path", "sem_name", "wakeups")
+    __slots__ = (
+        "_busy",
+        "_sem",
+        "_timeout_s",
+        "max_wait_ns",
+        "path",
+        "removed",
+        "sem_name",
+        "wakeups",
+    )
     name: Final = "semaphore"
 
     def __init__(
@@ -108,7 +276,21 @@ class SemaphoreIdleStrategy:
         # a signal (EINTR) ends the wait like the timeout: the loop then sees its stop flag
         # (a handler that raises, e.g. SIGINT's KeyboardInterrupt, still raises)
         self._busy: tuple[type[BaseException], ...] = (ipc.BusyError, ipc.SignalError)
+        self.removed = len(sweep_abandoned(namespace))
         self._sem: Any = ipc.Semaphore(self.sem_name, ipc.O_CREX, 0o600, 0)
+        self._stamp()
+
+    def _stamp(self) -> None:
+        """Stamp the file so that a sweeper can prove, after a SIGKILL, that its creator is
+        gone (:func:`_creator_stamp`). Without the stamp the file is never swept (safe side)."""
+        me = _proc_stat(os.getpid())
+        try:
+            if me is None:
+                raise OSError("/proc/self/stat unreadable")
+            ns = _creator_stamp(_pid_namespace(), me[1])
+            os.utime(self.path, ns=(ns, ns))
+        except OSError as exc:
+            log.warning("%s: not stamped, a sweep will never remove it: %s", self.path, exc)
 
     def idle(self, work_count: int) -> None:
         if work_count > 0:
@@ -133,6 +315,8 @@ class SemaphoreIdleStrategy:
             return
         try:
             sem.unlink()
+        except _posix_ipc().ExistentialError:
+            pass  # removed by hand: nothing left to unlink
         finally:
             sem.close()
 
@@ -149,10 +333,12 @@ class WakePoster:
     ``post()`` costs one ``value`` read per consumer, plus one ``sem_post`` (an atomic
     increment, a ``futex`` wake only when the consumer is blocked) when the value is 0.
     ``maybe_rescan(now_ns)`` picks up new consumers and drops gone ones; call it from the duty
-    cycle (it lists ``/dev/shm`` at most every ``rescan_ns``).
+    cycle (it lists ``/dev/shm`` at most every ``rescan_ns``). The scan also removes the
+    semaphores of the stream's dead consumers (:func:`remove_if_abandoned`), so a SIGKILLed
+    consumer's file is gone within ``rescan_ns``; ``removed`` counts them.
     """
 
-    __slots__ = ("_ipc", "_next_scan_ns", "_prefix", "_sems", "rescan_ns")
+    __slots__ = ("_ipc", "_next_scan_ns", "_prefix", "_sems", "removed", "rescan_ns")
 
     def __init__(self, namespace: str, stream_id: int, rescan_ns: int = DEFAULT_RESCAN_NS) -> None:
         self._ipc = _posix_ipc()
@@ -160,16 +346,20 @@ class WakePoster:
         self.rescan_ns = rescan_ns
         self._next_scan_ns = 0
         self._sems: dict[str, Any] = {}
+        self.removed = 0
+        """Dead consumers' semaphore files this poster removed."""
 
     @property
     def consumers(self) -> int:
         """Semaphores currently posted."""
         return len(self._sems)
 
-    def rescan(self) -> None:
-        """Open the semaphores of live consumers that appeared, close those of gone ones."""
+    def rescan(self) -> int:
+        """Open the semaphores of live consumers that appeared, close those of gone ones and
+        remove the files of provably dead ones; return how many files it removed."""
         ipc = self._ipc
         found: set[str] = set()
+        removed: list[str] = []
         try:
             names = os.listdir(SEM_DIR)
         except OSError:
@@ -180,8 +370,18 @@ class WakePoster:
             owner = _OWNER_RE.fullmatch(entry[len(self._prefix) :])
             if owner is None:
                 continue  # another stream whose namespace ends in "-<our stream id>"
-            if not os.path.exists(f"/proc/{owner.group(1)}"):
-                continue  # creator gone (SIGKILL): nothing to wake; its entry is not ours
+            proc = f"/proc/{owner.group(1)}"
+            if entry in self._sems and os.path.exists(proc):
+                # posted already: the full check kept it when first seen, and a pid reused
+                # within one rescan needs the pid space to wrap (the next new consumer's
+                # sweep catches that); saves ~50 us a consumer a rescan
+                found.add(entry)
+                continue
+            if remove_if_abandoned(entry):
+                removed.append(entry)  # creator gone (SIGKILL), proven: the handle closes below
+                continue
+            if not os.path.exists(proc):
+                continue  # creator gone but not provably ours (no stamp): not posted, kept
             found.add(entry)
             if entry not in self._sems:
                 try:
@@ -190,11 +390,16 @@ class WakePoster:
                     found.discard(entry)  # unlinked meanwhile, or another user's
         for entry in [e for e in self._sems if e not in found]:
             self._sems.pop(entry).close()
+        self.removed += len(removed)
+        _log_removed(removed)
+        return len(removed)
 
-    def maybe_rescan(self, now_ns: int) -> None:
+    def maybe_rescan(self, now_ns: int) -> int:
+        """:meth:`rescan` when due; return the files it removed (0 when not due)."""
         if now_ns >= self._next_scan_ns:
             self._next_scan_ns = now_ns + self.rescan_ns
-            self.rescan()
+            return self.rescan()
+        return 0
 
     def post(self) -> None:
         """Wake every blocked consumer of the stream (call after the descriptor was offered)."""

@@ -15,10 +15,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
 from tensorpool.endpoints import Endpoints
@@ -226,3 +228,57 @@ def test_failed_descriptor_offer_does_not_post(wake_setup) -> None:
             ctx.release(sub)
         finally:
             producer.close()
+
+
+def _semaphore_holder(namespace: str, stream_id: int) -> tuple[subprocess.Popen[str], str]:
+    """A process holding a wake semaphore of `stream_id` (as a consumer does); its file."""
+    code = (
+        "import time\n"
+        "from tensorpool.transport.wakeup import SemaphoreIdleStrategy\n"
+        f"s = SemaphoreIdleStrategy({namespace!r}, {stream_id})\n"
+        "print(s.path, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    return child, child.stdout.readline().strip()
+
+
+def test_killed_consumers_semaphores_are_removed_and_counted(wake_setup) -> None:
+    """Leave nothing behind: consumer processes are SIGKILLed (their semaphores outlive them).
+    The producer's duty cycle removes its stream's at the next rescan (within 1 s) and counts
+    it in `stats.wake_sems_removed`; another stream's is left to that stream's sweepers, and
+    goes when a consumer of the namespace makes its wake strategy (counted in its stats)."""
+    ctx, settings, stream_id = wake_setup
+    holders = [_semaphore_holder(settings.namespace, s) for s in (stream_id, stream_id + 1)]
+    mine_path, other_path = (path for _, path in holders)
+    producer = Producer(ctx, _stream(stream_id), settings)
+    consumer = None
+    try:
+        producer.do_work()  # live: kept (and posted)
+        assert os.path.exists(mine_path)
+        assert producer.stats.wake_sems_removed == 0
+        for child, _ in holders:
+            child.kill()
+            child.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while os.path.exists(mine_path):
+            assert time.monotonic() < deadline, f"{mine_path} never removed"
+            producer.do_work()
+            time.sleep(0.01)
+        assert producer.stats.wake_sems_removed == 1
+        assert os.path.exists(other_path)  # not the producer's stream
+        consumer = Consumer(ctx, stream_id, settings)
+        consumer.wake_idle_strategy(SHORT_NS)
+        assert consumer.stats.wake_sems_removed == 1
+        assert not os.path.exists(other_path)
+    finally:
+        if consumer is not None:
+            consumer.close()
+        producer.close()
+        for child, path in holders:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            if path:  # this test made them (through its children)
+                Path(path).unlink(missing_ok=True)

@@ -560,6 +560,47 @@ def test_destination_lost_drops_in_flight() -> None:
     assert drops(feed(core, make_frame(2, 10).chunks)) == [ChunkDrop.DEST_NOT_READY]
 
 
+def test_s4_attaching_destination_drops_its_chunks_as_destination_attaching() -> None:
+    """While the agent attaches the destination (a driver that is slow to answer), the
+    stream's chunks are dropped and counted as ``destination_attaching``; once ready they
+    assemble; a failed attach leaves ``dest_not_ready`` until the agent retries."""
+    core, _ = make_core(ready=False)
+    assert core.destination_state(0) == "closed"
+    core.destination_attaching(0)
+    assert core.destination_state(0) == "attaching"
+    f = make_frame(1, 3 * CHUNK)
+    assert drops(feed(core, f.chunks)) == [ChunkDrop.DESTINATION_ATTACHING] * 3
+    assert core.stats(0).chunk_drops[ChunkDrop.DESTINATION_ATTACHING] == 3
+    assert core.on_progress(SRC, 1, 1, 0, 1) == ControlDrop.PROGRESS_NO_DESTINATION
+    core.destination_ready(0, header_nslots=NSLOTS, max_stride=1 << 20, dest_stream_id=DEST)
+    assert core.destination_state(0) == "open"
+    assert one(feed(core, make_frame(2, 3 * CHUNK).chunks)).seq == 2
+    core.destination_attaching(0)  # a re-attach
+    core.destination_lost(0)  # ...that failed
+    assert core.destination_state(0) == "closed"
+    assert drops(feed(core, make_frame(3, 10).chunks)) == [ChunkDrop.DEST_NOT_READY]
+    assert core.stats(0).chunk_drops[ChunkDrop.DESTINATION_ATTACHING] == 3
+
+
+def test_s4_one_attaching_destination_does_not_hold_back_another() -> None:
+    """Per-mapping state: mapping 1 attaching drops only its own chunks; mapping 0's frames
+    interleaved with them complete."""
+    core = ReceiverCore(
+        [ReceiverMapping(0, SRC, DEST), ReceiverMapping(1, SRC + 1, DEST + 1)],
+        chunk_bound=CHUNK, max_payload_bytes=1 << 30, assembly_timeout_ns=TIMEOUT_NS,
+    )  # fmt: skip
+    core.on_announce(announce(), 0)
+    core.destination_ready(0, header_nslots=NSLOTS, max_stride=1 << 20, dest_stream_id=DEST)
+    core.on_announce(announce(stream_id=SRC + 1), 0)
+    core.destination_attaching(1)
+    a = make_frame(1, 3 * CHUNK)
+    b = make_frame(1, 3 * CHUNK, stream_id=SRC + 1)
+    out = feed(core, [x for pair in zip(a.chunks, b.chunks, strict=True) for x in pair])
+    assert [bytes(c.payload) for c in completes(out)] == [a.payload]
+    assert drops(out) == [ChunkDrop.DESTINATION_ATTACHING] * 3
+    assert core.stats(0).chunk_drops.snapshot() == {}
+
+
 # --------------------------------------------------------------------------- §9 progress
 
 

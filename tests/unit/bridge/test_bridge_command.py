@@ -35,6 +35,9 @@ def test_status_line_names_rates_drops_and_timeouts() -> None:
     assert "assembly timeouts 4" in rx and "local epoch 5" in rx
     assert "no_announce=7" in rx and "superseded=1" in rx
     assert "duplicate_chunk" not in rx  # ignored duplicates are not drops
+    assert "dest 20000 local" in rx
+    attaching = {**RECEIVER, "destination": "attaching", "local_epoch": None}
+    assert "dest 20000 (attaching) local epoch None" in format_status_line(attaching)
     tx = format_status_line({**SENDER, "fps": 1.0, "mb_s": 0.66})
     assert "back_pressured=2" in tx and "source_gap=1" in tx and "epoch 3" in tx
 
