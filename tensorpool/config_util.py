@@ -122,7 +122,7 @@ def check_aeron_channel(value: str) -> str | None:
     Only the shape is checked (media, ``?key=value`` parameters separated by ``|``);
     Aeron itself validates parameter semantics when the channel is opened.
     """
-    if not _CHANNEL.match(value):
+    if not _CHANNEL.fullmatch(value):
         return (
             f"{value!r} is not an Aeron channel "
             "(expected 'aeron:ipc' or 'aeron:udp', optionally '?key=value|key=value')"
@@ -136,7 +136,7 @@ def check_path_component(value: str) -> str | None:
     Names that end up inside SHM paths (namespace, instance id) must not be able to
     escape the base directory or break the ``shm:file?path=`` URI grammar.
     """
-    if not _PATH_COMPONENT.match(value) or value in {".", ".."}:
+    if not _PATH_COMPONENT.fullmatch(value) or value in {".", ".."}:
         return f"{value!r} must be a single directory name of letters, digits, '.', '_' or '-'"
     return None
 

@@ -392,7 +392,7 @@ def region_files(directory: str) -> list[tuple[str, int | None]]:
     for name in names:
         if name == HEADER_RING_FILENAME:
             found.append((-1, name, None))
-        elif m := _POOL_FILE.match(name):
+        elif m := _POOL_FILE.fullmatch(name):
             found.append((int(m.group(1)), name, int(m.group(1))))
     found.sort()
     return [(os.path.join(directory, name), pid) for _, name, pid in found]
@@ -592,7 +592,7 @@ def build_report(
     extra = [os.path.abspath(d) for d in allowed_base_dirs]
     report: Report = {"target": target, "now_ns": now_ns}
     problems: list[dict[str, str]] = []
-    if _STREAM_ID.match(target):
+    if _STREAM_ID.fullmatch(target):
         stream_id = int(target)
         if stream_id > _U32_MAX:
             raise InspectError("stream_id_out_of_range", f"{stream_id} does not fit in u32")

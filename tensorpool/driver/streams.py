@@ -84,7 +84,7 @@ def epoch_dir(config: DriverConfig, stream_id: int, epoch: int) -> str:
 
 def parse_stream_dirname(name: str) -> int | None:
     """``"stream-10000"`` → 10000; anything else (including leading zeros) → None."""
-    match = _STREAM_DIR.match(name)
+    match = _STREAM_DIR.fullmatch(name)
     if not match:
         return None
     value = int(match.group(1))

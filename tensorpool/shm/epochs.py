@@ -41,7 +41,7 @@ def epoch_dirname(epoch: int) -> str:
 
 def parse_epoch_dirname(name: str) -> int | None:
     """``"epoch-7"`` → 7; anything else (leading zeros, 0, over u64) → None."""
-    match = _EPOCH_DIR.match(name)
+    match = _EPOCH_DIR.fullmatch(name)
     if not match:
         return None
     value = int(match.group(1))

@@ -202,6 +202,7 @@ INVALID = [
         "not inside",
     ),
     ("[shm]\nnamespace = '..'\n" + MINIMAL, "shm.namespace", "directory name"),
+    ('[shm]\nnamespace = "a\\n"\n' + MINIMAL, "shm.namespace", "directory name"),
     ("[policies]\ndefault_profile = 'nope'\n" + MINIMAL, "policies.default_profile", "nope"),
     ("[policies]\nepoch_gc_keep = 0\n" + MINIMAL, "policies.epoch_gc_keep", "out of range"),
     ("[policies]\nmlock_shm = 'yes'\n" + MINIMAL, "policies.mlock_shm", "boolean"),

@@ -814,6 +814,7 @@ def test_epoch_dir_names_round_trip() -> None:
         assert parse_epoch_dirname(bad) is None, bad
     assert parse_stream_dirname("stream-10000") == 10000
     assert parse_stream_dirname("stream-4294967295") is None  # the uint32 null value
+    assert parse_stream_dirname("stream-10000\n") is None  # a name the driver never writes
     assert parse_stream_dirname("stream-01") is None
 
 

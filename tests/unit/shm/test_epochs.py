@@ -19,8 +19,8 @@ from tensorpool.shm.epochs import (
 
 def test_14_1_one_epoch_dirname_rule() -> None:
     assert parse_epoch_dirname("epoch-7") == 7
-    for bad in ("epoch-0", "epoch-007", "epoch-", "epoch-x", "Epoch-1", "epoch-1/", "stream-1",
-                f"epoch-{2**64}"):  # fmt: skip
+    for bad in ("epoch-0", "epoch-007", "epoch-", "epoch-x", "Epoch-1", "epoch-1/", "epoch-1\n",
+                "stream-1", f"epoch-{2**64}"):  # fmt: skip
         assert parse_epoch_dirname(bad) is None, bad
 
 
