@@ -99,6 +99,11 @@ class ProducerCollector(_SnapshotCollector):
                 st.descriptors_not_sent,
             ),
             ("tensorpool_announces_sent", "ShmPoolAnnounce messages sent", st.announces),
+            (
+                "tensorpool_wake_semaphores_removed",
+                "dead consumers' wake semaphore files removed (transport/wakeup.py)",
+                st.wake_sems_removed,
+            ),
         ):
             fam = CounterMetricFamily(name, doc, labels=["stream"])
             fam.add_metric(s, value)
@@ -141,6 +146,11 @@ class ConsumerCollector(_SnapshotCollector):
             ("tensorpool_frames_accepted", "frames read and validated", st.frames),
             ("tensorpool_bytes_accepted", "payload bytes of accepted frames", st.bytes),
             ("tensorpool_remaps", "times the consumer mapped a new epoch", st.remaps),
+            (
+                "tensorpool_wake_semaphores_removed",
+                "dead consumers' wake semaphore files removed (transport/wakeup.py)",
+                st.wake_sems_removed,
+            ),
         ):
             fam = CounterMetricFamily(name, doc, labels=["stream"])
             fam.add_metric(s, value)
