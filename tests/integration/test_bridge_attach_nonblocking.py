@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,14 +28,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bridge_wire import header_slot
 from driver_fixtures import DriverProcess, driver_toml
+from netports import free_udp_ports
 
 from tensorpool.bridge.app import BridgeApp
 from tensorpool.bridge.chunker import Chunker
 from tensorpool.bridge.config import parse_bridge_config
 from tensorpool.bridge.reasons import ChunkDrop
 from tensorpool.client.consumer import Consumer, Frame
-from tensorpool.shm.layout import SLOT_FIELDS, SLOT_FIELDS_OFFSET, TENSOR_BLOB_OFFSET
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.specs.generated import wire
 from tensorpool.transport.config import TransportConfig
@@ -51,28 +50,6 @@ SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
 SRC_A, SRC_B = 10100, 10101
 DEST_A, DEST_B = 20100, 20101
 CHUNK = 1280
-
-
-def free_udp_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def header_slot(seq: int, layout: TensorLayout, values_len: int, ts: int) -> bytes:
-    """The source's 256-byte header slot (committed seqlock, pool 1)."""
-    buf = bytearray(256)
-    struct.pack_into("<Q", buf, 0, (seq << 1) | 1)
-    SLOT_FIELDS.pack_into(buf, SLOT_FIELDS_OFFSET, values_len, seq & 15, 1, 0, ts, 0)
-    buf[TENSOR_BLOB_OFFSET:] = layout.blob
-    return bytes(buf)
 
 
 @dataclass
@@ -127,7 +104,7 @@ class Rig:
         """A 3-chunk frame of ``src`` (fits the driver's 4 KiB pool)."""
         arr = np.arange(900, dtype="<i4") + seq
         raw = arr.tobytes()
-        hdr = header_slot(seq, TensorLayout.from_array(arr), len(raw), 1_000_000 + seq)
+        hdr = header_slot(seq, TensorLayout.from_array(arr), len(raw), 1_000_000 + seq, nslots=16)
         for msg in Chunker(CHUNK).encode_frame(
             stream_id=src, epoch=1, seq=seq, header=hdr, payload=raw
         ):

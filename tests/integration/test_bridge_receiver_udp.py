@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import struct
 import tempfile
 import time
@@ -20,13 +19,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from bridge_wire import header_slot
+from netports import free_udp_ports
 
 from tensorpool.bridge.app import BridgeApp
 from tensorpool.bridge.chunker import Chunker
 from tensorpool.bridge.config import BridgeConfig, parse_bridge_config
 from tensorpool.bridge.reasons import ChunkDrop, FrameDrop
 from tensorpool.client.consumer import Consumer, Frame
-from tensorpool.shm.layout import SLOT_FIELDS, SLOT_FIELDS_OFFSET, TENSOR_BLOB_OFFSET
 from tensorpool.shm.tensor import WIRE_TO_NUMPY, TensorLayout
 from tensorpool.specs import peek_header
 from tensorpool.specs.generated import wire
@@ -40,27 +40,6 @@ SRC = 10000
 DEST = 20000
 CHUNK = 1280
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
-
-
-def free_udp_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def header_slot(seq: int, layout: TensorLayout, values_len: int, ts: int, mv: int = 0) -> bytes:
-    buf = bytearray(256)
-    struct.pack_into("<Q", buf, 0, (seq << 1) | 1)
-    SLOT_FIELDS.pack_into(buf, SLOT_FIELDS_OFFSET, values_len, seq & 63, 1, 0, ts, mv)
-    buf[TENSOR_BLOB_OFFSET:] = layout.blob
-    return bytes(buf)
 
 
 @dataclass

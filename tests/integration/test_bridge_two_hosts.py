@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 from driver_fixtures import DriverProcess
+from netports import free_udp_ports
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer
@@ -56,19 +56,6 @@ lease_keepalive_interval_ms = 1000
 lease_expiry_grace_intervals = 60
 shutdown_timeout_ms = 200
 """
-
-
-def free_udp_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def driver_config(base: str, aeron_dir: str, stream_ids: list[int], nslots: int, name: str) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from driver_fixtures import DriverProcess, driver_toml
+from netports import free_udp_ports
 
 from tensorpool.transport.process import stop_process
 
@@ -206,19 +207,6 @@ profile = "small"
     return Client(f"bridge-{role}", ["bridge", "--config", path, "--json"], work["root"])
 
 
-def _free_udp_ports(n: int) -> tuple[int, int, int]:
-    import socket
-
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return tuple(s.getsockname()[1] for s in socks)  # type: ignore[return-value]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _flowing(epoch_above: int) -> Callable[[dict[str, Any]], bool]:
     """A progress line at an epoch above ``epoch_above`` that counted frames."""
     return lambda d: (d.get("epoch") or 0) > epoch_above and (d.get("fps") or 0) > 0
@@ -247,7 +235,7 @@ def test_13_2_every_client_survives_driver_kill9_and_sigterm(work: dict[str, str
             work, "rl-consumer", RL_DEST, "--descriptor-stream-id", str(RL_DESCRIPTORS)
         )
         clients.append(rl_out)
-        ports = _free_udp_ports(3)
+        ports = free_udp_ports(3)
         clients.append(_bridge(work, "receiver", ports))
         clients.append(_bridge(work, "sender", ports))
         bridge_out = _consumer(work, "bridge-consumer", BRIDGE_DEST)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from driver_fixtures import DriverProcess, driver_toml
+from netports import free_ports
 
 from tensorpool.observe.metrics import scrape_values
 from tensorpool.spark_source import remote
@@ -36,17 +37,6 @@ RL_DEST = 10004
 BRIDGE_SRC = 10001
 BRIDGE_DEST = 10006
 POLICIES = {"lease_keepalive_interval_ms": 1000, "lease_expiry_grace_intervals": 60}
-
-
-def free_ports(n: int, kind: int = socket.SOCK_STREAM) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, kind) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

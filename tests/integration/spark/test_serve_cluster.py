@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonlines_proc import JsonLinesProcess
+from netports import free_port
 
 from tensorpool.transport.process import stop_process
 
@@ -36,12 +36,6 @@ HERE = Path(__file__).resolve().parent
 SERVE_HOST = str(HERE / "serve_host.py")
 CLUSTER_DRIVER = str(HERE / "cluster_driver.py")
 SA, SB = 183, 184
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _can_unshare() -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from netports import free_port
 from spark_helpers import SHM_ROOT, ProducerProc, check_payload
 
 from tensorpool.transport.mediadriver import MediaDriverProcess
@@ -32,12 +32,6 @@ SID = 181
 BIG = 182  # 1 MiB frames: a full read of the ring is two 32 MiB batches
 NSLOTS = 64
 TOKEN = "s3cret-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Served:

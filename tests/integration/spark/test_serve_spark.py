@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from netports import free_port
 from pyspark.sql.datasource import ReadAllAvailable
 from spark_helpers import BatchLog, check_payload
 
@@ -33,12 +33,6 @@ flight = pytest.importorskip("pyarrow.flight")
 pytestmark = pytest.mark.spark
 
 S1, S2 = 185, 186
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
