@@ -84,15 +84,14 @@ def endpoints_from_args(args: argparse.Namespace) -> Endpoints:
 
 def transport_config(args: argparse.Namespace):  # -> TransportConfig
     from tensorpool.transport.config import TransportConfig
-    from tensorpool.transport.mediadriver import is_active
+    from tensorpool.transport.mediadriver import serves
 
     if args.embedded:
         return TransportConfig()
     reason = unsafe_root_reason(args.aeron_dir)  # #13.1
     if reason is not None:
         raise UserError(f"--aeron-dir: refusing {reason}")
-    cnc = os.path.join(args.aeron_dir, "cnc.dat")
-    if not (os.path.exists(cnc) and is_active(args.aeron_dir)):
+    if not serves(args.aeron_dir):  # a loaded host's late heartbeat still counts
         raise UserError(
             f"no running media driver in {args.aeron_dir}: start one with "
             "`tensorpool mediadriver`, pass --aeron-dir DIR, or use --embedded"

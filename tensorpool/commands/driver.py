@@ -243,7 +243,7 @@ def _shutdown(args: argparse.Namespace) -> int:
 
     from tensorpool.specs import DRIVER_SCHEMA_ID, CodecError, peek_header
     from tensorpool.specs.generated import driver as drv
-    from tensorpool.transport.mediadriver import is_active
+    from tensorpool.transport.mediadriver import serves
     from tensorpool.transport.publication import Publisher
     from tensorpool.transport.subscription import Subscriber
 
@@ -253,7 +253,7 @@ def _shutdown(args: argparse.Namespace) -> int:
         raise UserError("--token must be ASCII")
     aeron_dir, channel, stream_id, drain_ms = _shutdown_endpoint(args)
     timeout_s = args.timeout if args.timeout is not None else drain_ms / 1000 + 5.0
-    if not (os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)):
+    if not serves(aeron_dir):
         raise UserError(f"no running media driver in {aeron_dir}: is the SHM driver running?")
     notices: list[tuple[int, str]] = []
     # Aeron may hand a new subscription messages an earlier driver left in a lingering log;

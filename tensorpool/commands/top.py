@@ -208,11 +208,9 @@ class QosListener:
         from tensorpool.specs.generated import wire
         from tensorpool.transport.config import TransportConfig
         from tensorpool.transport.context import AeronContext
-        from tensorpool.transport.mediadriver import is_active
+        from tensorpool.transport.mediadriver import serves
 
-        if not (
-            os.path.exists(os.path.join(args.aeron_dir, "cnc.dat")) and is_active(args.aeron_dir)
-        ):
+        if not serves(args.aeron_dir):
             raise RuntimeError(f"no media driver in {args.aeron_dir}")
         self._ctx = AeronContext(
             TransportConfig(aeron_dir=args.aeron_dir, client_name="tensorpool-top")

@@ -63,6 +63,7 @@ from tensorpool.transport.mediadriver import (
     MediaDriverError,
     close_media_driver,
     is_active,
+    serves,
     start_media_driver,
 )
 
@@ -239,7 +240,7 @@ def run_driver(
         aeron_dir = options.aeron_dir
         if config.driver.embedded_media_driver:
             media_driver = _start_embedded_media_driver(aeron_dir, options.media_driver_takeover_s)
-        elif not (os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)):
+        elif not serves(aeron_dir):  # joining: Aeron's driver timeout, not the takeover one
             raise DriverStartupError(
                 f"no running media driver in {aeron_dir}: start one (tensorpool mediadriver "
                 f"--dir {aeron_dir}) or set driver.embedded_media_driver = true"

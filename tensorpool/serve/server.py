@@ -170,7 +170,11 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             }
             origin = PlanOrigin.of(m.regions[0].path, self.shm_base_dir, STREAM)
         st = RingState.from_slots(
-            spec.epoch, scan.seq, fields["committed"], fields["values_len"], fields["timestamp_ns"]
+            spec.epoch,
+            scan.newest_seq,  # a slot rewritten during the scan: its old frame is lost
+            fields["committed"],
+            fields["values_len"],
+            fields["timestamp_ns"],
         )
         live, age = self.directory.liveness(time.monotonic_ns()).get(sid, (False, None))
         summary = {

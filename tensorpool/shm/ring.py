@@ -158,6 +158,21 @@ class RingScan:
         return seq
 
     @property
+    def newest_seq(self) -> np.ndarray:
+        """The newest seq each slot is known to have held (int64; -1: never written): the
+        second load's where the producer rewrote the slot during the scan, else :attr:`seq`.
+
+        A loss count needs this one: a slot rewritten between the loads is not committed, and
+        by :attr:`seq` it would still hold its old frame -- a frame then neither readable nor
+        overwritten, which an exact count (the Spark source's ``lost``) silently misses.
+        Slots only move forward, so the larger word is the later one.
+        """
+        w = np.maximum(self.word1, self.word2)
+        seq = (w >> _ONE).astype(np.int64)
+        seq[w == 0] = -1
+        return seq
+
+    @property
     def empty(self) -> np.ndarray:
         return self.word1 == 0
 

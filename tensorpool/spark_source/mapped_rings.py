@@ -167,11 +167,14 @@ class MappedStream:
 
     # --- driver side ------------------------------------------------------------------------
     def scan(self) -> RingState:
-        """What every slot holds now (an upper bound on what is still readable later)."""
+        """What every slot holds now (an upper bound on what is still readable later).
+
+        A slot the producer rewrote during the scan holds its newer seq (``newest_seq``): its
+        old frame is overwritten, and the plan must count it lost, not lose track of it."""
         scan = self.ring.scan()
         return RingState.from_slots(
             self.spec.epoch,
-            scan.seq,
+            scan.newest_seq,
             scan.committed,
             np.ascontiguousarray(scan.fields["values_len"]),
             np.ascontiguousarray(scan.fields["timestamp_ns"]),

@@ -53,7 +53,16 @@ from tensorpool.transport.process import StopSignals, child_env, exit_with_paren
 log = logging.getLogger(__name__)
 
 ACTIVE_CHECK_TIMEOUT_MS: Final = 1_000
-"""A driver counts as live if it heartbeated within this window (Aeron's liveness check)."""
+"""Staleness window for taking a directory over from a killed driver: past it, a heartbeat
+counts as stopped. The C driver refreshes its heartbeat once per timer interval (1 s), so this
+window also misses live drivers whose refresh is late (any loaded host): never use it to decide
+whether a driver is there to join -- :data:`JOIN_CHECK_TIMEOUT_MS` is for that."""
+
+JOIN_CHECK_TIMEOUT_MS: Final = 10_000
+"""A client joins a driver that heartbeated within this window: Aeron's own client driver
+timeout (``aeron.driver.timeout``, ``TransportConfig.driver_timeout_ms``). A 1 s window refused
+live drivers at load ~20, where the conductor's once-a-second refresh can come seconds late; a
+driver that really died meanwhile fails the client's connect with Aeron's error instead."""
 
 _SHM_DIR: Final = "/dev/shm"
 
@@ -77,6 +86,14 @@ def new_private_dir(parent: str | None = None, prefix: str = "tensorpool-aeron-"
 def is_active(aeron_dir: str, timeout_ms: int = ACTIVE_CHECK_TIMEOUT_MS) -> bool:
     """True if a media driver heartbeats in ``aeron_dir``."""
     return bool(pyaeron.is_driver_active(aeron_dir, timeout_ms))
+
+
+def serves(aeron_dir: str) -> bool:
+    """Whether a media driver serves ``aeron_dir`` for a client to join (``cnc.dat`` with a
+    heartbeat within :data:`JOIN_CHECK_TIMEOUT_MS`)."""
+    return os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(
+        aeron_dir, JOIN_CHECK_TIMEOUT_MS
+    )
 
 
 def _remove_created(aeron_dir: str, created: list[str]) -> None:

@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -167,19 +168,45 @@ def test_streaming_earliest_on_a_full_live_ring_starts_cleanly(
     spark, spark_media_driver, tmp_shm, live, tmp_path
 ):
     """#16.1: readStream startingOffsets=earliest (failOnDataLoss=true) on a full, live ring
-    runs without loss: it starts past the frames the producer overwrites within the margin."""
-    live(45, 100, 1024)
+    starts without loss: past the frames the producer overwrites within the margin.
+
+    The margin (5 s) must cover the time from choosing the start to planning and reading the
+    first batch. On a loaded host a new query's first batch can take 15 s or more (its Python
+    workers start) -- longer than this ring's 10 s, after which frames are gone whatever the
+    start was. So the producer pauses once batch 0 is planned (its offsets logged) until the
+    batch is done: the test checks the start, not the host's speed. Without the margin the
+    oldest frame is overwritten ~10 ms after the start is chosen, long before the pause, and
+    the batch reads fewer frames than it planned."""
+    producer = live(45, 100, 1024)
     wait_for(lambda: ring_head(tmp_shm, 1024) > 1100)
-    opts = source_options(spark_media_driver, tmp_shm, streams="45", startingOffsets="earliest")
+    opts = source_options(
+        spark_media_driver,
+        tmp_shm,
+        streams="45",
+        startingOffsets="earliest",
+        staleStreamTimeoutMs=600_000,  # the pause is no stale stream
+        maxFramesPerTrigger=200,  # the oldest frames first; 600 KB each
+    )
     sink = BatchLog()
-    q = start_query(spark, opts, sink, str(tmp_path / "ck"))
+    ck = tmp_path / "ck"
+    q = start_query(spark, opts, sink, str(ck))
     try:
-        wait_query(lambda: len(sink.frames()) > 600, q)
-        frames = sink.frames()
-        seqs = [s for _, s in frames]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost or repeated
-        assert tps.lost_frames(q.lastProgress).get(45, {}).get("total", 0) == 0
+        wait_for(lambda: (ck / "offsets" / "0").exists() or q.exception() is not None)
+        producer.send_signal(signal.SIGSTOP)
+        try:
+            wait_query(lambda: q.lastProgress is not None, q)  # batch 0 done (and committed)
+            progress = q.lastProgress
+        finally:
+            q.stop()
+            producer.send_signal(signal.SIGCONT)
         assert q.exception() is None
+        seqs = [s for _, s in sink.batches[0]]
+        assert seqs and seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost
+        assert tps.lost_frames(progress).get(45, {}).get("total", 0) == 0
+        # every planned frame was read: none aged out before the pause (an 'earliest' read
+        # skips those silently; without the margin 10 or more of the oldest would have)
+        planned = json.loads(progress["sources"][0]["endOffset"])["45"]["frames"]
+        assert len(seqs) == planned == 200
     finally:
         q.stop()
 

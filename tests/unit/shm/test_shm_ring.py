@@ -147,6 +147,22 @@ def test_s8_3_ring_scan_classifies_slots_and_finds_the_head() -> None:
     assert HeaderRingView(_ring_bytes(4, {}), 4).head_seq() == -1
 
 
+def test_ring_scan_newest_seq_follows_a_slot_rewritten_during_the_scan() -> None:
+    """A slot whose second load differs was rewritten meanwhile: it is not committed, and it
+    holds the newer seq (the first load's frame is gone), committed or still being written."""
+    import numpy as np
+
+    from tensorpool.shm.ring import RingScan
+
+    c = lambda seq: (seq << 1) | 1  # noqa: E731
+    w1 = np.array([c(8), c(1), c(2), 0, c(4)], np.uint64)
+    w2 = np.array([c(8), c(9), 10 << 1, c(3), c(4)], np.uint64)
+    scan = RingScan(np.arange(5, dtype=np.intp), w1, w2, np.empty(0))
+    assert scan.committed.tolist() == [True, False, False, False, True]
+    assert scan.seq.tolist() == [8, 1, 2, -1, 4]
+    assert scan.newest_seq.tolist() == [8, 9, 10, 3, 4]
+
+
 def test_no_raw_seq_commit_loads_outside_shm() -> None:
     """#14: only shm/ reads ``seq_commit`` words (the seqlock reader and the ring scan)."""
     import pathlib
