@@ -160,7 +160,7 @@ def remove_dead_demos(root: str) -> list[str]:
     """Remove working directories of earlier demos that were killed (their processes stopped
     by themselves: :func:`~tensorpool.transport.process.exit_with_parent`). Only directories
     named like a demo's and holding an :data:`OWNER_FILE` whose pid is no longer alive."""
-    from tensorpool.commands.inspect import pid_alive
+    from tensorpool.transport.process import pid_running
 
     removed = []
     for path in sorted(Path(root).glob("tensorpool-demo-*")):
@@ -168,7 +168,7 @@ def remove_dead_demos(root: str) -> list[str]:
             pid = int((path / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue  # not provably a demo's: leave it
-        if pid_alive(pid) is False:
+        if not pid_running(pid):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tensorpool.commands._common import add_shm_args
 from tensorpool.endpoints import DEFAULT_NAMESPACE
+from tensorpool.transport.process import pid_running
 
 if TYPE_CHECKING:
     from tensorpool.shm.paths import PathPolicy
@@ -96,25 +97,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- small pure helpers -------------------------------------------------------------------------
-def pid_alive(pid: int) -> bool | None:
-    """True if a process with this pid exists in our pid namespace (signal 0 probe).
-
-    None when the probe itself fails for another reason. A pid of 0 is never probed:
-    ``kill(0, 0)`` would address our own process group.
-    """
-    if pid <= 0 or pid > 0x7FFFFFFF:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except OSError:
-        return None
-    return True
-
-
 def magic_text(magic: int) -> str:
     """The 8 magic bytes in file order, non-printable bytes shown as ``.`` (hexdump style).
 
@@ -579,7 +561,7 @@ def build_report(
     namespace: str = DEFAULT_NAMESPACE,
     allowed_base_dirs: Iterable[str] = (),
     now_ns: int,
-    probe: PidProbe = pid_alive,
+    probe: PidProbe = pid_running,
 ) -> Report:
     """Resolve ``target`` (file, directory or stream id) and inspect it.
 

@@ -27,7 +27,6 @@ from tensorpool.commands.inspect import (
     InspectError,
     epoch_dirs,
     inspect_region,
-    pid_alive,
 )
 from tensorpool.endpoints import (
     DEFAULT_NAMESPACE,
@@ -35,7 +34,7 @@ from tensorpool.endpoints import (
     Endpoints,
     default_aeron_dir,
 )
-from tensorpool.transport.process import StopSignals
+from tensorpool.transport.process import StopSignals, pid_running
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +78,7 @@ def read_regions(base: str, namespace: str) -> dict[int, dict[str, Any]]:
         if not os.path.exists(path):
             continue
         try:
-            rep = inspect_region(path, policy, now_ns=now, probe=pid_alive)
+            rep = inspect_region(path, policy, now_ns=now, probe=pid_running)
         except (InspectError, OSError):
             continue  # removed or replaced while we looked: the next refresh sees it
         sb = rep["superblock"]

@@ -62,7 +62,7 @@ from tensorpool.transport.mediadriver import (
     EmbeddedMediaDriver,
     MediaDriverError,
     close_media_driver,
-    is_active,
+    held,
     serves,
     start_media_driver,
 )
@@ -182,9 +182,8 @@ def _check_media_driver_dir(config: DriverConfig, aeron_dir: str) -> None:
 
 def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> EmbeddedMediaDriver:
     """Serve ``aeron_dir`` from this process; wait out a killed predecessor's heartbeat."""
-    cnc = os.path.join(aeron_dir, "cnc.dat")
     deadline = time.monotonic() + takeover_s
-    while os.path.exists(cnc) and is_active(aeron_dir):
+    while held(aeron_dir):
         if time.monotonic() >= deadline:
             raise DriverStartupError(
                 f"a media driver is already active in {aeron_dir}; set driver.aeron_dir to "

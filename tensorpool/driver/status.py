@@ -29,6 +29,7 @@ from typing import Any
 
 from tensorpool.driver.config import DriverConfig
 from tensorpool.driver.core import DriverStatus
+from tensorpool.transport.process import pid_running
 
 __all__ = [
     "STATUS_FILE_NAME",
@@ -180,18 +181,6 @@ def wait_running(path: str, timeout_s: float, *, alive: Callable[[], bool] = lam
     return False
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def assess(document: Mapping[str, Any], now_unix_ns: int) -> Liveness:
     """Is the driver that wrote ``document`` alive and current?"""
     age = now_unix_ns - int(document.get("written_unix_ns", 0))
@@ -199,7 +188,7 @@ def assess(document: Mapping[str, Any], now_unix_ns: int) -> Liveness:
     if state == "STOPPED":
         return Liveness("stopped", age, "the driver stopped cleanly")
     pid = int(document.get("pid", 0))
-    if not _pid_alive(pid):
+    if not pid_running(pid):
         return Liveness("stale", age, f"driver process {pid} no longer exists")
     if age > int(document.get("stale_after_ns", _MIN_STALE_NS)):
         return Liveness("stale", age, f"status not rewritten for {age / 1e9:.1f} s")

@@ -29,6 +29,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from tensorpool.transport.process import pid_running
+
 log = logging.getLogger("tensorpool.spark_source")
 
 #: the directory of the file spools of tensorpool before issue #13 (swept, never created)
@@ -110,7 +112,7 @@ def sweep(root: str) -> list[str]:
     removed: list[str] = []
     for name in names:
         m = _SPOOL_NAME.fullmatch(name)
-        if m is None or _alive(int(m[1])):
+        if m is None or pid_running(int(m[1])):
             continue
         path = os.path.join(root, name)
         try:
@@ -178,18 +180,6 @@ def forget(tokens: Iterable[str]) -> None:
         inbox = _INBOXES.get(token.rsplit("#", 1)[0])
         if inbox is not None:
             inbox.pending.pop(token, None)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = [

@@ -47,8 +47,15 @@ from tensorpool.fsafety import (
     missing_dirs,
     remove_aeron_files,
 )
+from tensorpool.transport.cnc import read_cnc_identity
 from tensorpool.transport.config import TransportConfig
-from tensorpool.transport.process import StopSignals, child_env, exit_with_parent, stop_process
+from tensorpool.transport.process import (
+    StopSignals,
+    child_env,
+    exit_with_parent,
+    pid_running,
+    stop_process,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +146,25 @@ class EmbeddedMediaDriver:
         return f"EmbeddedMediaDriver(dir={self.dir!r}, created={list(self.created_dirs)!r})"
 
 
-def _live(aeron_dir: str) -> bool:
-    return os.path.exists(os.path.join(aeron_dir, "cnc.dat")) and is_active(aeron_dir)
+def held(aeron_dir: str) -> bool:
+    """Whether a media driver may still serve ``aeron_dir``, so that a new one must not start
+    there (a start empties the directory: it would pull the files from under a live driver).
+
+    A heartbeat within :data:`ACTIVE_CHECK_TIMEOUT_MS`: held. Silent longer, but within
+    :data:`JOIN_CHECK_TIMEOUT_MS`: held while the pid in ``cnc.dat`` still runs -- a driver
+    starved on a loaded host refreshes its once-a-second heartbeat seconds late, and the 1 s
+    window alone took such live drivers for dead -- and free at once when that pid is gone
+    (exited, killed, a zombie), which keeps a restart after ``kill -9`` fast. Silent past
+    Aeron's own client timeout: free, whatever the pid (it may have been reused).
+    """
+    if not os.path.exists(os.path.join(aeron_dir, "cnc.dat")):
+        return False
+    if is_active(aeron_dir):
+        return True
+    if not is_active(aeron_dir, JOIN_CHECK_TIMEOUT_MS):
+        return False
+    identity = read_cnc_identity(aeron_dir)
+    return identity is not None and pid_running(identity.pid)
 
 
 def start_media_driver(
@@ -157,7 +181,7 @@ def start_media_driver(
         state = check_media_driver_dir(aeron_dir)
     except UnsafeDirectory as exc:
         raise MediaDriverError(str(exc)) from None
-    if state is DirState.AERON and _live(aeron_dir):
+    if state is DirState.AERON and held(aeron_dir):
         raise MediaDriverError(f"a media driver is already active in {aeron_dir}")
     created = missing_dirs(aeron_dir)
     if owns_dir and not created:
@@ -307,7 +331,7 @@ class MediaDriverProcess:
             state = check_media_driver_dir(self.dir)
         except UnsafeDirectory as exc:
             raise MediaDriverError(str(exc)) from None
-        if state is DirState.AERON and _live(self.dir):
+        if state is DirState.AERON and held(self.dir):
             # Checked here too: waiting for "active" below would be fooled by the other driver.
             raise MediaDriverError(f"a media driver is already active in {self.dir}")
         if not self._owns_dir:
@@ -328,7 +352,7 @@ class MediaDriverProcess:
         if proc is None:
             return None
         stop_process(proc, timeout_s)
-        if os.path.isdir(self.dir) and (self._served or not _live(self.dir)):
+        if os.path.isdir(self.dir) and (self._served or not held(self.dir)):
             # A killed driver cannot clean up after itself; its files are still only Aeron's
             # (the directory was checked at start). Never touch another live driver's files.
             _remove_created(self.dir, self._created)

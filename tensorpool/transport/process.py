@@ -34,6 +34,30 @@ log = logging.getLogger(__name__)
 PARENT_ENV: Final = "TENSORPOOL_PARENT_PID"
 
 
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace runs: it exists (another user's counts)
+    and has not exited. A zombie (exited, not reaped yet) is gone -- unless other threads of it
+    still run (a leader that returned before its threads also shows ``Z``). A pid that is not a
+    plain positive pid is never probed: ``kill(0, 0)`` or ``kill(-1, 0)`` address groups."""
+    if pid <= 0 or pid > 0x7FFFFFFF:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, as another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        state = data[data.rindex(b")") + 2 :].split(maxsplit=1)[0]
+        if state not in (b"Z", b"X"):
+            return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except (OSError, ValueError, IndexError):
+        return not os.path.isdir("/proc/self")  # no procfs: the signal probe has to do
+
+
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child that must not outlive this process (:func:`exit_with_parent`)."""
     return {**(os.environ if base is None else base), PARENT_ENV: str(os.getpid())}
@@ -149,4 +173,4 @@ class StopSignals:
         self._previous.clear()
 
 
-__all__ = ["StopSignals", "stop_process"]
+__all__ = ["StopSignals", "pid_running", "stop_process"]
