@@ -37,7 +37,6 @@ import platform
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from typing import IO, Any, Final
 
 import numpy as np
 
+from bench import free_ports
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.mediadriver import MediaDriverProcess
 
@@ -195,19 +195,6 @@ _CPROFILE: Final = (
 )
 
 
-def free_udp_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def bridge_toml(
     role: str,
     aeron_dir: str,
@@ -263,7 +250,7 @@ def udp_ceiling(name: str, a: argparse.Namespace) -> dict[str, Any]:
     prof = PROFILES[name]
     chunk = effective_chunk_bytes(prof["mtu_bytes"], prof["chunk_bytes"], 65535)
     per_frame = -(-a.frame_bytes // chunk)
-    port = free_udp_ports(1)[0]
+    port = free_ports(1, udp=True)[0]
     base = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length={a.term}"
     if prof["mtu"]:
         base += f"|mtu={prof['mtu']}"
@@ -374,7 +361,7 @@ def run_profile(name: str, a: argparse.Namespace) -> dict[str, Any]:
         md_b = MediaDriverProcess().start()
         mds.append(md_b)
         base_a, base_b = os.path.join(work, "shm-a"), os.path.join(work, "shm-b")
-        ports = free_udp_ports(3)
+        ports = free_ports(3, udp=True)
         cfg_a, cfg_b = os.path.join(work, "a.toml"), os.path.join(work, "b.toml")
         Path(cfg_a).write_text(
             bridge_toml("sender", md_a.dir, base_a, ports, prof, term=a.term, window=a.window)

@@ -23,7 +23,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import free_ports
 from tensorpool.bridge.app import BridgeApp
 from tensorpool.bridge.chunker import Chunker
 from tensorpool.bridge.config import BridgeConfig, parse_bridge_config
@@ -76,19 +76,8 @@ profile = "p"
 """
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _bridge_config(aeron: str, shm: str, hold_s: float) -> BridgeConfig:
-    p = _ports(2)
+    p = free_ports(2, udp=True)
     return parse_bridge_config(
         {
             "bridge": {

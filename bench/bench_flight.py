@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any, Final
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from bench import free_ports
 from bench.bench_spark import ROOT, ProducerThread, _emit, _split, timed
 from tensorpool.spark_source.source import SCHEMA_DDL
 
@@ -111,12 +111,6 @@ class BareFlightSource(DataSource):
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _line(proc: subprocess.Popen[str], what: str) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             spark.sparkContext.setLogLevel("ERROR")
             tps.register(spark)
             spark.dataSource.register(me.BareFlightSource)
-            bare_port = free_port()
+            bare_port = free_ports()[0]
             bare = subprocess.Popen(
                 [sys.executable, "-m", "bench.bench_flight", "--bare-server", str(bare_port)],
                 stdin=subprocess.PIPE,
@@ -197,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 prod = ProducerThread(md.dir, shm, sid, frames, size)
                 rng = np.random.default_rng(size)
                 prod.call("fill", rng.integers(0, 256, (frames, size), np.uint8))
-                port = free_port()
+                port = free_ports()[0]
                 serve = subprocess.Popen(
                     [
                         sys.executable,
