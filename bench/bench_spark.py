@@ -579,6 +579,7 @@ def run_per_query(
     write_parquet(data, pq_tiny, 1)
     end = json.dumps({str(stream): {"epoch": prod.epoch, "seq": head}})
     tp = tp_options(stream, md_dir, shm, endingOffsets=end)
+    tp_meta = {**tp, "includeStreamMetadata": "true"}
     api = {"frames": str(TINY), "frame_bytes": str(MIB), "partitions": "2"}
 
     def noop(df: Any) -> None:
@@ -588,6 +589,12 @@ def run_per_query(
         "tensorpool": lambda: noop(spark.read.format("tensorpool").options(**tp).load()),
         "tensorpool, fresh probe per query (before #15)": lambda: noop(
             spark.read.format("tensorpool_fresh_probe").options(**tp).load()
+        ),
+        "tensorpool + includeStreamMetadata": lambda: noop(
+            spark.read.format("tensorpool").options(**tp_meta).load()
+        ),
+        "tensorpool + includeStreamMetadata, fresh probe (before)": lambda: noop(
+            spark.read.format("tensorpool_fresh_probe").options(**tp_meta).load()
         ),
         "(a) API ceiling": lambda: noop(spark.read.format("bench_arrow").options(**api).load()),
         "(b) Parquet": lambda: noop(spark.read.parquet(pq_tiny)),

@@ -58,6 +58,7 @@ from tensorpool.client.announce import (
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import DropInfo, IngressBuffer
+from tensorpool.spark_source.stream_meta import MetaTracker
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext
@@ -407,6 +408,7 @@ class AnnounceProbe:
         self.track(streams)
         self._buf = bytearray(1024)
         self._consumer_id = random.getrandbits(31) + 1
+        self._meta: MetaTracker | None = None
         self._ctx = AeronContext(settings.transport).start()
         ch = settings.channels
         try:
@@ -510,11 +512,34 @@ class AnnounceProbe:
         )
 
     def poll(self) -> int:
-        """Drain the control subscription (announces in it are applied now)."""
+        """Drain the control subscription (announces in it are applied now), and the
+        metadata one once :meth:`meta_tracker` made it."""
         work = 0
         while n := self._sub.poll():
             work += n
+        meta = self._meta
+        if meta is not None:
+            while n := meta.poll():
+                work += n
         return work
+
+    def meta_tracker(self) -> MetaTracker:
+        """The ``DataSourceAnnounce``/``DataSourceMeta`` of this probe's metadata channel
+        (``includeStreamMetadata``), subscribed on first use and kept with the probe.
+
+        Kept, not one per plan: a shared probe outlives its plans, so a per-plan subscription
+        would pile up on its Aeron client; and a kept tracker already knows the metadata of
+        streams whose producers keep publishing it, so a plan waits for nothing. It is polled
+        with the control subscription (:meth:`poll`, also by the shared probe's keeper): an IPC
+        subscription that nobody polls holds back every publisher of its stream.
+        """
+        meta = self._meta
+        if meta is None:
+            ch = self.settings.channels
+            meta = MetaTracker()
+            meta.subscribe(self._ctx, ch.metadata_channel, ch.metadata_stream_id)
+            self._meta = meta
+        return meta
 
     @property
     def context(self) -> AeronContext:

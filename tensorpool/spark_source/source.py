@@ -471,18 +471,18 @@ class TensorPoolBatchReader(DataSourceReader):
                 if meta is not None:
                     meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000))
         else:
-            # #15: the process's shared probe (kept between plans) unless the plan needs the
-            # metadata a hello brings: that subscription lives only for this plan
-            probing = (
-                AnnounceProbe(opts.streams, _settings(opts), map_layout=_validate(conn.base_dirs))
-                if opts.include_stream_metadata
-                else _shared_probe(opts)
-            )
-            with probing as probe:
-                meta = stream_meta.watch(probe.context, opts)
+            # #15: the process's shared probe, kept between plans (with its metadata tracker,
+            # for includeStreamMetadata: subscribed before the hellos go out)
+            with _shared_probe(opts) as probe:
+                meta = probe.meta_tracker() if opts.include_stream_metadata else None
                 layouts = probe.wait_for_layouts(timeout, opts.streams)
-                if meta is not None:
-                    meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000), probe.hello)
+                if meta is not None:  # the layouts' epochs: a kept tracker may know older ones
+                    meta.wait(
+                        opts.streams,
+                        min(timeout, opts.freshness_ms / 1000),
+                        probe.hello,
+                        epochs={sid: layout.epoch for sid, layout in layouts.items()},
+                    )
         ranges: list[Range] = []
         specs: dict[int, mapped_rings.RegionSpec] = {}
         losses: list[Loss] = []

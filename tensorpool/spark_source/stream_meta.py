@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -119,10 +119,11 @@ class MetaTracker:
             while len(per) > MAX_VERSIONS:
                 per.pop(next(iter(per)))
 
-    def known(self, sid: int) -> bool:
-        """Whether a ``DataSourceAnnounce`` of ``sid`` was received."""
+    def known(self, sid: int, epoch: int | None = None) -> bool:
+        """Whether a ``DataSourceAnnounce`` of ``sid`` was received (of ``epoch``, if given: a
+        tracker kept across plans may know only an earlier epoch of a restarted producer)."""
         with self._lock:
-            return sid in self._epoch
+            return sid in self._epoch if epoch is None else (sid, epoch) in self._seen
 
     def versions_for(self, sid: int, epoch: int) -> Versions:
         """The maps of ``(sid, epoch)`` for a partition: ``name`` plus attributes."""
@@ -143,13 +144,15 @@ class MetaTracker:
         nudge: Callable[[int], object] | None = None,
         *,
         poll: bool = True,
+        epochs: Mapping[int, int] | None = None,
     ) -> list[int]:
         """Wait until every stream's metadata arrived (``nudge(sid)`` every 0.2 s asks for it,
-        e.g. a ConsumerHello; ``poll=False``: another thread polls the subscription); returns
-        the streams still without any."""
+        e.g. a ConsumerHello; ``poll=False``: another thread polls the subscription; ``epochs``:
+        the metadata of these epochs); returns the streams still without any."""
         deadline = time.monotonic() + timeout_s
         next_nudge = 0.0
-        missing = [s for s in streams if not self.known(s)]
+        want = dict(epochs or {})
+        missing = [s for s in streams if not self.known(s, want.get(s))]
         while missing and time.monotonic() < deadline:
             if nudge is not None and time.monotonic() >= next_nudge:
                 for sid in missing:
@@ -157,7 +160,7 @@ class MetaTracker:
                 next_nudge = time.monotonic() + 0.2
             if not (poll and self.poll()):
                 time.sleep(0.002)
-            missing = [s for s in missing if not self.known(s)]
+            missing = [s for s in missing if not self.known(s, want.get(s))]
         # a DataSourceMeta follows its announce on the same publication: take it too
         settle = time.monotonic() + 0.02
         while time.monotonic() < settle:

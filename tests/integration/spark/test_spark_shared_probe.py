@@ -120,6 +120,32 @@ def test_same_epoch_from_other_files_replaces_the_remembered_layout(spark_media_
                 p.close()
 
 
+def test_kept_metadata_tracker_waits_for_the_planned_epoch(spark_media_driver, tmp_shm, producers):
+    """includeStreamMetadata on the shared probe: one tracker, kept with the probe (polled by its
+    keeper between plans). It already knows the metadata of an earlier epoch of a restarted
+    producer, so the plan waits for the metadata of the epoch it plans, not for any."""
+    opts = source_options(spark_media_driver, tmp_shm)
+    sid = 153
+    p = producers("--stream-id", str(sid), "--nslots", "8", "--name", "cam", "--meta", "site=A")
+    try:
+        with _probe(opts, sid) as probe:
+            meta = probe.meta_tracker()
+            layout = probe.wait_for_layouts(10, (sid,))[sid]
+            assert meta.wait((sid,), 10, probe.hello, epochs={sid: layout.epoch}) == []
+            assert dict(meta.versions_for(sid, p.epoch)[-1][1]) == {"name": "cam", "site": "A"}
+        p.close()
+        q = producers("--stream-id", str(sid), "--nslots", "8", "--name", "cam", "--meta", "site=B")
+        with _probe(opts, sid) as probe:
+            assert probe.meta_tracker() is meta  # one subscription for the probe's lifetime
+            layout = probe.wait_for_layouts(10, (sid,))[sid]
+            assert layout.epoch == q.epoch > p.epoch
+            assert meta.wait((sid,), 10, probe.hello, epochs={sid: layout.epoch}) == []
+            assert dict(meta.versions_for(sid, q.epoch)[-1][1]) == {"name": "cam", "site": "B"}
+    finally:
+        attach.close_all()
+    assert attach.shared_probes() == 0
+
+
 CHILD = textwrap.dedent(
     """
     import atexit, os, sys, threading, time

@@ -114,6 +114,20 @@ def test_tracker_keeps_versions_per_stream_epoch():
     assert t.versions_for(7, 4) == ()
 
 
+def test_a_kept_tracker_waits_for_the_planned_epoch_not_an_earlier_one():
+    """A tracker kept with the shared probe knows a restarted producer's earlier epoch: the plan
+    waits (and says hello) until the epoch it plans was announced."""
+    t = stream_meta.MetaTracker()
+    t.on_message(_announce(7, 3, 0, "cam"))
+    assert t.known(7) and t.known(7, 3) and not t.known(7, 4)
+    nudged: list[int] = []
+    assert t.wait((7,), 0.05, nudged.append, poll=False, epochs={7: 4}) == [7]
+    assert nudged and set(nudged) == {7}  # asked for it
+    assert t.wait((7,), 0.05, poll=False) == []  # any epoch: known
+    t.on_message(_announce(7, 4, 0, "cam"))
+    assert t.wait((7,), 0.05, poll=False, epochs={7: 4}) == []
+
+
 def test_metadata_column_follows_each_frames_meta_version():
     """#16.4: each row gets the map of its frame's meta_version; an unknown version is null;
     the tensor columns a read needed only for this are dropped."""
