@@ -405,6 +405,22 @@ class BridgeReceiver:
         except (ShmError, OSError, ValueError) as exc:
             error = str(exc)
         if error is not None:
+            if wait.unanswered and not dest.mapping.dest_allocated:
+                # No answer at all: the driver may be stalled and still hold our requests.
+                # Keep this producer attaching (its lease machine re-sends, and takes a grant
+                # that comes late): a new producer would have a new client id, and the grant
+                # of the old one's queued request would hold the stream for nobody until that
+                # lease expired. The failure is reported all the same, once per window.
+                dest.attach_wait = AttachWait(
+                    dest.dest_stream_id, wait.timeout_ns, now, wait_for_held_lease=False
+                )
+                dest.open_failures += 1
+                dest.last_error = error
+                log.warning(
+                    "mapping %s: destination %d: %s; still attaching",
+                    dest.mapping.name, dest.dest_stream_id, error,
+                )  # fmt: skip
+                return 1
             dest.pending = dest.attach_wait = None
             # not waited for: a grant still in flight is never used and expires with its lease
             producer.close(detach_timeout_ns=0)

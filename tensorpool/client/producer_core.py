@@ -286,6 +286,9 @@ class AttachWait:
         self.wait_for_held_lease = wait_for_held_lease
         self.refusal = ""
         self.waiting_since_ns: int | None = None
+        #: the deadline passed with no answer at all from the driver (not a refusal, not an
+        #: unmappable grant): it may be stalled, and may still grant the requests it holds
+        self.unanswered = False
 
     def on_failure(self, failure: AttachFailed, now_ns: int) -> tuple[str | None, str | None]:
         """Returns ``(fatal, note)``: an error message that ends the wait, and a message to log
@@ -321,6 +324,7 @@ class AttachWait:
                 f"{map_error} (is the driver's shm base dir among this client's allowed base "
                 "dirs?)"
             )
+        self.unanswered = True
         return (
             f"no attach response from the driver for stream {self.stream_id} within "
             f"{timeout_s:g} s (is `tensorpool driver` running?)"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 from bridge_wire import header_slot
-from driver_fixtures import DriverProcess, driver_toml
+from driver_fixtures import DriverProcess, driver_toml, read_status
 from netports import free_udp_ports
 
 from tensorpool.bridge.app import BridgeApp
@@ -228,23 +228,39 @@ def test_s4_held_attach_of_one_destination_does_not_stall_another(rig: Rig) -> N
 
 @pytest.mark.parametrize("rig", [1000], indirect=True)
 def test_s4_attach_timeout_fails_without_stalling_and_is_retried(rig: Rig) -> None:
-    """No answer within ``attach_timeout_ms`` (1 s here): B's open counts as failed through
-    the usual path (``open_failures``, ``last_error``, ``dest_not_ready`` until the retry)
-    while A keeps delivering; once the driver answers again a retry attaches B."""
+    """No answer within ``attach_timeout_ms`` (1 s here): B's open counts as failed
+    (``open_failures``, ``last_error``) once per window while A keeps delivering, and B keeps
+    attaching with the same client: when the stalled driver answers, it grants B's queued
+    request to B itself. (A new producer per window would have a new client id; the driver
+    would grant the old one's queued request to nobody and refuse B as "already has a
+    producer" until that lease expired.)"""
     r = rig
     r.announce(SRC_A)
     r.pump(lambda: r.row(SRC_A)["destination"] == "open", "A's destination")
     r.pump(lambda: r.consumer.epoch == r.row(SRC_A)["local_epoch"], "A's consumer on A's epoch")
     r.driver.signal(signal.SIGSTOP)
     r.announce(SRC_B)
-    r.pump(lambda: r.row(SRC_B)["open_failures"] >= 1, "B's attach timed out")
+    # three windows: past the lease machine's own 2 s request timeout, so B re-sent its attach
+    r.pump(lambda: r.row(SRC_B)["open_failures"] >= 3, "B's attach timed out three times")
     rb = r.row(SRC_B)
     assert "no attach response" in rb["last_error"], rb
-    assert rb["destination"] in ("closed", "attaching")  # waiting for, or in, its retry
+    assert rb["destination"] == "attaching", rb  # still attaching, not closed and rebuilt
     for seq in range(1, 4):
         r.frame(SRC_A, seq)
     r.pump(lambda: r.seen == [1, 2, 3], "A's frames while B's attach fails and retries")
     r.driver.signal(signal.SIGCONT)
-    r.pump(lambda: r.row(SRC_B)["destination"] == "open", "B attached on a retry")
+    r.pump(lambda: r.row(SRC_B)["destination"] == "open", "B attached after the driver resumed")
     r.frame(SRC_B, 4)
     r.pump(lambda: r.row(SRC_B)["frames"] == 1, "B's frame after the attach")
+    epoch_b = r.row(SRC_B)["local_epoch"]
+    r.pump(lambda: _status_epoch(r, DEST_B) == epoch_b, "the driver's status after B's attach")
+    core = (read_status(r.driver.base_dir) or {})["counters"]["core"]
+    assert core.get("attach_error_producer_exists", 0) == 0, core  # met no lease of nobody
+
+
+def _status_epoch(r: Rig, stream_id: int) -> int | None:
+    doc = read_status(r.driver.base_dir) or {}
+    for s in doc.get("streams", []):
+        if s.get("stream_id") == stream_id:
+            return s.get("epoch")
+    return None
