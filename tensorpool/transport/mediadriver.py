@@ -157,12 +157,10 @@ def held(aeron_dir: str) -> bool:
     (exited, killed, a zombie), which keeps a restart after ``kill -9`` fast. Silent past
     Aeron's own client timeout: free, whatever the pid (it may have been reused).
     """
-    if not os.path.exists(os.path.join(aeron_dir, "cnc.dat")):
+    if not serves(aeron_dir):
         return False
     if is_active(aeron_dir):
         return True
-    if not is_active(aeron_dir, JOIN_CHECK_TIMEOUT_MS):
-        return False
     identity = read_cnc_identity(aeron_dir)
     return identity is not None and pid_running(identity.pid)
 

@@ -34,11 +34,29 @@ log = logging.getLogger(__name__)
 PARENT_ENV: Final = "TENSORPOOL_PARENT_PID"
 
 
+def proc_stat(pid: int) -> tuple[bytes, int] | None:
+    """State and start time (clock ticks after boot) of process ``pid``, from
+    ``/proc/<pid>/stat`` (fields 3 and 22); None when it cannot be read."""
+    try:
+        fields = _stat_fields(pid)
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """``/proc/<pid>/stat`` from field 3 on (``comm`` may hold spaces and ``)``)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2 :].split()
+
+
 def pid_running(pid: int) -> bool:
     """Whether process ``pid`` of this pid namespace runs: it exists (another user's counts)
     and has not exited. A zombie (exited, not reaped yet) is gone -- unless other threads of it
     still run (a leader that returned before its threads also shows ``Z``). A pid that is not a
-    plain positive pid is never probed: ``kill(0, 0)`` or ``kill(-1, 0)`` address groups."""
+    plain positive pid is never probed: ``kill(0, 0)`` or ``kill(-1, 0)`` address groups.
+    Callers decide deletions with it, so anything it cannot read counts as running."""
     if pid <= 0 or pid > 0x7FFFFFFF:
         return False
     try:
@@ -48,14 +66,13 @@ def pid_running(pid: int) -> bool:
     except OSError:  # EPERM: it exists, as another user's process
         return True
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        state = data[data.rindex(b")") + 2 :].split(maxsplit=1)[0]
-        if state not in (b"Z", b"X"):
+        if _stat_fields(pid)[0] not in (b"Z", b"X"):
             return True
         return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except FileNotFoundError:  # reaped since the probe; or no procfs: the probe has to do
+        return not os.path.isdir("/proc/self")
     except (OSError, ValueError, IndexError):
-        return not os.path.isdir("/proc/self")  # no procfs: the signal probe has to do
+        return True
 
 
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -109,14 +126,10 @@ def exit_with_parent(poll_s: float = 0.25) -> bool:
         return False
     parent = int(text)
     if os.getppid() != parent:
-        try:
-            os.kill(parent, 0)
-        except ProcessLookupError:
+        if not pid_running(parent):
             _WATCHING = True
             _terminate_self()
             return True
-        except PermissionError:
-            pass
         return False
     _WATCHING = True
     watch_parent(parent, _terminate_self, poll_s)
@@ -173,4 +186,13 @@ class StopSignals:
         self._previous.clear()
 
 
-__all__ = ["StopSignals", "pid_running", "stop_process"]
+__all__ = [
+    "PARENT_ENV",
+    "StopSignals",
+    "child_env",
+    "exit_with_parent",
+    "pid_running",
+    "proc_stat",
+    "stop_process",
+    "watch_parent",
+]

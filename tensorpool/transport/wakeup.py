@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tensorpool.config_util import check_path_component
+from tensorpool.transport.process import pid_running, proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -115,18 +116,6 @@ def _posix_ipc() -> Any:
     return posix_ipc
 
 
-def _proc_stat(pid: int) -> tuple[bytes, int] | None:
-    """State and start time (clock ticks after boot) of process ``pid`` from
-    ``/proc/<pid>/stat`` (fields 3 and 22), or None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2 :].split()  # comm may hold spaces and ")"
-        return fields[0], int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _creator_stamp(pid_namespace: int, start_ticks: int) -> int:
     """The mtime (ns) a creator stamps on its semaphore file: its pid namespace's inode as
     the seconds, its start time (ticks, modulo 1e9) as the nanoseconds. Who made the file is
@@ -150,26 +139,16 @@ def _pid_namespace() -> int:
 
 
 def _creator_gone(pid: int, mtime_ns: int) -> bool:
-    """True only when the process that stamped ``mtime_ns`` under ``pid`` provably exited."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """True only when the process that stamped ``mtime_ns`` under ``pid`` provably exited:
+    the pid is dead or a zombie with no thread left (a zombie holds no mappings; another
+    user's live process is never ours to judge), or it now belongs to a process that started
+    at another tick (the pid was reused)."""
+    if not pid_running(pid):
         return True
-    except (OSError, OverflowError):  # EPERM: alive, another user's; never ours to judge
-        return False
-    proc = _proc_stat(pid)
+    proc = proc_stat(pid)
     if proc is None:
         return False  # exited meanwhile (the next sweep sees it) or unreadable: keep
-    state, start_ticks = proc
-    if state in (b"Z", b"X"):
-        # a zombie holds no mappings: nothing can wait on the file any more. Only if it is
-        # alone: a leader that exited before its threads shows "Z" while they still run
-        try:
-            return len(os.listdir(f"/proc/{pid}/task")) == 1
-        except OSError:
-            return False
-    # alive with a different start tick: the pid was reused, the creator is gone
-    return start_ticks % _NS_PER_S != mtime_ns % _NS_PER_S
+    return proc[1] % _NS_PER_S != mtime_ns % _NS_PER_S
 
 
 def remove_if_abandoned(entry: str) -> bool:
@@ -283,7 +262,7 @@ class SemaphoreIdleStrategy:
     def _stamp(self) -> None:
         """Stamp the file so that a sweeper can prove, after a SIGKILL, that its creator is
         gone (:func:`_creator_stamp`). Without the stamp the file is never swept (safe side)."""
-        me = _proc_stat(os.getpid())
+        me = proc_stat(os.getpid())
         try:
             if me is None:
                 raise OSError("/proc/self/stat unreadable")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tensorpool.transport.process import pid_running
+from tensorpool.transport.process import pid_running, proc_stat
 
 
 def test_ourselves_and_an_exited_reaped_child() -> None:
@@ -30,13 +30,10 @@ def test_a_zombie_is_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         deadline = time.monotonic() + 30
-        while True:
-            with open(f"/proc/{child.pid}/stat", "rb") as f:
-                data = f.read()
-            if data[data.rindex(b")") + 2 :].startswith(b"Z"):
-                break
+        while (state := proc_stat(child.pid)) is not None and state[0] != b"Z":
             assert time.monotonic() < deadline, "the child did not exit"
             time.sleep(0.01)
+        assert state is not None  # a zombie until reaped below
         os.kill(child.pid, 0)  # the signal probe alone would call it alive
         assert pid_running(child.pid) is False
     finally:

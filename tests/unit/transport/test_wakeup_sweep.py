@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tensorpool.transport.process import proc_stat
 from tensorpool.transport.wakeup import (
     SEM_DIR,
     SEM_FILE_SIZE,
@@ -26,7 +27,6 @@ from tensorpool.transport.wakeup import (
     WakePoster,
     _creator_stamp,
     _pid_namespace,
-    _proc_stat,
     remove_if_abandoned,
     sweep_abandoned,
 )
@@ -275,7 +275,7 @@ def test_a_live_creator_is_kept_and_a_reused_pid_is_not(
 ) -> None:
     """The pid is alive: its process made the file only if it started at the stamped tick.
     Same tick: the creator, kept. Another tick: the pid was reused, the creator is gone."""
-    me = _proc_stat(os.getpid())
+    me = proc_stat(os.getpid())
     assert me is not None
     pidns = _pid_namespace()
     mine = craft(
@@ -295,7 +295,7 @@ def test_a_zombie_creators_file_is_removed(namespace: str, craft: Callable[..., 
     kill(pid, 0), but it holds no mapping any more, so its file goes."""
     child = subprocess.Popen(["sleep", "60"])
     try:
-        start = _proc_stat(child.pid)
+        start = proc_stat(child.pid)
         assert start is not None
         path = craft(
             f"sem.tensorpool-wake-{namespace}-1-{child.pid}-{TOKEN}",
@@ -304,7 +304,7 @@ def test_a_zombie_creators_file_is_removed(namespace: str, craft: Callable[..., 
         assert not remove_if_abandoned(path.name)  # alive, same tick: its creator
         child.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + WAIT_S
-        while (state := _proc_stat(child.pid)) is not None and state[0] != b"Z":
+        while (state := proc_stat(child.pid)) is not None and state[0] != b"Z":
             assert time.monotonic() < deadline, "never became a zombie"
             time.sleep(0.001)
         assert remove_if_abandoned(path.name)
@@ -329,14 +329,14 @@ def test_a_leader_that_exited_before_its_threads_is_alive(
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        start = _proc_stat(child.pid)
+        start = proc_stat(child.pid)
         assert start is not None
         path = craft(
             f"sem.tensorpool-wake-{namespace}-1-{child.pid}-{TOKEN}",
             stamp=_creator_stamp(_pid_namespace(), start[1]),
         )
         deadline = time.monotonic() + WAIT_S
-        while (state := _proc_stat(child.pid)) is not None and state[0] != b"Z":
+        while (state := proc_stat(child.pid)) is not None and state[0] != b"Z":
             assert time.monotonic() < deadline, "the main thread never ended"
             time.sleep(0.001)
         assert not remove_if_abandoned(path.name)
