@@ -421,9 +421,7 @@ class BridgeReceiver:
                     dest.mapping.name, dest.dest_stream_id, error,
                 )  # fmt: skip
                 return 1
-            dest.pending = dest.attach_wait = None
-            # not waited for: a grant still in flight is never used and expires with its lease
-            producer.close(detach_timeout_ns=0)
+            self._abandon_attach(dest)
             self._open_failed(dest, error)
             return 1
         if not producer.attached:
@@ -494,10 +492,17 @@ class BridgeReceiver:
             if d is not None:
                 self._on_drop(d)
 
-    def _close_producer(self, dest: _Dest) -> None:
-        if dest.pending is not None:  # an attach still in progress: abandoned, not waited for
+    @staticmethod
+    def _abandon_attach(dest: _Dest) -> None:
+        """Drop the attach in progress, not waited for: a grant still in flight is never used
+        and expires with its lease."""
+        if dest.pending is not None:
             dest.pending.close(detach_timeout_ns=0)
-            dest.pending = dest.attach_wait = None
+        dest.pending = dest.attach_wait = None
+
+    def _close_producer(self, dest: _Dest) -> None:
+        if dest.pending is not None:  # an attach still in progress
+            self._abandon_attach(dest)
             d = self.core.destination_lost(dest.mapping.index)
             if d is not None:
                 self._on_drop(d)
@@ -694,9 +699,7 @@ class BridgeReceiver:
 
     def close(self) -> None:
         for dest in self._dests.values():
-            if dest.pending is not None:
-                dest.pending.close(detach_timeout_ns=0)
-                dest.pending = dest.attach_wait = None
+            self._abandon_attach(dest)
             if dest.producer is not None:
                 dest.producer.close()
                 dest.producer = None

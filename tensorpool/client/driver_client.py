@@ -281,11 +281,11 @@ class LeaseMachine:
         if not self.holds_lease or self.lease_id is None:
             self.state = AttachPhase.CLOSED
             return []
-        corr = self._next_corr()
-        self._pending = corr
+        request = self._detach_request(self.lease_id)
+        self._pending = request.correlation_id
         self.state = AttachPhase.DETACHING
         self._deadline = now + self.timings.attach_timeout_ns
-        return [SendDetach(corr, self.lease_id, self.stream_id, self.client_id, self.role)]
+        return [request]
 
     # --- inputs -------------------------------------------------------------------------------
     def on_attach_response(self, r: dp.ShmAttachResponseDecoder, now: int) -> list[Action]:
@@ -353,7 +353,8 @@ class LeaseMachine:
         return [self._detach_request(lease_id)]
 
     def _detach_request(self, lease_id: int) -> SendDetach:
-        """A detach of a lease this machine does not use (its answer is not waited for)."""
+        """A detach of ``lease_id`` with a fresh correlation id (:meth:`detach` waits for its
+        answer; a lease this machine does not use is released without waiting)."""
         return SendDetach(self._next_corr(), lease_id, self.stream_id, self.client_id, self.role)
 
     def _attached(
