@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import posixpath
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ __all__ = [
     "check_aeron_channel",
     "check_bind",
     "check_path_component",
+    "check_path_length",
     "is_power_of_two",
     "load_toml",
     "parse_bind",
@@ -57,6 +59,11 @@ UINT16_MAX = 0xFFFF
 UINT32_MAX = 0xFFFF_FFFF
 UINT64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 INT32_MAX = 0x7FFF_FFFF
+#: Linux limits (#26.6): one path component holds at most NAME_MAX bytes, a whole path fewer
+#: than PATH_MAX bytes (the terminating NUL counts). Checked when the configuration is read, so
+#: a name the kernel refuses is one line naming the key, not ENAMETOOLONG after files exist.
+NAME_MAX = 255
+PATH_MAX = 4096
 
 #: Prefix of the scoped spelling of an environment override.
 ENV_PREFIX = "TENSORPOOL_"
@@ -127,6 +134,16 @@ def check_aeron_channel(value: str) -> str | None:
             f"{value!r} is not an Aeron channel "
             "(expected 'aeron:ipc' or 'aeron:udp', optionally '?key=value|key=value')"
         )
+    if value.startswith("aeron:udp"):  # #26.6: what Aeron refuses only once a media driver runs
+        _, _, query = value.partition("?")
+        params = dict(item.partition("=")[::2] for item in query.split("|") if item)
+        addresses = [k for k in ("endpoint", "control") if k in params]
+        if not addresses and params.get("control-mode") != "manual":
+            return f"{value!r}: a udp channel needs endpoint=HOST:PORT (or control=HOST:PORT)"
+        for key in addresses:
+            host, sep, port = params[key].rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                return f"{value!r}: {key}={params[key]!r} is not HOST:PORT"
     return None
 
 
@@ -136,8 +153,26 @@ def check_path_component(value: str) -> str | None:
     Names that end up inside SHM paths (namespace, instance id) must not be able to
     escape the base directory or break the ``shm:file?path=`` URI grammar.
     """
+    if len(value) > NAME_MAX:  # the pattern allows ASCII only: characters are bytes
+        return f"{value[:20]!r}... is {len(value)} bytes long: a name holds at most {NAME_MAX}"
     if not _PATH_COMPONENT.fullmatch(value) or value in {".", ".."}:
         return f"{value!r} must be a single directory name of letters, digits, '.', '_' or '-'"
+    return None
+
+
+def check_path_length(path: str, longest_suffix: str = "") -> str | None:
+    """Return a reason if ``path`` (plus the longest name created below it) is too long.
+
+    ``longest_suffix`` is the deepest relative path a component creates under ``path``
+    (e.g. the driver's ``stream-<id>/epoch-<E>/payload-<pool>.pool``), so that the check
+    covers every file the configuration leads to, not just the directory itself.
+    """
+    for part in path.split("/"):
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"the name {part[:20]!r}... is longer than {NAME_MAX} bytes"
+    total = len(os.fsencode(posixpath.join(path, longest_suffix)))
+    if total >= PATH_MAX:
+        return f"paths below it would be {total} bytes long; the limit is {PATH_MAX - 1}"
     return None
 
 

@@ -60,6 +60,7 @@ from tensorpool.config_util import (
     Section,
     check_bind,
     check_path_component,
+    check_path_length,
     is_power_of_two,
     load_toml,
     parse_octal_mode,
@@ -130,6 +131,9 @@ DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS = 60_000
 # Stream ids of data sources are uint32 with 0xFFFFFFFF reserved as the SBE null value.
 _MAX_STREAM_ID = MAX_DATA_STREAM_ID
 _MS = 1_000_000
+#: The deepest file the driver creates below ``<base_dir>/<namespace>/<instance_id>``
+#: (driver/streams.py), at the largest ids: the path-length check covers every region file.
+_LONGEST_REGION_PATH = "stream-4294967294/epoch-18446744073709551615/payload-65535.pool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +333,10 @@ def parse_driver_config(
             "policies.allow_dynamic_streams = false",
         )
     _check_stream_ids(driver, streams, driver_sec)
+    instance_root = posixpath.join(shm.base_dir, shm.namespace, driver.instance_id)
+    problem = check_path_length(instance_root, _LONGEST_REGION_PATH)
+    if problem:  # #26.6: refused here, before the driver creates the first directory
+        raise ConfigError(source, "shm.base_dir", f"{instance_root}: {problem}")
     return DriverConfig(
         driver=driver,
         shm=shm,

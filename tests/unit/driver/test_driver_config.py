@@ -173,6 +173,19 @@ INVALID = [
     ("[driver]\ncontrol_stream_id = 0\n" + MINIMAL, "driver.control_stream_id", "out of range"),
     ("[driver]\nqos_channel = 'udp://x'\n" + MINIMAL, "driver.qos_channel", "Aeron channel"),
     ("[driver]\ninstance_id = 'a/b'\n" + MINIMAL, "driver.instance_id", "directory name"),
+    # #26.6: what the kernel or Aeron would refuse only after files exist
+    ("[driver]\ninstance_id = '" + "a" * 256 + "'\n" + MINIMAL, "driver.instance_id", "255"),
+    ("[driver]\nqos_channel = 'aeron:udp'\n" + MINIMAL, "driver.qos_channel", "endpoint"),
+    (
+        "[driver]\ncontrol_channel = 'aeron:udp?endpoint='\n" + MINIMAL,
+        "driver.control_channel",
+        "HOST:PORT",
+    ),
+    (
+        "[driver]\ncontrol_channel = 'aeron:udp?endpoint=host:99999'\n" + MINIMAL,
+        "driver.control_channel",
+        "HOST:PORT",
+    ),
     ("[driver]\naeron_dir = 'rel/dir'\n" + MINIMAL, "driver.aeron_dir", "absolute"),
     ("[driver]\nstream_id_range = '9-3'\n" + MINIMAL, "driver.stream_id_range", "greater"),
     ("[driver]\nstream_id_range = 'abc'\n" + MINIMAL, "driver.stream_id_range", "not a range"),
