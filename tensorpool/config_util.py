@@ -27,10 +27,12 @@ import os
 import posixpath
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any
+
+from tensorpool.fsafety import unsafe_root_reason
 
 __all__ = [
     "ENV_PREFIX",
@@ -38,20 +40,40 @@ __all__ = [
     "UINT16_MAX",
     "UINT32_MAX",
     "UINT64_MAX",
+    "AbsDir",
+    "AeronDir",
+    "AeronStreamId",
+    "Bind",
+    "Bool",
+    "Channel",
     "ConfigError",
-    "EnvOverrides",
+    "DataStreamId",
+    "FieldProblem",
     "IdRange",
-    "Section",
+    "Int",
+    "NonEmpty",
+    "NonNegative",
+    "OctalMode",
+    "PathName",
+    "Positive",
+    "Rule",
+    "ShmDir",
+    "Str",
+    "aeron_dir_problem",
     "check_aeron_channel",
     "check_bind",
     "check_path_component",
     "check_path_length",
+    "env_names",
+    "id_range",
+    "int_in",
     "is_power_of_two",
     "load_toml",
     "parse_bind",
     "parse_bool_text",
     "parse_id_range",
     "parse_octal_mode",
+    "power_of_two",
     "ranges_overlap",
 ]
 
@@ -287,245 +309,154 @@ def _type_name(value: object) -> str:
 # --------------------------------------------------------------------------- environment
 
 
-class EnvOverrides:
-    """Environment overrides for dotted config keys.
+def env_names(dotted_key: str, *, prefix: str = ENV_PREFIX) -> tuple[str, str]:
+    """The two variables that override ``dotted_key``, the scoped one (which wins) first."""
+    plain = dotted_key.upper().replace(".", "_").replace("-", "_")
+    return (prefix + plain, plain)
 
-    ``lookup("driver.instance_id")`` checks ``TENSORPOOL_DRIVER_INSTANCE_ID`` first, then
-    ``DRIVER_INSTANCE_ID`` (the spec's Aeron-style name). An empty value counts as set,
-    so an operator can blank out a string such as the shutdown token.
+
+# --------------------------------------------------------------------------- field rules
+
+
+class FieldProblem(ValueError):
+    """A rule broken by the value at ``key`` (relative to where it is raised; "" = right there).
+
+    Raised by schema rules (:class:`Rule`, cross-field checks of a table); the loader turns it
+    into the one :class:`ConfigError` naming the file and the full dotted key.
     """
 
-    def __init__(self, environ: Mapping[str, str] | None, *, prefix: str = ENV_PREFIX) -> None:
-        self._environ: Mapping[str, str] = {} if environ is None else environ
-        self._prefix = prefix
-
-    @staticmethod
-    def names_for(dotted_key: str, *, prefix: str = ENV_PREFIX) -> tuple[str, str]:
-        """The two variable names that override ``dotted_key`` (scoped one first)."""
-        plain = dotted_key.upper().replace(".", "_").replace("-", "_")
-        return (prefix + plain, plain)
-
-    def lookup(self, dotted_key: str) -> tuple[str, str] | None:
-        """Return ``(variable_name, value)`` of the winning override, or None."""
-        for name in self.names_for(dotted_key, prefix=self._prefix):
-            value = self._environ.get(name)
-            if value is not None:
-                return name, value
-        return None
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
 
 
-# --------------------------------------------------------------------------- sections
+class Rule:
+    """Annotation marker: a strict base type plus the one-line problem a value may have.
 
-_MISSING: Any = object()
-
-
-class Section:
-    """Typed, strict access to one TOML table.
-
-    Each getter records the key as known; :meth:`finish` then rejects anything left
-    over. Getters with ``env=True`` consult :class:`EnvOverrides` first; the value from
-    the environment is parsed from text and validated like the TOML value, and errors
-    name both the variable and the dotted key it overrides.
+    ``Annotated[int, Rule(check)]`` accepts only a real ``int`` (not ``true``, not ``"5"``) and
+    refuses any value ``check`` returns a reason for. ``before`` converts first (text forms such
+    as ``"640"`` or ``"1-5"``). Pydantic reads the marker through its schema hook; it is imported
+    only there, so modules that merely declare fields (``endpoints``) stay light.
     """
 
     def __init__(
         self,
-        data: Mapping[str, Any],
-        path: str,
-        file: str,
-        env: EnvOverrides | None = None,
+        check: Callable[[Any], str | None] | None = None,
+        *,
+        before: Callable[[Any], Any] | None = None,
     ) -> None:
-        self.data = data
-        self.path = path
-        self.file = file
-        self.env = env
-        self._known: set[str] = set()
+        self.check = check
+        self.before = before
 
-    # -- plumbing
-
-    def key_path(self, key: str) -> str:
-        """Dotted path of ``key`` inside this section (for messages)."""
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, reason: str) -> NoReturn:
-        """Raise the one ConfigError for ``key`` of this section."""
-        raise ConfigError(self.file, self.key_path(key), reason)
-
-    def has(self, key: str) -> bool:
-        """True if the key is present in the file or overridden from the environment."""
-        if key in self.data:
-            return True
-        return self.env is not None and self.env.lookup(self.key_path(key)) is not None
-
-    def _raw(self, key: str, env: bool) -> tuple[Any, str | None]:
-        """Return ``(value, env_var_name)``; value is _MISSING if absent."""
-        self._known.add(key)
-        if env and self.env is not None:
-            hit = self.env.lookup(self.key_path(key))
-            if hit is not None:
-                return hit[1], hit[0]
-        return self.data.get(key, _MISSING), None
-
-    def _env_fail(self, key: str, var: str, reason: str) -> NoReturn:
-        raise ConfigError(self.file, self.key_path(key), f"(from environment {var}) {reason}")
-
-    def finish(self) -> None:
-        """Reject keys that no getter asked for (typos, unsupported options)."""
-        unknown = [k for k in self.data if k not in self._known]
-        if unknown:
-            self.fail(unknown[0], "unknown key" + _did_you_mean(unknown[0], self._known))
-
-    # -- scalars
-
-    def opt_str(self, key: str, default: str, *, env: bool = False) -> str:
-        value, _ = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_type_name(value)}")
-        return value
-
-    def req_str(self, key: str, *, env: bool = False) -> str:
-        value = self.opt_str(key, _MISSING, env=env)
-        if value is _MISSING:
-            self.fail(key, "required key is missing")
-        return value
-
-    def opt_bool(self, key: str, default: bool, *, env: bool = False) -> bool:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        if var is not None:
-            parsed = parse_bool_text(value)
-            if parsed is None:
-                self._env_fail(key, var, f"expected true/false, got {value!r}")
-            return parsed
-        if not isinstance(value, bool):
-            self.fail(key, f"expected a boolean (true/false), got {_type_name(value)}")
-        return value
-
-    def opt_int(
-        self,
-        key: str,
-        default: int,
-        *,
-        lo: int = 0,
-        hi: int = UINT32_MAX,
-        env: bool = False,
-        check: Callable[[int], str | None] | None = None,
-    ) -> int:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        return self._int(key, value, var, lo, hi, check)
-
-    def req_int(
-        self,
-        key: str,
-        *,
-        lo: int = 0,
-        hi: int = UINT32_MAX,
-        env: bool = False,
-        check: Callable[[int], str | None] | None = None,
-    ) -> int:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            self.fail(key, "required key is missing")
-        return self._int(key, value, var, lo, hi, check)
-
-    def _int(
-        self,
-        key: str,
-        value: Any,
-        var: str | None,
-        lo: int,
-        hi: int,
-        check: Callable[[int], str | None] | None,
-    ) -> int:
-        if var is not None:
-            text = value.strip().replace("_", "")
-            if not re.fullmatch(r"[+-]?\d+", text):
-                self._env_fail(key, var, f"expected an integer, got {value!r}")
-            value = int(text)
-        elif type(value) is not int:  # bool is an int subclass: reject it explicitly
-            self.fail(key, f"expected an integer, got {_type_name(value)}")
-        problem = f"{value} is out of range {lo}..{hi}" if not lo <= value <= hi else None
-        if problem is None and check is not None:
-            problem = check(value)
+    def _after(self, value: Any) -> Any:
+        problem = self.check(value) if self.check is not None else None
         if problem:
-            if var is not None:
-                self._env_fail(key, var, problem)
-            self.fail(key, problem)
+            raise FieldProblem("", problem)
         return value
 
-    def opt_str_list(
-        self, key: str, default: Sequence[str], *, env: bool = False, env_sep: str = os.pathsep
-    ) -> tuple[str, ...]:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return tuple(default)
-        if var is not None:
-            return tuple(p for p in value.split(env_sep) if p)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.fail(key, "expected an array of strings")
-        return tuple(value)
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema as cs
 
-    def opt_range(
-        self, key: str, *, lo: int = 0, hi: int = UINT32_MAX, env: bool = False
-    ) -> IdRange | None:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return None
+        strict = {int: cs.int_schema, str: cs.str_schema, bool: cs.bool_schema}.get(source)
+        schema = strict(strict=True) if strict is not None else handler(source)
+        if self.before is not None:
+            schema = cs.no_info_before_validator_function(self.before, schema)
+        if self.check is not None:
+            schema = cs.no_info_after_validator_function(self._after, schema)
+        return schema
+
+
+def int_in(lo: int, hi: int, *more: Callable[[int], str | None]) -> Rule:
+    """An integer in ``lo..hi`` that passes every check of ``more``."""
+
+    def check(value: int) -> str | None:
+        if not lo <= value <= hi:
+            return f"{value} is out of range {lo}..{hi}"
+        return next((p for p in (c(value) for c in more) if p), None)
+
+    return Rule(check)
+
+
+def power_of_two(value: int) -> str | None:
+    return None if is_power_of_two(value) else f"{value} is not a power of two"
+
+
+def _octal_mode(value: Any) -> Any:
+    if isinstance(value, str):
+        mode = parse_octal_mode(value)
+        if mode is None:
+            raise FieldProblem("", f'{value!r} is not an octal POSIX mode such as "660" or "0600"')
+        return mode
+    return value
+
+
+def id_range(lo: int, hi: int) -> Rule:
+    """``"START-END"``, ``"START,END"`` or ``[START, END]`` (empty = unset) within ``lo..hi``."""
+
+    def parse(value: Any) -> Any:
+        if value is None or isinstance(value, IdRange):
+            return value
         parsed = parse_id_range(value, lo=lo, hi=hi)
         if isinstance(parsed, str):
-            if var is not None:
-                self._env_fail(key, var, parsed)
-            self.fail(key, parsed)
+            raise FieldProblem("", parsed)
         return parsed
 
-    def checked(self, key: str, value: str, problem: str | None) -> str:
-        """Raise for ``key`` if a validator returned a problem; else return ``value``."""
-        if problem:
-            var = None
-            if self.env is not None:
-                hit = self.env.lookup(self.key_path(key))
-                var = hit[0] if hit else None
-            if var is not None:
-                self._env_fail(key, var, problem)
-            self.fail(key, problem)
-        return value
+    return Rule(before=parse)
 
-    # -- nesting
 
-    def opt_table(self, key: str) -> Section:
-        """A sub-section (empty when absent); environment overrides carry over."""
-        value, _ = self._raw(key, False)
-        if value is _MISSING:
-            value = {}
-        if not isinstance(value, dict):
-            self.fail(key, f"expected a table, got {_type_name(value)}")
-        return Section(value, self.key_path(key), self.file, self.env)
+def aeron_dir_problem(value: str) -> str | None:
+    """The one check of a media driver directory (#26.5): absolute, never a system root.
 
-    def tables(self) -> Iterator[tuple[str, Section]]:
-        """Iterate ``name -> sub-section`` for a table of tables (e.g. ``profiles.*``)."""
-        for name, value in self.data.items():
-            self._known.add(name)
-            if not isinstance(value, dict):
-                self.fail(name, f"expected a table, got {_type_name(value)}")
-            yield name, Section(value, self.key_path(name), self.file, None)
+    "" is allowed (each config gives it its meaning). #13.1: a media driver empties its
+    directory, so ``/``, ``/etc``, ``$HOME``, ``/tmp``, ``/dev/shm`` ... are refused.
+    """
+    if not value:
+        return None
+    if not os.path.isabs(value):
+        return "must be an absolute path (or empty)"
+    return unsafe_root_reason(value)
 
-    def array_of_tables(self, key: str, *, required: bool = False) -> list[Section]:
-        """Sections for ``[[x.key]]`` or ``key = [{...}, ...]`` entries, with ``key[i]`` paths."""
-        value, _ = self._raw(key, False)
-        if value is _MISSING:
-            if required:
-                self.fail(key, "required key is missing")
-            return []
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            self.fail(key, "expected an array of tables")
-        return [
-            Section(v, f"{self.key_path(key)}[{i}]", self.file, None) for i, v in enumerate(value)
-        ]
+
+def abs_dir_problem(value: str) -> str | None:
+    """A directory in ``shm:file`` URIs: absolute, no ``?``, ``|`` or whitespace, not too long."""
+    if not value.startswith("/"):
+        return f"{value!r} must be an absolute path"
+    if any(c in value for c in "?|") or any(c.isspace() for c in value):
+        return f"{value!r} must not contain '?', '|' or whitespace (shm:file URI rules)"
+    return check_path_length(value)
+
+
+def shm_dir_problem(value: str) -> str | None:
+    """A directory regions are created in: :func:`abs_dir_problem`, and never a system or
+    shared root (#13.1)."""
+    return abs_dir_problem(value) or unsafe_root_reason(value)
+
+
+def _normpath(value: Any) -> Any:
+    return posixpath.normpath(value) if isinstance(value, str) and value.startswith("/") else value
+
+
+Int = Annotated[int, Rule()]
+Bool = Annotated[bool, Rule()]
+Str = Annotated[str, Rule()]
+#: A positive count or period (``lo=1``) and a non-negative one.
+Positive = Annotated[int, int_in(1, UINT32_MAX)]
+NonNegative = Annotated[int, int_in(0, UINT32_MAX)]
+#: Aeron stream ids are int32 (tensorpool uses the positive ones); data stream ids are uint32
+#: with 0xFFFFFFFF the SBE null value.
+AeronStreamId = Annotated[int, int_in(1, INT32_MAX)]
+DataStreamId = Annotated[int, int_in(1, UINT32_MAX - 1)]
+Channel = Annotated[str, Rule(check_aeron_channel)]
+#: One directory name inside SHM paths (namespace, instance id).
+PathName = Annotated[str, Rule(check_path_component)]
+NonEmpty = Annotated[str, Rule(lambda v: None if v.strip() else "must not be empty")]
+AeronDir = Annotated[str, Rule(aeron_dir_problem)]
+#: A directory named in region URIs (an allowed base), and one regions are created in.
+AbsDir = Annotated[str, Rule(abs_dir_problem, before=_normpath)]
+ShmDir = Annotated[str, Rule(shm_dir_problem, before=_normpath)]
+Bind = Annotated[str, Rule(check_bind)]
+OctalMode = Annotated[int, Rule(before=_octal_mode)]
 
 
 def _did_you_mean(key: str, known: set[str]) -> str:

@@ -1,0 +1,196 @@
+"""The one configuration mechanism: declarative tables validated by pydantic (issue #26.5).
+
+A config file kind (driver, rate limiter, bridge) is a tree of :func:`table` dataclasses whose
+fields carry their type, default and rule (``Annotated[int, int_in(1, 100)]``, ``Channel``,
+``AeronDir``, ... from :mod:`tensorpool.config_util`); cross-field rules live in the table's
+``__post_init__`` and raise :class:`~tensorpool.config_util.FieldProblem` naming the key. The
+same classes are the runtime configuration, so every construction path (a file, Python code, a
+test) goes through the same rules.
+
+:func:`parse_file` is the whole loader: it lays environment overrides over the TOML document,
+validates it in one pass, and turns the first problem into one
+:class:`~tensorpool.config_util.ConfigError` — ``file: dotted.key: reason`` — saying which
+variable it came from when the value was an override. Overrides follow the Aeron convention the
+Driver Model spec (§17) asks for: every scalar key of a top-level table, upper-cased with ``.``
+as ``_`` (``driver.control_stream_id`` → ``DRIVER_CONTROL_STREAM_ID``); a ``TENSORPOOL_``
+prefixed spelling wins when both are set; an empty value counts as set.
+
+Why pydantic (v2) and not msgspec: its errors carry the full location including the names of
+``[profiles.<name>]`` tables (msgspec reports ``$.profiles[...]``) and a machine-readable type,
+so the one-line messages are built without parsing text, and its dataclasses validate on every
+construction path. It is imported only by the config loaders, not by clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from tensorpool.config_util import (
+    AeronDir,
+    ConfigError,
+    FieldProblem,
+    env_names,
+    parse_bool_text,
+)
+from tensorpool.endpoints import Endpoints
+
+__all__ = ["EndpointKeys", "Table", "fields_of", "parse_file", "table"]
+
+_CONFIG = ConfigDict(extra="forbid", revalidate_instances="never")
+
+
+def table[T](cls: type[T]) -> type[T]:
+    """Make ``cls`` a frozen, validating config table (a pydantic dataclass)."""
+    return pydantic_dataclass(frozen=True, slots=True, config=_CONFIG)(cls)
+
+
+@table
+class Table:
+    """Base of every table: a key no field declares is refused, with a did-you-mean."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            names = [f.name for f in dataclasses.fields(cls) if f.init]
+            for key in data:
+                if key not in names:
+                    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise FieldProblem(str(key), "unknown key" + hint)
+        return data
+
+
+def parse_file[T](
+    schema: type[T], data: Mapping[str, Any], source: str, env: Mapping[str, str] | None
+) -> T:
+    """Validate a parsed TOML document against ``schema``, overrides from ``env`` included."""
+    merged, from_env = _with_env(schema, data, {} if env is None else env)
+    try:
+        return TypeAdapter(schema).validate_python(merged)
+    except ValidationError as exc:
+        raise _config_error(exc, source, from_env) from None
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _with_env(
+    schema: type, data: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with the overrides of every scalar key of every top-level table."""
+    merged = dict(data)
+    from_env: dict[str, str] = {}
+    hints = typing.get_type_hints(schema, include_extras=False)
+    for name, kind in hints.items():
+        if not (isinstance(kind, type) and issubclass(kind, Table)):
+            continue
+        section = merged.get(name)
+        section = dict(section) if isinstance(section, Mapping) else section
+        for key, ftype in typing.get_type_hints(kind, include_extras=False).items():
+            hit = next(((var, env[var]) for var in env_names(f"{name}.{key}") if var in env), None)
+            if hit is None or not isinstance(section, dict | None):
+                continue
+            section = {} if section is None else section
+            section[key] = _from_text(hit[1], ftype)
+            from_env[f"{name}.{key}"] = hit[0]
+        if section is not None:
+            merged[name] = section
+    return merged, from_env
+
+
+def _from_text(text: str, ftype: Any) -> Any:
+    """An environment value as the field's type; left as text when it is not one (the
+    validator then names the variable and the expected type)."""
+    args = set(typing.get_args(ftype)) if isinstance(ftype, types.UnionType) else {ftype}
+    if bool in args:
+        parsed = parse_bool_text(text)
+        return text if parsed is None else parsed
+    if int in args:
+        digits = text.strip().replace("_", "")
+        return int(digits) if re.fullmatch(r"[+-]?\d+", digits) else text
+    if typing.get_origin(ftype) is tuple:
+        return tuple(p for p in text.split(os.pathsep) if p)
+    return text
+
+
+# --------------------------------------------------------------------------- errors
+
+_TYPE_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a float",
+    str: "a string",
+    list: "an array",
+    tuple: "an array",
+    dict: "a table",
+}
+_EXPECTED = {
+    "int": "an integer",
+    "bool": "a boolean (true/false)",
+    "string": "a string",
+    "tuple": "an array",
+    "list": "an array",
+    "dict": "a table",
+    "dataclass": "a table",
+    "model": "a table",
+}
+
+
+def _config_error(exc: ValidationError, source: str, from_env: Mapping[str, str]) -> ConfigError:
+    """The first problem as one ConfigError: the dotted key and a one-line reason."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(str(p) if isinstance(p, str) else p for p in err["loc"])
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    problem = err.get("ctx", {}).get("error")
+    if isinstance(problem, FieldProblem):
+        reason = problem.reason
+        if problem.key:
+            key = f"{key}.{problem.key}" if key else problem.key
+    elif err["type"] == "missing":
+        reason = "required key is missing"
+    elif err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        reason = "unknown key"
+    else:
+        kind = err["type"].removesuffix("_type").removesuffix("_parsing")
+        got = _TYPE_NAMES.get(type(err["input"]), type(err["input"]).__name__)
+        if kind in _EXPECTED:
+            reason = f"expected {_EXPECTED[kind]}, got {got}"
+        else:
+            reason = err["msg"].removeprefix("Value error, ")
+    var = from_env.get(key)
+    if var is not None:
+        reason = f"(from environment {var}) {reason}"
+    return ConfigError(source, key, reason)
+
+
+# --------------------------------------------------------------------------- shared keys
+
+
+@table
+class EndpointKeys(Table, Endpoints):
+    """The keys every config's local-driver table shares (#14.1, #26.5): the deployment's
+    control-plane endpoints, declared once in :class:`~tensorpool.endpoints.Endpoints`, and
+    the media driver directory, declared here once for every config file.
+
+    ``aeron_dir = ""`` means the tensorpool default directory in every file
+    (:func:`~tensorpool.endpoints.config_aeron_dir`); anything else must be absolute and is
+    never a system or shared root (:func:`~tensorpool.config_util.aeron_dir_problem`).
+    """
+
+    aeron_dir: AeronDir = ""
+
+
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A table's values by key, one level deep (``dataclasses.asdict`` would recurse)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
