@@ -39,12 +39,13 @@ from tensorpool.config_util import (
     AeronDir,
     ConfigError,
     FieldProblem,
+    Rule,
     env_names,
     parse_bool_text,
 )
 from tensorpool.endpoints import Endpoints
 
-__all__ = ["EndpointKeys", "Table", "fields_of", "parse_file", "table"]
+__all__ = ["EndpointKeys", "Table", "fields_of", "parse_file", "resolve", "table"]
 
 _CONFIG = ConfigDict(extra="forbid", revalidate_instances="never")
 
@@ -97,7 +98,7 @@ def _with_env(
             continue
         section = merged.get(name)
         section = dict(section) if isinstance(section, Mapping) else section
-        for key, ftype in typing.get_type_hints(kind, include_extras=False).items():
+        for key, ftype in typing.get_type_hints(kind, include_extras=True).items():
             hit = next(((var, env[var]) for var in env_names(f"{name}.{key}") if var in env), None)
             if hit is None or not isinstance(section, dict | None):
                 continue
@@ -111,8 +112,17 @@ def _with_env(
 
 def _from_text(text: str, ftype: Any) -> Any:
     """An environment value as the field's type; left as text when it is not one (the
-    validator then names the variable and the expected type)."""
-    args = set(typing.get_args(ftype)) if isinstance(ftype, types.UnionType) else {ftype}
+    validator then names the variable and the expected type), or when the field's own rule
+    reads a text form (``"640"``, ``"1-5"``)."""
+    union = typing.get_origin(ftype) in (typing.Union, types.UnionType)
+    args = set(typing.get_args(ftype)) if union else {ftype}
+    if any(
+        isinstance(meta, Rule) and meta.before is not None
+        for arg in args
+        for meta in getattr(arg, "__metadata__", ())
+    ):
+        return text
+    args = {typing.get_args(a)[0] if hasattr(a, "__metadata__") else a for a in args}
     if bool in args:
         parsed = parse_bool_text(text)
         return text if parsed is None else parsed
@@ -189,6 +199,13 @@ class EndpointKeys(Table, Endpoints):
     """
 
     aeron_dir: AeronDir = ""
+
+
+def resolve(obj: object, **values: Any) -> None:
+    """Fill a default that depends on other keys into a frozen table (from its
+    ``__post_init__``, which runs once the table's own keys are valid)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
 
 
 def fields_of(obj: Any) -> dict[str, Any]:

@@ -52,9 +52,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from tensorpool.config_schema import EndpointKeys, Table, parse_file, table
+from tensorpool.config_schema import EndpointKeys, Table, parse_file, resolve, table
 from tensorpool.config_util import (
-    UINT16_MAX,
     UINT32_MAX,
     UINT64_MAX,
     AbsDir,
@@ -92,7 +91,8 @@ from tensorpool.endpoints import (
     MAX_DATA_STREAM_ID,
 )
 from tensorpool.fsafety import world_writable_reason
-from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES, PoolConfig
+from tensorpool.shm.layout import PoolConfig
+from tensorpool.shm.profiles import HEADER_SLOT_BYTES, HeaderSlots, ProfileTable
 
 __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
@@ -113,9 +113,6 @@ __all__ = [
     "load_driver_config",
     "parse_driver_config",
 ]
-
-#: Wire Spec v1.1: every header slot is exactly 256 bytes.
-HEADER_SLOT_BYTES = 256
 
 #: The control channel every tensorpool process uses by default (tensorpool.endpoints).
 DEFAULT_CHANNEL = IPC_CONTROL
@@ -141,12 +138,6 @@ _MS = 1_000_000
 #: The deepest file the driver creates below ``<base_dir>/<namespace>/<instance_id>``
 #: (driver/streams.py), at the largest ids: the path-length check covers every region file.
 _LONGEST_REGION_PATH = "stream-4294967294/epoch-18446744073709551615/payload-65535.pool"
-
-
-def _set(obj: object, **values: Any) -> None:
-    """Fill a resolved default into a frozen table (only from its own ``__post_init__``)."""
-    for name, value in values.items():
-        object.__setattr__(obj, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +180,9 @@ class DriverSettings(EndpointKeys):
 
     def __post_init__(self) -> None:
         if self.announce_channel is None:
-            _set(self, announce_channel=self.control_channel)
+            resolve(self, announce_channel=self.control_channel)
         if self.announce_stream_id is None:
-            _set(self, announce_stream_id=self.control_stream_id)
+            resolve(self, announce_stream_id=self.control_stream_id)
         ranges = [(k, r) for k, r in self.ranges() if r is not None]
         for i, (key_a, a) in enumerate(ranges):  # Driver Model §11
             for key_b, b in ranges[i + 1 :]:
@@ -234,7 +225,7 @@ class ShmConfig(Table):
         if problem:
             raise FieldProblem("permissions_mode", problem)
         if not self.allowed_base_dirs:
-            _set(self, allowed_base_dirs=(self.base_dir,))
+            resolve(self, allowed_base_dirs=(self.base_dir,))
         base = self.base_dir
         if not any(
             base == d or base.startswith(d.rstrip("/") + "/") for d in self.allowed_base_dirs
@@ -278,7 +269,7 @@ class PoliciesConfig(Table):
 
     def __post_init__(self) -> None:
         if self.epoch_gc_min_age_ns is None:
-            _set(self, epoch_gc_min_age_ns=3 * self.announce_period_ms * _MS)
+            resolve(self, epoch_gc_min_age_ns=3 * self.announce_period_ms * _MS)
 
     @property
     def dynamic_stream_idle_reclaim_ns(self) -> int:
@@ -303,46 +294,11 @@ class PoliciesConfig(Table):
         return self.shutdown_timeout_ms * _MS
 
 
-def _is_256(value: int) -> str | None:
-    if value == HEADER_SLOT_BYTES:
-        return None
-    return f"must be {HEADER_SLOT_BYTES} (fixed by the Wire Specification)"
-
-
 @table
-class PoolTable(Table):
-    """``payload_pools[i]`` as written; ``nslots`` may only repeat ``header_nslots``."""
+class _Profile(ProfileTable):
+    """``[profiles.<name>]`` of the driver (1024 header slots unless set)."""
 
-    pool_id: Annotated[int, int_in(0, UINT16_MAX)]
-    # u32 on the wire, a power of two (#13.4)
-    stride_bytes: Annotated[int, int_in(1, MAX_STRIDE_BYTES, power_of_two)]
-    nslots: NonNegative | None = None
-
-
-@table
-class ProfileTable(Table):
-    """``[profiles.<name>]`` as written."""
-
-    payload_pools: tuple[PoolTable, ...]
-    header_nslots: Annotated[int, int_in(1, MAX_NSLOTS, power_of_two)] = DEFAULT_HEADER_NSLOTS
-    header_slot_bytes: Annotated[int, int_in(0, UINT32_MAX, _is_256)] = HEADER_SLOT_BYTES
-
-    def __post_init__(self) -> None:
-        if not self.payload_pools:
-            raise FieldProblem("payload_pools", "must contain at least one pool")
-        seen: set[int] = set()
-        for i, pool in enumerate(self.payload_pools):
-            if pool.pool_id in seen:
-                raise FieldProblem(
-                    f"payload_pools[{i}].pool_id", f"pool_id {pool.pool_id} is used twice"
-                )
-            seen.add(pool.pool_id)
-            if pool.nslots is not None and pool.nslots != self.header_nslots:
-                raise FieldProblem(
-                    f"payload_pools[{i}].nslots",
-                    f"must equal header_nslots ({self.header_nslots}): pools share the "
-                    "header's slot index",
-                )
+    header_nslots: HeaderSlots = DEFAULT_HEADER_NSLOTS
 
 
 @table
@@ -360,7 +316,7 @@ class DriverFile(Table):
     driver: DriverSettings = field(default_factory=DriverSettings)
     shm: ShmConfig = field(default_factory=ShmConfig)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
-    profiles: dict[str, ProfileTable] = field(default_factory=dict)
+    profiles: dict[str, _Profile] = field(default_factory=dict)
     streams: dict[str, StreamTable] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -376,7 +332,7 @@ class DriverFile(Table):
                     )
         default = self.policies.default_profile
         if not default:
-            _set(
+            resolve(
                 self,
                 policies=dataclasses.replace(
                     self.policies, default_profile=next(iter(self.profiles))
@@ -390,9 +346,10 @@ class DriverFile(Table):
         by_id: dict[int, str] = {}
         for name, stream in self.streams.items():
             if stream.stream_id in by_id:
+                other = by_id[stream.stream_id]
                 raise FieldProblem(
                     f"streams.{name}.stream_id",
-                    f"stream_id {stream.stream_id} is also used by streams.{by_id[stream.stream_id]}",
+                    f"stream_id {stream.stream_id} is also used by streams.{other}",
                 )
             by_id[stream.stream_id] = name
             if stream.profile not in self.profiles:
@@ -496,7 +453,7 @@ def parse_driver_config(
             name: ProfileConfig(
                 name=name,
                 header_nslots=p.header_nslots,
-                payload_pools=tuple(PoolConfig(x.pool_id, x.stride_bytes) for x in p.payload_pools),
+                payload_pools=p.pools(),
             )
             for name, p in f.profiles.items()
         },
