@@ -29,7 +29,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError, model_validator
@@ -41,11 +41,23 @@ from tensorpool.config_util import (
     FieldProblem,
     Rule,
     env_names,
+    load_toml,
     parse_bool_text,
 )
 from tensorpool.endpoints import Endpoints
 
-__all__ = ["EndpointKeys", "Table", "fields_of", "parse_file", "resolve", "table"]
+__all__ = [
+    "ConfigError",
+    "EndpointKeys",
+    "FieldProblem",
+    "Table",
+    "build",
+    "fields_of",
+    "load_file",
+    "parse_file",
+    "resolve",
+    "table",
+]
 
 _CONFIG = ConfigDict(extra="forbid", revalidate_instances="never")
 
@@ -70,6 +82,27 @@ class Table:
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise FieldProblem(str(key), "unknown key" + hint)
         return data
+
+
+def load_file[T](
+    path: str | os.PathLike[str],
+    parse: Callable[..., T],
+    env: Mapping[str, str] | None = None,
+    **options: Any,
+) -> T:
+    """Read a TOML file and hand it to a file kind's ``parse(data, source=, env=)``; the
+    environment is ``os.environ`` unless ``env`` is given (``{}``: ignore it)."""
+    file = os.fspath(path)
+    return parse(load_toml(file), source=file, env=os.environ if env is None else env, **options)
+
+
+def build[T](cls: Callable[..., T], file: str, /, **values: Any) -> T:
+    """Construct a table from already-validated parts; a rule spanning them is one
+    ConfigError naming ``file`` and the key."""
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        raise _config_error(exc, file, {}) from None
 
 
 def parse_file[T](

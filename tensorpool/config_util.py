@@ -326,7 +326,7 @@ class FieldProblem(ValueError):
     """
 
     def __init__(self, key: str, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(f"{key}: {reason}" if key else reason)
         self.key = key
         self.reason = reason
 

@@ -56,7 +56,16 @@ from types import MappingProxyType
 from typing import Annotated, Any, Final, NoReturn
 
 from tensorpool.client.settings import SEC, ClientSettings
-from tensorpool.config_schema import EndpointKeys, Table, parse_file, resolve, table
+from tensorpool.config_schema import (
+    ConfigError,
+    EndpointKeys,
+    FieldProblem,
+    Table,
+    load_file,
+    parse_file,
+    resolve,
+    table,
+)
 from tensorpool.config_util import (
     UINT16_MAX,
     AbsDir,
@@ -64,9 +73,7 @@ from tensorpool.config_util import (
     Bind,
     Bool,
     Channel,
-    ConfigError,
     DataStreamId,
-    FieldProblem,
     IdRange,
     NonEmpty,
     PathName,
@@ -75,7 +82,6 @@ from tensorpool.config_util import (
     check_aeron_channel,
     id_range,
     int_in,
-    load_toml,
 )
 from tensorpool.endpoints import (
     DEFAULT_METADATA_STREAM_ID,
@@ -446,9 +452,7 @@ def load_bridge_config(
     path: str | os.PathLike[str], env: Mapping[str, str] | None = None
 ) -> BridgeConfig:
     """Load and validate a bridge TOML file (``env`` defaults to ``os.environ``)."""
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_bridge_config(data, source=file, env=os.environ if env is None else env)
+    return load_file(path, parse_bridge_config, env)
 
 
 def parse_bridge_config(

@@ -52,7 +52,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from tensorpool.config_schema import EndpointKeys, Table, parse_file, resolve, table
+from tensorpool.config_schema import (
+    ConfigError,
+    EndpointKeys,
+    FieldProblem,
+    Table,
+    load_file,
+    parse_file,
+    resolve,
+    table,
+)
 from tensorpool.config_util import (
     UINT32_MAX,
     UINT64_MAX,
@@ -61,9 +70,7 @@ from tensorpool.config_util import (
     Bind,
     Bool,
     Channel,
-    ConfigError,
     DataStreamId,
-    FieldProblem,
     IdRange,
     NonNegative,
     OctalMode,
@@ -75,7 +82,6 @@ from tensorpool.config_util import (
     check_path_length,
     id_range,
     int_in,
-    load_toml,
     power_of_two,
     ranges_overlap,
 )
@@ -435,9 +441,7 @@ def load_driver_config(
 
     ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
     """
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_driver_config(data, source=file, env=os.environ if env is None else env)
+    return load_file(path, parse_driver_config, env)
 
 
 def parse_driver_config(

@@ -45,16 +45,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final
 
-from tensorpool.config_schema import EndpointKeys, Table, fields_of, parse_file, table
+from tensorpool.config_schema import (
+    ConfigError,
+    EndpointKeys,
+    FieldProblem,
+    Table,
+    build,
+    fields_of,
+    load_file,
+    parse_file,
+    table,
+)
 from tensorpool.config_util import (
     AbsDir,
     AeronStreamId,
     Bind,
     Bool,
     Channel,
-    ConfigError,
     DataStreamId,
-    FieldProblem,
     NonEmpty,
     NonNegative,
     Positive,
@@ -62,7 +70,6 @@ from tensorpool.config_util import (
     ShmDir,
     Str,
     int_in,
-    load_toml,
 )
 from tensorpool.endpoints import (
     DEFAULT_SHM_BASE_DIR,
@@ -150,68 +157,16 @@ class DriverAccess(_DriverTable):
         return TransportConfig(aeron_dir=config_aeron_dir(self.aeron_dir), client_name=client_name)
 
 
-@dataclass(frozen=True, slots=True)
-class RateLimiterConfig:
-    """The whole validated rate limiter configuration."""
-
-    instance_id: str
-    descriptor_channel: str
-    descriptor_stream_id: int
-    mappings: tuple[MappingConfig, ...]
-    forward_metadata: bool = True
-    forward_progress: bool = False
-    forward_qos: bool = False
-    max_rate_hz: int = 0
-    control_channel: str = DEFAULT_FORWARD_CHANNEL
-    source_control_stream_id: int = 0
-    dest_control_stream_id: int = 0
-    qos_channel: str = DEFAULT_FORWARD_CHANNEL
-    source_qos_stream_id: int = 0
-    dest_qos_stream_id: int = 0
-    hold: str = "auto"
-    driver: DriverAccess = field(default_factory=DriverAccess)
-    source: str = "<memory>"
-    #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: str = ""
-
-    def __post_init__(self) -> None:
-        # §8: forwarding with a zero stream id MUST fail fast (and so never start).
-        zero_rules = (
-            ("forward_progress", "source_control_stream_id", "dest_control_stream_id"),
-            ("forward_qos", "source_qos_stream_id", "dest_qos_stream_id"),
-        )
-        for flag, *keys in zero_rules:
-            if getattr(self, flag):
-                for key in keys:
-                    if getattr(self, key) == 0:
-                        raise ConfigError(
-                            self.source,
-                            f"rate_limiter.{key}",
-                            f"must be nonzero when rate_limiter.{flag} = true "
-                            "(forwarding does not start with a zero stream id)",
-                        )
-        if self.hold not in HOLD_MODES:
-            raise ConfigError(
-                self.source, "rate_limiter.hold", f"must be one of {', '.join(HOLD_MODES)}"
-            )
-        if not self.mappings:
-            raise ConfigError(self.source, "mappings", "at least one mapping is required")
-        _check_topology(self.mappings, self.source)
-
-
-def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
+def _check_topology(mappings: tuple[MappingConfig, ...]) -> None:
     """No loops, one producer per destination, one mapping per source."""
     sources: dict[int, int] = {}
     dests: dict[int, int] = {}
     for i, m in enumerate(mappings):
         key = f"mappings[{i}]"
         if m.source_stream_id == m.dest_stream_id:
-            raise ConfigError(
-                source, f"{key}.dest_stream_id", "must differ from source_stream_id (§3)"
-            )
+            raise FieldProblem(f"{key}.dest_stream_id", "must differ from source_stream_id (§3)")
         if m.source_stream_id in sources:
-            raise ConfigError(
-                source,
+            raise FieldProblem(
                 f"{key}.source_stream_id",
                 f"stream {m.source_stream_id} is already the source of "
                 f"mappings[{sources[m.source_stream_id]}]; one rate policy per instance — run "
@@ -219,8 +174,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
             )
         sources[m.source_stream_id] = i
         if m.dest_stream_id in dests:
-            raise ConfigError(
-                source,
+            raise FieldProblem(
                 f"{key}.dest_stream_id",
                 f"stream {m.dest_stream_id} is already the destination of "
                 f"mappings[{dests[m.dest_stream_id]}] (a stream has one producer, §3)",
@@ -230,8 +184,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
         for attr in ("dest_stream_id", "metadata_stream_id"):
             sid = getattr(m, attr)
             if sid in sources:
-                raise ConfigError(
-                    source,
+                raise FieldProblem(
                     f"mappings[{i}].{attr}",
                     f"stream {sid} is the source of mappings[{sources[sid]}]: the rate limiter "
                     "never publishes on a source stream (§3)",
@@ -264,6 +217,37 @@ class _RateLimiterTable(Table):
     dest_qos_stream_id: _ForwardId = 0
     hold: Annotated[str, Rule(_hold)] = "auto"
     metrics_bind: Bind = ""
+
+    def __post_init__(self) -> None:
+        # §8: forwarding with a zero stream id MUST fail fast (and so never start).
+        zero_rules = (
+            ("forward_progress", "source_control_stream_id", "dest_control_stream_id"),
+            ("forward_qos", "source_qos_stream_id", "dest_qos_stream_id"),
+        )
+        for flag, *keys in zero_rules:
+            for key in keys:
+                if getattr(self, flag) and getattr(self, key) == 0:
+                    raise FieldProblem(
+                        key,
+                        f"must be nonzero when rate_limiter.{flag} = true "
+                        "(forwarding does not start with a zero stream id)",
+                    )
+
+
+@table
+class RateLimiterConfig(_RateLimiterTable):
+    """The whole validated rate limiter configuration: ``[rate_limiter]``, the mappings, how
+    to reach the SHM driver, and the file it came from (for messages)."""
+
+    mappings: tuple[MappingConfig, ...] = ()
+    driver: DriverAccess = field(default_factory=DriverAccess)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        _RateLimiterTable.__post_init__(self)
+        if not self.mappings:
+            raise FieldProblem("mappings", "at least one mapping is required")
+        _check_topology(self.mappings)
 
 
 @table
@@ -305,11 +289,7 @@ def load_ratelimiter_config(
 
     With ``load_driver``, mappings are also checked against the file ``driver.config`` names.
     """
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_ratelimiter_config(
-        data, source=file, env=os.environ if env is None else env, load_driver=load_driver
-    )
+    return load_file(path, parse_ratelimiter_config, env, load_driver=load_driver)
 
 
 def parse_ratelimiter_config(
@@ -326,7 +306,9 @@ def parse_ratelimiter_config(
     """
     f = parse_file(_RateLimiterFile, data, source, env)
     rl = f.rate_limiter
-    cfg = RateLimiterConfig(
+    cfg = build(
+        RateLimiterConfig,
+        source,
         **fields_of(rl),
         mappings=tuple(
             MappingConfig(
