@@ -35,14 +35,74 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+# The field types are re-exported (``x as x``): config modules import this module only.
 from tensorpool.config_util import (
-    AeronDir,
-    ConfigError,
-    FieldProblem,
-    Rule,
+    AbsDir as AbsDir,
+)
+from tensorpool.config_util import (
+    AeronDir as AeronDir,
+)
+from tensorpool.config_util import (
+    AeronStreamId as AeronStreamId,
+)
+from tensorpool.config_util import (
+    Bind as Bind,
+)
+from tensorpool.config_util import (
+    Bool as Bool,
+)
+from tensorpool.config_util import (
+    Channel as Channel,
+)
+from tensorpool.config_util import (
+    ConfigError as ConfigError,
+)
+from tensorpool.config_util import (
+    DataStreamId as DataStreamId,
+)
+from tensorpool.config_util import (
+    FieldProblem as FieldProblem,
+)
+from tensorpool.config_util import (
+    IdRange as IdRange,
+)
+from tensorpool.config_util import (
+    NonEmpty as NonEmpty,
+)
+from tensorpool.config_util import (
+    NonNegative as NonNegative,
+)
+from tensorpool.config_util import (
+    OctalMode as OctalMode,
+)
+from tensorpool.config_util import (
+    PathName as PathName,
+)
+from tensorpool.config_util import (
+    Positive as Positive,
+)
+from tensorpool.config_util import (
+    Rule as Rule,
+)
+from tensorpool.config_util import (
+    ShmDir as ShmDir,
+)
+from tensorpool.config_util import (
+    Str as Str,
+)
+from tensorpool.config_util import (
     env_names,
     load_toml,
     parse_bool_text,
+)
+from tensorpool.config_util import (
+    id_range as id_range,
+)
+from tensorpool.config_util import (
+    int_in as int_in,
+)
+from tensorpool.config_util import (
+    power_of_two as power_of_two,
 )
 from tensorpool.endpoints import Endpoints
 

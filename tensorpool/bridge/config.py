@@ -55,34 +55,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any, Final, NoReturn
 
+from tensorpool import config_schema as cs
 from tensorpool.client.settings import SEC, ClientSettings
-from tensorpool.config_schema import (
-    ConfigError,
-    EndpointKeys,
-    FieldProblem,
-    Table,
-    load_file,
-    parse_file,
-    resolve,
-    table,
-)
-from tensorpool.config_util import (
-    UINT16_MAX,
-    AbsDir,
-    AeronStreamId,
-    Bind,
-    Bool,
-    Channel,
-    DataStreamId,
-    IdRange,
-    NonEmpty,
-    PathName,
-    Rule,
-    ShmDir,
-    check_aeron_channel,
-    id_range,
-    int_in,
-)
+from tensorpool.config_schema import ConfigError
+from tensorpool.config_util import UINT16_MAX, check_aeron_channel
 from tensorpool.endpoints import (
     DEFAULT_METADATA_STREAM_ID,
     DEFAULT_NAMESPACE,
@@ -207,62 +183,62 @@ def _optional_channel(value: str) -> str | None:
 
 
 #: A ``role`` key ("" = not set here).
-_Role = Annotated[str, Rule(_role)]
+_Role = Annotated[str, cs.Rule(_role)]
 #: A stream id where 0 means "disabled" or "not set".
-_AeronIdOr0 = Annotated[int, int_in(0, MAX_AERON_STREAM_ID)]
-_DataIdOr0 = Annotated[int, int_in(0, MAX_DATA_STREAM_ID)]
+_AeronIdOr0 = Annotated[int, cs.int_in(0, MAX_AERON_STREAM_ID)]
+_DataIdOr0 = Annotated[int, cs.int_in(0, MAX_DATA_STREAM_ID)]
 
 
-@table
-class BridgeSettings(Table):
+@cs.table
+class BridgeSettings(cs.Table):
     """``[bridge]`` (§10); unset ``receive_*`` channels are the sending ones, an unset
     ``mtu_bytes`` is the payload channel's ``mtu=`` or Aeron's default."""
 
-    instance_id: NonEmpty
-    payload_channel: Channel
-    payload_stream_id: AeronStreamId
-    control_channel: Channel
-    control_stream_id: AeronStreamId
-    receive_payload_channel: Channel | None = None
-    receive_control_channel: Channel | None = None
-    receive_metadata_channel: Annotated[str, Rule(_optional_channel)] | None = None
-    mtu_bytes: Annotated[int, int_in(MTU_HEADROOM_BYTES + 1, 65535)] | None = None
-    chunk_bytes: Annotated[int, int_in(0, UINT16_MAX)] = 0
-    max_chunk_bytes: Annotated[int, int_in(1, UINT16_MAX)] = DEFAULT_MAX_CHUNK_BYTES
-    max_payload_bytes: Annotated[int, int_in(1, _SCHEMA_MAX_PAYLOAD)] = DEFAULT_MAX_PAYLOAD_BYTES
-    dest_stream_id_range: Annotated[IdRange | None, id_range(1, MAX_DATA_STREAM_ID)] = None
-    forward_metadata: Bool | None = None
+    instance_id: cs.NonEmpty
+    payload_channel: cs.Channel
+    payload_stream_id: cs.AeronStreamId
+    control_channel: cs.Channel
+    control_stream_id: cs.AeronStreamId
+    receive_payload_channel: cs.Channel | None = None
+    receive_control_channel: cs.Channel | None = None
+    receive_metadata_channel: Annotated[str, cs.Rule(_optional_channel)] | None = None
+    mtu_bytes: Annotated[int, cs.int_in(MTU_HEADROOM_BYTES + 1, 65535)] | None = None
+    chunk_bytes: Annotated[int, cs.int_in(0, UINT16_MAX)] = 0
+    max_chunk_bytes: Annotated[int, cs.int_in(1, UINT16_MAX)] = DEFAULT_MAX_CHUNK_BYTES
+    max_payload_bytes: Annotated[int, cs.int_in(1, _SCHEMA_MAX_PAYLOAD)] = DEFAULT_MAX_PAYLOAD_BYTES
+    dest_stream_id_range: Annotated[cs.IdRange | None, cs.id_range(1, MAX_DATA_STREAM_ID)] = None
+    forward_metadata: cs.Bool | None = None
     """None (unset): forward when ``metadata_channel`` is set; true without it is an error."""
-    metadata_channel: Annotated[str, Rule(_optional_channel)] = ""
+    metadata_channel: Annotated[str, cs.Rule(_optional_channel)] = ""
     metadata_stream_id: _AeronIdOr0 = 0
-    source_metadata_stream_id: AeronStreamId = DEFAULT_METADATA_STREAM_ID
-    forward_qos: Bool = False
-    forward_progress: Bool = False
-    assembly_timeout_ms: Annotated[int, int_in(1, 3_600_000)] = DEFAULT_ASSEMBLY_TIMEOUT_MS
+    source_metadata_stream_id: cs.AeronStreamId = DEFAULT_METADATA_STREAM_ID
+    forward_qos: cs.Bool = False
+    forward_progress: cs.Bool = False
+    assembly_timeout_ms: Annotated[int, cs.int_in(1, 3_600_000)] = DEFAULT_ASSEMBLY_TIMEOUT_MS
     role: _Role = ""
     """The role of mappings that do not name their own ("" = each mapping must)."""
     #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: Bind = ""
+    metrics_bind: cs.Bind = ""
 
     def __post_init__(self) -> None:
         for name in ("payload", "control", "metadata"):
             if getattr(self, f"receive_{name}_channel") is None:
-                resolve(self, **{f"receive_{name}_channel": getattr(self, f"{name}_channel")})
+                cs.resolve(self, **{f"receive_{name}_channel": getattr(self, f"{name}_channel")})
         try:
             channel_mtu_value = channel_mtu(self.payload_channel)
         except ChannelError as exc:
-            raise FieldProblem("payload_channel", str(exc)) from None
+            raise cs.FieldProblem("payload_channel", str(exc)) from None
         if self.mtu_bytes is None:
-            resolve(self, mtu_bytes=channel_mtu_value or DEFAULT_MTU_BYTES)
+            cs.resolve(self, mtu_bytes=channel_mtu_value or DEFAULT_MTU_BYTES)
         if self.forward_metadata and not self.metadata_channel:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "forward_metadata",
                 "metadata forwarding is enabled but bridge.metadata_channel is not set "
                 "(set it, or forward_metadata = false) (§7.1)",
             )
         if self.forward_metadata is not False and self.metadata_channel:  # noqa: SIM102
             if self.metadata_stream_id == 0:
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     "metadata_stream_id",
                     "metadata forwarding needs a nonzero bridge.metadata_stream_id (§7.1)",
                 )
@@ -270,7 +246,7 @@ class BridgeSettings(Table):
             clash = {self.payload_stream_id: "payload", self.control_stream_id: "control"}
             same = self.metadata_channel in (self.payload_channel, self.control_channel)
             if self.metadata_stream_id in clash and same:
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     "metadata_stream_id",
                     f"{self.metadata_stream_id} is also the bridge "
                     f"{clash[self.metadata_stream_id]}_stream_id on the same channel",
@@ -279,15 +255,15 @@ class BridgeSettings(Table):
             self.control_stream_id,
             self.control_channel,
         ):
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "control_stream_id", "payload and control share one channel and stream id"
             )
         chunk = self.chunk_size
         if chunk < 1:
-            raise FieldProblem("mtu_bytes", f"effective chunk size is {chunk} bytes")
+            raise cs.FieldProblem("mtu_bytes", f"effective chunk size is {chunk} bytes")
         needed = chunk + CHUNK_MESSAGE_OVERHEAD + _AERON_DATA_HEADER
         if channel_mtu_value is not None and needed > channel_mtu_value:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "chunk_bytes",
                 f"a {chunk}-byte chunk needs a {needed}-byte Aeron frame but payload_channel has "
                 f"mtu={channel_mtu_value}: lower chunk_bytes/mtu_bytes or raise the channel mtu "
@@ -328,19 +304,19 @@ class BridgeSettings(Table):
         return out
 
 
-@table
-class LocalSettings(EndpointKeys):
+@cs.table
+class LocalSettings(cs.EndpointKeys):
     """``[local]``: this host's media driver, SHM driver and local streams; the endpoints and
     ``aeron_dir`` are the shared :class:`~tensorpool.config_schema.EndpointKeys`."""
 
-    embedded_media_driver: Bool = False
+    embedded_media_driver: cs.Bool = False
     """True: a private embedded media driver (IPC then only reaches this process)."""
-    driver_mode: Bool = True
-    shm_base_dir: ShmDir = field(default_factory=default_shm_base_dir)
-    namespace: PathName = DEFAULT_NAMESPACE
-    allowed_base_dirs: tuple[AbsDir, ...] = ()
-    announce_period_ms: Annotated[int, int_in(1, 3_600_000)] = 1000
-    attach_timeout_ms: Annotated[int, int_in(1, 600_000)] = 5000
+    driver_mode: cs.Bool = True
+    shm_base_dir: cs.ShmDir = field(default_factory=default_shm_base_dir)
+    namespace: cs.PathName = DEFAULT_NAMESPACE
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+    announce_period_ms: Annotated[int, cs.int_in(1, 3_600_000)] = 1000
+    attach_timeout_ms: Annotated[int, cs.int_in(1, 600_000)] = 5000
 
     @property
     def channels(self) -> Endpoints:
@@ -390,19 +366,19 @@ class BridgeConfig:
 # --------------------------------------------------------------------------- loading
 
 
-@table
+@cs.table
 class _Profile(ProfileTable):
     """``[profiles.<name>]`` of standalone receivers (64 header slots unless set)."""
 
     header_nslots: HeaderSlots = 64
 
 
-@table
-class _MappingTable(Table):
+@cs.table
+class _MappingTable(cs.Table):
     """``[[mappings]]`` as written (§10); 0 ids mean "allocate" / "disabled"."""
 
-    source_stream_id: DataStreamId
-    profile: NonEmpty
+    source_stream_id: cs.DataStreamId
+    profile: cs.NonEmpty
     dest_stream_id: _DataIdOr0 = 0
     metadata_stream_id: _DataIdOr0 = 0
     source_control_stream_id: _AeronIdOr0 = 0
@@ -410,8 +386,8 @@ class _MappingTable(Table):
     role: _Role = ""
 
 
-@table
-class _BridgeFile(Table):
+@cs.table
+class _BridgeFile(cs.Table):
     bridge: BridgeSettings
     mappings: tuple[_MappingTable, ...]
     local: LocalSettings = field(default_factory=LocalSettings)
@@ -419,10 +395,10 @@ class _BridgeFile(Table):
 
     def __post_init__(self) -> None:
         if not self.mappings:
-            raise FieldProblem("mappings", "at least one [[mappings]] entry is required")
+            raise cs.FieldProblem("mappings", "at least one [[mappings]] entry is required")
         for i, m in enumerate(self.mappings):
             if not (m.role or self.bridge.role):
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     f"mappings[{i}].role",
                     "required (or set bridge.role): 'sender' on the host that owns the source "
                     "stream, 'receiver' on the destination host (§2.3)",
@@ -434,7 +410,7 @@ class _BridgeFile(Table):
             ):
                 what = "forward_progress" if b.forward_progress else "forward_qos"
                 key = "source" if m.source_control_stream_id == 0 else "dest"
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     f"mappings[{i}].{key}_control_stream_id",
                     f"bridge.{what} = true needs nonzero source_control_stream_id and "
                     "dest_control_stream_id for every mapping (§9)",
@@ -442,7 +418,7 @@ class _BridgeFile(Table):
         for name, profile in self.profiles.items():
             for i, pool in enumerate(profile.payload_pools):
                 if pool.stride_bytes < 4096:
-                    raise FieldProblem(
+                    raise cs.FieldProblem(
                         f"profiles.{name}.payload_pools[{i}].stride_bytes",
                         f"{pool.stride_bytes} must be a power of two >= 4096",
                     )
@@ -452,14 +428,14 @@ def load_bridge_config(
     path: str | os.PathLike[str], env: Mapping[str, str] | None = None
 ) -> BridgeConfig:
     """Load and validate a bridge TOML file (``env`` defaults to ``os.environ``)."""
-    return load_file(path, parse_bridge_config, env)
+    return cs.load_file(path, parse_bridge_config, env)
 
 
 def parse_bridge_config(
     data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
 ) -> BridgeConfig:
     """Validate an already-parsed TOML document."""
-    f = parse_file(_BridgeFile, data, source, env)
+    f = cs.parse_file(_BridgeFile, data, source, env)
     profiles = {
         name: ProfileSpec(name, p.header_nslots, p.pools()) for name, p in f.profiles.items()
     }

@@ -52,37 +52,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from tensorpool.config_schema import (
-    ConfigError,
-    EndpointKeys,
-    FieldProblem,
-    Table,
-    load_file,
-    parse_file,
-    resolve,
-    table,
-)
+from tensorpool import config_schema as cs
+from tensorpool.config_schema import ConfigError
 from tensorpool.config_util import (
     UINT32_MAX,
     UINT64_MAX,
-    AbsDir,
-    AeronStreamId,
-    Bind,
-    Bool,
-    Channel,
-    DataStreamId,
     IdRange,
-    NonNegative,
-    OctalMode,
-    PathName,
-    Positive,
-    Rule,
-    ShmDir,
-    Str,
     check_path_length,
-    id_range,
-    int_in,
-    power_of_two,
     ranges_overlap,
 )
 from tensorpool.endpoints import (
@@ -165,8 +141,12 @@ class ProvisionedStream:
     profile: str
 
 
-@table
-class DriverSettings(EndpointKeys):
+#: An id range (Driver Model §11) of Aeron stream ids; unset = no range.
+_AeronIdRange = Annotated[cs.IdRange | None, cs.id_range(1, MAX_AERON_STREAM_ID)]
+
+
+@cs.table
+class DriverSettings(cs.EndpointKeys):
     """``[driver]``: identity, media driver and the control-plane endpoints.
 
     The control/descriptor/QoS/metadata endpoints and ``aeron_dir`` are the shared
@@ -174,35 +154,35 @@ class DriverSettings(EndpointKeys):
     the driver's own (default: the control endpoint, where clients listen).
     """
 
-    instance_id: PathName = DEFAULT_INSTANCE_ID
-    embedded_media_driver: Bool = True
-    announce_channel: Channel | None = None
-    announce_stream_id: AeronStreamId | None = None
-    stream_id_range: Annotated[IdRange | None, id_range(1, MAX_DATA_STREAM_ID)] = None
-    descriptor_stream_id_range: Annotated[IdRange | None, id_range(1, MAX_AERON_STREAM_ID)] = None
-    control_stream_id_range: Annotated[IdRange | None, id_range(1, MAX_AERON_STREAM_ID)] = None
+    instance_id: cs.PathName = DEFAULT_INSTANCE_ID
+    embedded_media_driver: cs.Bool = True
+    announce_channel: cs.Channel | None = None
+    announce_stream_id: cs.AeronStreamId | None = None
+    stream_id_range: Annotated[cs.IdRange | None, cs.id_range(1, MAX_DATA_STREAM_ID)] = None
+    descriptor_stream_id_range: _AeronIdRange = None
+    control_stream_id_range: _AeronIdRange = None
     #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: Bind = ""
+    metrics_bind: cs.Bind = ""
 
     def __post_init__(self) -> None:
         if self.announce_channel is None:
-            resolve(self, announce_channel=self.control_channel)
+            cs.resolve(self, announce_channel=self.control_channel)
         if self.announce_stream_id is None:
-            resolve(self, announce_stream_id=self.control_stream_id)
+            cs.resolve(self, announce_stream_id=self.control_stream_id)
         ranges = [(k, r) for k, r in self.ranges() if r is not None]
         for i, (key_a, a) in enumerate(ranges):  # Driver Model §11
             for key_b, b in ranges[i + 1 :]:
                 if ranges_overlap(a, b):
-                    raise FieldProblem(key_b, f"range {b} overlaps driver.{key_a} ({a})")
+                    raise cs.FieldProblem(key_b, f"range {b} overlaps driver.{key_a} ({a})")
         for key, rng in ranges:
             for id_key in ("control", "announce", "qos", "descriptor", "metadata"):
                 value = getattr(self, f"{id_key}_stream_id")
                 if value in rng:
-                    raise FieldProblem(
+                    raise cs.FieldProblem(
                         key, f"range {rng} contains driver.{id_key}_stream_id ({value})"
                     )
 
-    def ranges(self) -> tuple[tuple[str, IdRange | None], ...]:
+    def ranges(self) -> tuple[tuple[str, cs.IdRange | None], ...]:
         return (
             ("stream_id_range", self.stream_id_range),
             ("descriptor_stream_id_range", self.descriptor_stream_id_range),
@@ -210,18 +190,18 @@ class DriverSettings(EndpointKeys):
         )
 
 
-@table
-class ShmConfig(Table):
+@cs.table
+class ShmConfig(cs.Table):
     """``[shm]``: where backing files live and how they are checked."""
 
-    base_dir: ShmDir = DEFAULT_BASE_DIR
-    namespace: PathName = DEFAULT_NAMESPACE
-    require_hugepages: Bool = False
-    page_size_bytes: Annotated[int, int_in(1, UINT32_MAX, power_of_two)] = DEFAULT_PAGE_SIZE
-    permissions_mode: OctalMode = DEFAULT_PERMISSIONS
-    allowed_base_dirs: tuple[AbsDir, ...] = ()
+    base_dir: cs.ShmDir = DEFAULT_BASE_DIR
+    namespace: cs.PathName = DEFAULT_NAMESPACE
+    require_hugepages: cs.Bool = False
+    page_size_bytes: Annotated[int, cs.int_in(1, UINT32_MAX, cs.power_of_two)] = DEFAULT_PAGE_SIZE
+    permissions_mode: cs.OctalMode = DEFAULT_PERMISSIONS
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
     """Default: ``(base_dir,)``."""
-    allow_world_writable: Bool = False
+    allow_world_writable: cs.Bool = False
     """``permissions_mode`` may include ``o+w`` only when this is set (#13.1)."""
 
     def __post_init__(self) -> None:
@@ -229,14 +209,14 @@ class ShmConfig(Table):
             self.permissions_mode, self.allow_world_writable, "shm.allow_world_writable"
         )
         if problem:
-            raise FieldProblem("permissions_mode", problem)
+            raise cs.FieldProblem("permissions_mode", problem)
         if not self.allowed_base_dirs:
-            resolve(self, allowed_base_dirs=(self.base_dir,))
+            cs.resolve(self, allowed_base_dirs=(self.base_dir,))
         base = self.base_dir
         if not any(
             base == d or base.startswith(d.rstrip("/") + "/") for d in self.allowed_base_dirs
         ):
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "allowed_base_dirs",
                 f"shm.base_dir {base!r} is not inside any allowed base dir; clients would "
                 "reject every region the driver announces",
@@ -247,35 +227,35 @@ def _ascii(value: str) -> str | None:
     return None if value.isascii() else "must be ASCII (it is sent as varAscii)"
 
 
-@table
-class PoliciesConfig(Table):
+@cs.table
+class PoliciesConfig(cs.Table):
     """``[policies]``: lifecycle timing and behaviour switches."""
 
-    allow_dynamic_streams: Bool = False
-    default_profile: Str = ""
+    allow_dynamic_streams: cs.Bool = False
+    default_profile: cs.Str = ""
     """Profile of streams created on demand; "" = the first profile of the file."""
-    announce_period_ms: Positive = DEFAULT_ANNOUNCE_PERIOD_MS
-    lease_keepalive_interval_ms: Positive = DEFAULT_KEEPALIVE_INTERVAL_MS
-    lease_expiry_grace_intervals: Positive = DEFAULT_EXPIRY_GRACE_INTERVALS
-    prefault_shm: Bool = True
-    reuse_existing_shm: Bool = False
-    mlock_shm: Bool = False
-    cleanup_shm_on_exit: Bool = False
-    epoch_gc_enabled: Bool = True
-    epoch_gc_keep: Positive = DEFAULT_EPOCH_GC_KEEP
-    epoch_gc_min_age_ns: Annotated[int, int_in(0, UINT64_MAX)] | None = None
+    announce_period_ms: cs.Positive = DEFAULT_ANNOUNCE_PERIOD_MS
+    lease_keepalive_interval_ms: cs.Positive = DEFAULT_KEEPALIVE_INTERVAL_MS
+    lease_expiry_grace_intervals: cs.Positive = DEFAULT_EXPIRY_GRACE_INTERVALS
+    prefault_shm: cs.Bool = True
+    reuse_existing_shm: cs.Bool = False
+    mlock_shm: cs.Bool = False
+    cleanup_shm_on_exit: cs.Bool = False
+    epoch_gc_enabled: cs.Bool = True
+    epoch_gc_keep: cs.Positive = DEFAULT_EPOCH_GC_KEEP
+    epoch_gc_min_age_ns: Annotated[int, cs.int_in(0, UINT64_MAX)] | None = None
     """Default: three announce periods."""
-    epoch_gc_on_startup: Bool = False
-    shutdown_timeout_ms: NonNegative = DEFAULT_SHUTDOWN_TIMEOUT_MS
-    shutdown_token: Annotated[str, Rule(_ascii)] = ""
-    max_dynamic_streams: NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS
-    max_dynamic_streams_per_client: NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT
-    dynamic_stream_idle_reclaim_ms: NonNegative = DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS
-    reserve_shm_for_configured_streams: Bool = True
+    epoch_gc_on_startup: cs.Bool = False
+    shutdown_timeout_ms: cs.NonNegative = DEFAULT_SHUTDOWN_TIMEOUT_MS
+    shutdown_token: Annotated[str, cs.Rule(_ascii)] = ""
+    max_dynamic_streams: cs.NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS
+    max_dynamic_streams_per_client: cs.NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT
+    dynamic_stream_idle_reclaim_ms: cs.NonNegative = DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS
+    reserve_shm_for_configured_streams: cs.Bool = True
 
     def __post_init__(self) -> None:
         if self.epoch_gc_min_age_ns is None:
-            resolve(self, epoch_gc_min_age_ns=3 * self.announce_period_ms * _MS)
+            cs.resolve(self, epoch_gc_min_age_ns=3 * self.announce_period_ms * _MS)
 
     @property
     def dynamic_stream_idle_reclaim_ns(self) -> int:
@@ -300,23 +280,23 @@ class PoliciesConfig(Table):
         return self.shutdown_timeout_ms * _MS
 
 
-@table
+@cs.table
 class _Profile(ProfileTable):
     """``[profiles.<name>]`` of the driver (1024 header slots unless set)."""
 
     header_nslots: HeaderSlots = DEFAULT_HEADER_NSLOTS
 
 
-@table
-class StreamTable(Table):
+@cs.table
+class StreamTable(cs.Table):
     """``[streams.<name>]`` as written."""
 
-    stream_id: DataStreamId
-    profile: Str
+    stream_id: cs.DataStreamId
+    profile: cs.Str
 
 
-@table
-class DriverFile(Table):
+@cs.table
+class DriverFile(cs.Table):
     """The driver's TOML file: the tables and the rules that span them."""
 
     driver: DriverSettings = field(default_factory=DriverSettings)
@@ -327,25 +307,25 @@ class DriverFile(Table):
 
     def __post_init__(self) -> None:
         if not self.profiles:
-            raise FieldProblem("profiles", "at least one [profiles.<name>] table is required")
+            raise cs.FieldProblem("profiles", "at least one [profiles.<name>] table is required")
         page = self.shm.page_size_bytes
         for name, profile in self.profiles.items():
             for i, pool in enumerate(profile.payload_pools):
                 if pool.stride_bytes % page:
-                    raise FieldProblem(
+                    raise cs.FieldProblem(
                         f"profiles.{name}.payload_pools[{i}].stride_bytes",
                         f"{pool.stride_bytes} is not a multiple of shm.page_size_bytes ({page})",
                     )
         default = self.policies.default_profile
         if not default:
-            resolve(
+            cs.resolve(
                 self,
                 policies=dataclasses.replace(
                     self.policies, default_profile=next(iter(self.profiles))
                 ),
             )
         elif default not in self.profiles:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "policies.default_profile",
                 f"profile {default!r} is not defined (known: {', '.join(self.profiles)})",
             )
@@ -353,17 +333,17 @@ class DriverFile(Table):
         for name, stream in self.streams.items():
             if stream.stream_id in by_id:
                 other = by_id[stream.stream_id]
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     f"streams.{name}.stream_id",
                     f"stream_id {stream.stream_id} is also used by streams.{other}",
                 )
             by_id[stream.stream_id] = name
             if stream.profile not in self.profiles:
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     f"streams.{name}.profile", f"profile {stream.profile!r} is not defined"
                 )
         if not self.policies.allow_dynamic_streams and not self.streams:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 "streams",
                 "at least one [streams.<name>] table is required when "
                 "policies.allow_dynamic_streams = false",
@@ -371,13 +351,13 @@ class DriverFile(Table):
         for key, rng in self.driver.ranges():
             for sid, name in by_id.items():
                 if rng is not None and sid in rng:
-                    raise FieldProblem(
+                    raise cs.FieldProblem(
                         f"driver.{key}", f"range {rng} contains streams.{name}.stream_id ({sid})"
                     )
         root = posixpath.join(self.shm.base_dir, self.shm.namespace, self.driver.instance_id)
         problem = check_path_length(root, _LONGEST_REGION_PATH)
         if problem:  # #26.6: refused here, before the driver creates the first directory
-            raise FieldProblem("shm.base_dir", f"{root}: {problem}")
+            raise cs.FieldProblem("shm.base_dir", f"{root}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,14 +421,14 @@ def load_driver_config(
 
     ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
     """
-    return load_file(path, parse_driver_config, env)
+    return cs.load_file(path, parse_driver_config, env)
 
 
 def parse_driver_config(
     data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
 ) -> DriverConfig:
     """Validate an already-parsed TOML document (also used by embedded drivers)."""
-    f = parse_file(DriverFile, data, source, env)
+    f = cs.parse_file(DriverFile, data, source, env)
     return DriverConfig(
         driver=f.driver,
         shm=f.shm,

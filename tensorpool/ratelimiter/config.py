@@ -45,32 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final
 
-from tensorpool.config_schema import (
-    ConfigError,
-    EndpointKeys,
-    FieldProblem,
-    Table,
-    build,
-    fields_of,
-    load_file,
-    parse_file,
-    table,
-)
-from tensorpool.config_util import (
-    AbsDir,
-    AeronStreamId,
-    Bind,
-    Bool,
-    Channel,
-    DataStreamId,
-    NonEmpty,
-    NonNegative,
-    Positive,
-    Rule,
-    ShmDir,
-    Str,
-    int_in,
-)
+from tensorpool import config_schema as cs
+from tensorpool.config_schema import ConfigError
 from tensorpool.endpoints import (
     DEFAULT_SHM_BASE_DIR,
     IPC_DESCRIPTORS,
@@ -98,7 +74,7 @@ HOLD_MODES: Final = ("auto", "descriptor", "copy")
 
 _MS = 1_000_000
 #: A forwarding stream id: 0 = disabled.
-_ForwardId = Annotated[int, int_in(0, MAX_AERON_STREAM_ID)]
+_ForwardId = Annotated[int, cs.int_in(0, MAX_AERON_STREAM_ID)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,39 +94,39 @@ class MappingConfig:
             object.__setattr__(self, "metadata_stream_id", self.dest_stream_id)
 
 
-@table
-class _DriverTable(EndpointKeys):
+@cs.table
+class _DriverTable(cs.EndpointKeys):
     """``[driver]``: the shared endpoints and ``aeron_dir``, and the driver's own file."""
 
-    config: Str = ""
+    config: cs.Str = ""
     """The driver's TOML file, for profile checks ("" = not checked)."""
 
 
-@table
-class _ShmTable(Table):
+@cs.table
+class _ShmTable(cs.Table):
     """``[shm]``: the driver's keys of the same names."""
 
-    base_dir: ShmDir = DEFAULT_SHM_BASE_DIR
-    allowed_base_dirs: tuple[AbsDir, ...] = ()
+    base_dir: cs.ShmDir = DEFAULT_SHM_BASE_DIR
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
 
 
-@table
-class _PoliciesTable(Table):
+@cs.table
+class _PoliciesTable(cs.Table):
     """``[policies]``: the driver's keys of the same names."""
 
-    announce_period_ms: Positive = 1000
-    lease_keepalive_interval_ms: Positive = 1000
+    announce_period_ms: cs.Positive = 1000
+    lease_keepalive_interval_ms: cs.Positive = 1000
 
 
-@table
+@cs.table
 class DriverAccess(_DriverTable):
     """How this process reaches the SHM driver: the ``[driver]``, ``[shm]`` and ``[policies]``
     tables in one value."""
 
-    shm_base_dir: ShmDir = DEFAULT_SHM_BASE_DIR
-    allowed_base_dirs: tuple[AbsDir, ...] = ()
-    announce_period_ms: Positive = 1000
-    lease_keepalive_interval_ms: Positive = 1000
+    shm_base_dir: cs.ShmDir = DEFAULT_SHM_BASE_DIR
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+    announce_period_ms: cs.Positive = 1000
+    lease_keepalive_interval_ms: cs.Positive = 1000
 
     def transport_config(self, client_name: str) -> TransportConfig:
         """How to join the media driver: ``aeron_dir``, "" meaning the tensorpool default."""
@@ -164,9 +140,9 @@ def _check_topology(mappings: tuple[MappingConfig, ...]) -> None:
     for i, m in enumerate(mappings):
         key = f"mappings[{i}]"
         if m.source_stream_id == m.dest_stream_id:
-            raise FieldProblem(f"{key}.dest_stream_id", "must differ from source_stream_id (§3)")
+            raise cs.FieldProblem(f"{key}.dest_stream_id", "must differ from source_stream_id (§3)")
         if m.source_stream_id in sources:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 f"{key}.source_stream_id",
                 f"stream {m.source_stream_id} is already the source of "
                 f"mappings[{sources[m.source_stream_id]}]; one rate policy per instance — run "
@@ -174,7 +150,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...]) -> None:
             )
         sources[m.source_stream_id] = i
         if m.dest_stream_id in dests:
-            raise FieldProblem(
+            raise cs.FieldProblem(
                 f"{key}.dest_stream_id",
                 f"stream {m.dest_stream_id} is already the destination of "
                 f"mappings[{dests[m.dest_stream_id]}] (a stream has one producer, §3)",
@@ -184,7 +160,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...]) -> None:
         for attr in ("dest_stream_id", "metadata_stream_id"):
             sid = getattr(m, attr)
             if sid in sources:
-                raise FieldProblem(
+                raise cs.FieldProblem(
                     f"mappings[{i}].{attr}",
                     f"stream {sid} is the source of mappings[{sources[sid]}]: the rate limiter "
                     "never publishes on a source stream (§3)",
@@ -198,25 +174,25 @@ def _hold(value: str) -> str | None:
     return None if value in HOLD_MODES else f"{value!r} is not one of {', '.join(HOLD_MODES)}"
 
 
-@table
-class _RateLimiterTable(Table):
+@cs.table
+class _RateLimiterTable(cs.Table):
     """``[rate_limiter]`` (§8)."""
 
-    instance_id: NonEmpty
-    descriptor_channel: Channel
-    descriptor_stream_id: AeronStreamId
-    forward_metadata: Bool = True
-    forward_progress: Bool = False
-    forward_qos: Bool = False
-    max_rate_hz: NonNegative = 0
-    control_channel: Channel = DEFAULT_FORWARD_CHANNEL
+    instance_id: cs.NonEmpty
+    descriptor_channel: cs.Channel
+    descriptor_stream_id: cs.AeronStreamId
+    forward_metadata: cs.Bool = True
+    forward_progress: cs.Bool = False
+    forward_qos: cs.Bool = False
+    max_rate_hz: cs.NonNegative = 0
+    control_channel: cs.Channel = DEFAULT_FORWARD_CHANNEL
     source_control_stream_id: _ForwardId = 0
     dest_control_stream_id: _ForwardId = 0
-    qos_channel: Channel = DEFAULT_FORWARD_CHANNEL
+    qos_channel: cs.Channel = DEFAULT_FORWARD_CHANNEL
     source_qos_stream_id: _ForwardId = 0
     dest_qos_stream_id: _ForwardId = 0
-    hold: Annotated[str, Rule(_hold)] = "auto"
-    metrics_bind: Bind = ""
+    hold: Annotated[str, cs.Rule(_hold)] = "auto"
+    metrics_bind: cs.Bind = ""
 
     def __post_init__(self) -> None:
         # §8: forwarding with a zero stream id MUST fail fast (and so never start).
@@ -227,14 +203,14 @@ class _RateLimiterTable(Table):
         for flag, *keys in zero_rules:
             for key in keys:
                 if getattr(self, flag) and getattr(self, key) == 0:
-                    raise FieldProblem(
+                    raise cs.FieldProblem(
                         key,
                         f"must be nonzero when rate_limiter.{flag} = true "
                         "(forwarding does not start with a zero stream id)",
                     )
 
 
-@table
+@cs.table
 class RateLimiterConfig(_RateLimiterTable):
     """The whole validated rate limiter configuration: ``[rate_limiter]``, the mappings, how
     to reach the SHM driver, and the file it came from (for messages)."""
@@ -246,23 +222,23 @@ class RateLimiterConfig(_RateLimiterTable):
     def __post_init__(self) -> None:
         _RateLimiterTable.__post_init__(self)
         if not self.mappings:
-            raise FieldProblem("mappings", "at least one mapping is required")
+            raise cs.FieldProblem("mappings", "at least one mapping is required")
         _check_topology(self.mappings)
 
 
-@table
-class _MappingTable(Table):
+@cs.table
+class _MappingTable(cs.Table):
     """``[[mappings]]`` (§8); unset ``max_rate_hz`` inherits ``rate_limiter.max_rate_hz``."""
 
-    source_stream_id: DataStreamId
-    dest_stream_id: DataStreamId
-    profile: Annotated[str, Rule(lambda v: None if v.strip() else "must name a driver profile")]
-    max_rate_hz: NonNegative | None = None
-    metadata_stream_id: DataStreamId | None = None
+    source_stream_id: cs.DataStreamId
+    dest_stream_id: cs.DataStreamId
+    profile: Annotated[str, cs.Rule(lambda v: None if v.strip() else "must name a driver profile")]
+    max_rate_hz: cs.NonNegative | None = None
+    metadata_stream_id: cs.DataStreamId | None = None
 
 
-@table
-class _RateLimiterFile(Table):
+@cs.table
+class _RateLimiterFile(cs.Table):
     rate_limiter: _RateLimiterTable
     mappings: tuple[_MappingTable, ...]
     driver: _DriverTable = field(default_factory=_DriverTable)
@@ -271,7 +247,7 @@ class _RateLimiterFile(Table):
 
     def __post_init__(self) -> None:
         if not self.mappings:
-            raise FieldProblem("mappings", "at least one [[mappings]] entry is required")
+            raise cs.FieldProblem("mappings", "at least one [[mappings]] entry is required")
 
 
 #: Reads the SHM driver's TOML file (``tensorpool.driver.config.load_driver_config``): takes the
@@ -289,7 +265,7 @@ def load_ratelimiter_config(
 
     With ``load_driver``, mappings are also checked against the file ``driver.config`` names.
     """
-    return load_file(path, parse_ratelimiter_config, env, load_driver=load_driver)
+    return cs.load_file(path, parse_ratelimiter_config, env, load_driver=load_driver)
 
 
 def parse_ratelimiter_config(
@@ -304,12 +280,12 @@ def parse_ratelimiter_config(
     ``load_driver`` reads the driver's config for the ``driver.config`` profile checks; without
     it those checks are skipped (the command always passes one).
     """
-    f = parse_file(_RateLimiterFile, data, source, env)
+    f = cs.parse_file(_RateLimiterFile, data, source, env)
     rl = f.rate_limiter
-    cfg = build(
+    cfg = cs.build(
         RateLimiterConfig,
         source,
-        **fields_of(rl),
+        **cs.fields_of(rl),
         mappings=tuple(
             MappingConfig(
                 m.source_stream_id,
@@ -321,7 +297,7 @@ def parse_ratelimiter_config(
             for m in f.mappings
         ),
         driver=DriverAccess(
-            **fields_of(f.driver),
+            **cs.fields_of(f.driver),
             shm_base_dir=f.shm.base_dir,
             allowed_base_dirs=f.shm.allowed_base_dirs,
             announce_period_ms=f.policies.announce_period_ms,
