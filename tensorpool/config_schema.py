@@ -35,76 +35,31 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-# The field types are re-exported (``x as x``): config modules import this module only.
-from tensorpool.config_util import (
-    AbsDir as AbsDir,
-)
-from tensorpool.config_util import (
-    AeronDir as AeronDir,
-)
-from tensorpool.config_util import (
-    AeronStreamId as AeronStreamId,
-)
-from tensorpool.config_util import (
-    Bind as Bind,
-)
-from tensorpool.config_util import (
-    Bool as Bool,
-)
-from tensorpool.config_util import (
-    Channel as Channel,
-)
-from tensorpool.config_util import (
-    ConfigError as ConfigError,
-)
-from tensorpool.config_util import (
-    DataStreamId as DataStreamId,
-)
-from tensorpool.config_util import (
-    FieldProblem as FieldProblem,
-)
-from tensorpool.config_util import (
-    IdRange as IdRange,
-)
-from tensorpool.config_util import (
-    NonEmpty as NonEmpty,
-)
-from tensorpool.config_util import (
-    NonNegative as NonNegative,
-)
-from tensorpool.config_util import (
-    OctalMode as OctalMode,
-)
-from tensorpool.config_util import (
-    PathName as PathName,
-)
-from tensorpool.config_util import (
-    Positive as Positive,
-)
-from tensorpool.config_util import (
-    Rule as Rule,
-)
-from tensorpool.config_util import (
-    ShmDir as ShmDir,
-)
-from tensorpool.config_util import (
-    Str as Str,
-)
-from tensorpool.config_util import (
-    env_names,
-    load_toml,
-    parse_bool_text,
-)
-from tensorpool.config_util import (
-    id_range as id_range,
-)
-from tensorpool.config_util import (
-    int_in as int_in,
-)
-from tensorpool.config_util import (
-    power_of_two as power_of_two,
-)
+from tensorpool import config_util as _util
+from tensorpool.config_util import ConfigError, FieldProblem, env_names, load_toml, parse_bool_text
 from tensorpool.endpoints import Endpoints
+
+# The field types and rules, re-exported: a config module imports this one module and writes
+# ``cs.Channel``, ``cs.int_in(1, 10)``, ``@cs.table``.
+AbsDir = _util.AbsDir
+AeronDir = _util.AeronDir
+AeronStreamId = _util.AeronStreamId
+Bind = _util.Bind
+Bool = _util.Bool
+Channel = _util.Channel
+DataStreamId = _util.DataStreamId
+IdRange = _util.IdRange
+NonEmpty = _util.NonEmpty
+NonNegative = _util.NonNegative
+OctalMode = _util.OctalMode
+PathName = _util.PathName
+Positive = _util.Positive
+Rule = _util.Rule
+ShmDir = _util.ShmDir
+Str = _util.Str
+id_range = _util.id_range
+int_in = _util.int_in
+power_of_two = _util.power_of_two
 
 __all__ = [
     "ConfigError",

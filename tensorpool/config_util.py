@@ -1,23 +1,23 @@
-"""Shared building blocks for tensorpool's TOML configuration files.
+"""The rules of tensorpool's TOML configuration files: value checks, field types, errors.
 
-Every service config (driver, rate limiter, bridge) follows the same model:
+The schemas themselves are declared in :mod:`tensorpool.config_schema` (pydantic tables); this
+module holds what they are built from and what lighter modules (``endpoints``, ``observe``,
+``transport``) share without importing pydantic:
 
-* the file is parsed with stdlib :mod:`tomllib` (:func:`load_toml`), so syntax errors
-  surface with the file name, line and column;
-* each TOML table is read through a :class:`Section`, which hands out typed values
-  (``req_int``, ``opt_bool``, ...) and remembers which keys it handed out, so that
-  :meth:`Section.finish` can reject every key nobody asked for — a typo such as
-  ``anounce_period_ms`` must fail loudly instead of silently falling back to a default;
-* scalar deployment keys may be overridden from the environment (:class:`EnvOverrides`),
-  following the Aeron convention the Driver Model spec (§17) asks for: upper-case the
-  dotted key and replace ``.`` with ``_`` (``driver.control_stream_id`` →
-  ``DRIVER_CONTROL_STREAM_ID``). A ``TENSORPOOL_``-prefixed spelling of the same name is
-  also accepted and wins when both are set, so that a deployment can scope its
-  variables without clashing with other software;
-* any problem raises exactly one :class:`ConfigError` naming the file, the dotted key
-  and the reason.
+* :class:`ConfigError` -- the one exception of a bad configuration, naming the file, the
+  dotted key and the reason, printed by the commands as one line;
+* :func:`load_toml` -- stdlib :mod:`tomllib`, with syntax errors as ConfigErrors naming the
+  line and column;
+* problem functions (``check_aeron_channel``, ``check_path_component``, ``check_path_length``,
+  ``check_bind``, ``aeron_dir_problem``, ...): each returns the one-line reason a value is
+  refused, or None; the same functions serve the config files, the CLI flags and Python
+  callers;
+* field types (``Channel``, ``AeronStreamId``, ``PathName``, ``AeronDir``, ...): ``Annotated``
+  types whose :class:`Rule` marker gives pydantic a strict base type and the problem function.
+  pydantic is imported only when a schema is built.
 
-Nothing here touches the filesystem beyond reading the config file itself.
+Nothing here touches the filesystem beyond reading the config file itself and resolving
+symlinks of directories that must not be system roots (:mod:`tensorpool.fsafety`).
 """
 
 from __future__ import annotations
