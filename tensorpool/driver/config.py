@@ -63,10 +63,7 @@ from tensorpool.config_util import (
 )
 from tensorpool.endpoints import (
     DEFAULT_CONTROL_STREAM_ID,
-    DEFAULT_DESCRIPTOR_STREAM_ID,
-    DEFAULT_METADATA_STREAM_ID,
     DEFAULT_NAMESPACE,
-    DEFAULT_QOS_STREAM_ID,
     DEFAULT_SHM_BASE_DIR,
     IPC_CONTROL,
     MAX_AERON_STREAM_ID,
@@ -80,9 +77,6 @@ __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
     "DEFAULT_CHANNEL",
     "DEFAULT_CONTROL_STREAM_ID",
-    "DEFAULT_DESCRIPTOR_STREAM_ID",
-    "DEFAULT_METADATA_STREAM_ID",
-    "DEFAULT_QOS_STREAM_ID",
     "HEADER_SLOT_BYTES",
     "ConfigError",
     "DriverConfig",
