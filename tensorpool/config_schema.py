@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import types
@@ -126,9 +127,19 @@ def parse_file[T](
     """Validate a parsed TOML document against ``schema``, overrides from ``env`` included."""
     merged, from_env = _with_env(schema, data, {} if env is None else env)
     try:
-        return TypeAdapter(schema).validate_python(merged)
+        return _adapter(schema).validate_python(merged)
     except ValidationError as exc:
         raise _config_error(exc, source, from_env) from None
+
+
+@functools.cache
+def _adapter(schema: type) -> TypeAdapter[Any]:
+    return TypeAdapter(schema)
+
+
+@functools.cache
+def _hints(cls: type, *, extras: bool) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=extras)
 
 
 # --------------------------------------------------------------------------- environment
@@ -140,13 +151,12 @@ def _with_env(
     """``data`` with the overrides of every scalar key of every top-level table."""
     merged = dict(data)
     from_env: dict[str, str] = {}
-    hints = typing.get_type_hints(schema, include_extras=False)
-    for name, kind in hints.items():
+    for name, kind in _hints(schema, extras=False).items():
         if not (isinstance(kind, type) and issubclass(kind, Table)):
             continue
         section = merged.get(name)
         section = dict(section) if isinstance(section, Mapping) else section
-        for key, ftype in typing.get_type_hints(kind, include_extras=True).items():
+        for key, ftype in _hints(kind, extras=True).items():
             hit = next(((var, env[var]) for var in env_names(f"{name}.{key}") if var in env), None)
             if hit is None or not isinstance(section, dict | None):
                 continue
