@@ -37,7 +37,14 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from tensorpool import config_util as _util
-from tensorpool.config_util import ConfigError, FieldProblem, env_names, load_toml, parse_bool_text
+from tensorpool.config_util import (
+    ConfigError,
+    FieldProblem,
+    env_names,
+    load_toml,
+    parse_bool_text,
+    type_name,
+)
 from tensorpool.endpoints import Endpoints
 
 # The field types and rules, re-exported: a config module imports this one module and writes
@@ -194,15 +201,6 @@ def _from_text(text: str, ftype: Any) -> Any:
 
 # --------------------------------------------------------------------------- errors
 
-_TYPE_NAMES = {
-    bool: "a boolean",
-    int: "an integer",
-    float: "a float",
-    str: "a string",
-    list: "an array",
-    tuple: "an array",
-    dict: "a table",
-}
 _EXPECTED = {
     "int": "an integer",
     "bool": "a boolean (true/false)",
@@ -231,7 +229,7 @@ def _config_error(exc: ValidationError, source: str, from_env: Mapping[str, str]
         reason = "unknown key"
     else:
         kind = err["type"].removesuffix("_type").removesuffix("_parsing")
-        got = _TYPE_NAMES.get(type(err["input"]), type(err["input"]).__name__)
+        got = type_name(err["input"])
         if kind in _EXPECTED:
             reason = f"expected {_EXPECTED[kind]}, got {got}"
         else:

@@ -22,7 +22,6 @@ symlinks of directories that must not be system roots (:mod:`tensorpool.fsafety`
 
 from __future__ import annotations
 
-import difflib
 import os
 import posixpath
 import re
@@ -50,7 +49,6 @@ __all__ = [
     "DataStreamId",
     "FieldProblem",
     "IdRange",
-    "Int",
     "NonEmpty",
     "NonNegative",
     "OctalMode",
@@ -75,6 +73,7 @@ __all__ = [
     "parse_octal_mode",
     "power_of_two",
     "ranges_overlap",
+    "type_name",
 ]
 
 UINT16_MAX = 0xFFFF
@@ -287,7 +286,7 @@ def parse_id_range(value: object, *, lo: int = 0, hi: int = UINT32_MAX) -> IdRan
             return "a range array must hold exactly two integers [START, END]"
         start, end = value
     else:
-        return f"expected a string 'START-END' or an array [START, END], got {_type_name(value)}"
+        return f"expected a string 'START-END' or an array [START, END], got {type_name(value)}"
     if start > end:
         return f"range start {start} is greater than end {end}"
     if start < lo or end > hi:
@@ -295,13 +294,15 @@ def parse_id_range(value: object, *, lo: int = 0, hi: int = UINT32_MAX) -> IdRan
     return IdRange(start, end)
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """How a config message names the type of a TOML value ("an integer", "a table")."""
     return {
         bool: "a boolean",
         int: "an integer",
         float: "a float",
         str: "a string",
         list: "an array",
+        tuple: "an array",
         dict: "a table",
     }.get(type(value), type(value).__name__)
 
@@ -437,7 +438,6 @@ def _normpath(value: Any) -> Any:
     return posixpath.normpath(value) if isinstance(value, str) and value.startswith("/") else value
 
 
-Int = Annotated[int, Rule()]
 Bool = Annotated[bool, Rule()]
 Str = Annotated[str, Rule()]
 #: A positive count or period (``lo=1``) and a non-negative one.
@@ -457,8 +457,3 @@ AbsDir = Annotated[str, Rule(abs_dir_problem, before=_normpath)]
 ShmDir = Annotated[str, Rule(shm_dir_problem, before=_normpath)]
 Bind = Annotated[str, Rule(check_bind)]
 OctalMode = Annotated[int, Rule(before=_octal_mode)]
-
-
-def _did_you_mean(key: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
