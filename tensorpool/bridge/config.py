@@ -68,8 +68,7 @@ from tensorpool.endpoints import (
     config_aeron_dir,
     default_shm_base_dir,
 )
-from tensorpool.shm.layout import PoolConfig
-from tensorpool.shm.profiles import HeaderSlots, ProfileTable
+from tensorpool.shm.profiles import HeaderSlots, ProfileConfig, ProfileTable
 from tensorpool.transport.channels import ChannelError, channel_mtu
 from tensorpool.transport.config import TransportConfig
 
@@ -86,7 +85,7 @@ __all__ = [
     "ConfigError",
     "LocalSettings",
     "MappingRole",
-    "ProfileSpec",
+    "ProfileConfig",
     "effective_chunk_bytes",
     "load_bridge_config",
     "parse_bridge_config",
@@ -133,15 +132,6 @@ def effective_chunk_bytes(mtu_bytes: int, chunk_bytes: int, max_chunk_bytes: int
     base = mtu_bytes - MTU_HEADROOM_BYTES
     size = min(chunk_bytes, base) if chunk_bytes > 0 else base
     return min(size, max_chunk_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileSpec:
-    """Destination geometry for standalone receivers (``[profiles.<name>]``)."""
-
-    name: str
-    header_nslots: int
-    pools: tuple[PoolConfig, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +332,7 @@ class BridgeConfig:
     bridge: BridgeSettings
     local: LocalSettings
     mappings: tuple[BridgeMapping, ...]
-    profiles: Mapping[str, ProfileSpec]
+    profiles: Mapping[str, ProfileConfig]
     source: str = "<memory>"
     reserved_stream_ids: frozenset[int] = frozenset()
     """Every stream id the configuration uses; a runtime remap of an allocated destination
@@ -436,9 +426,7 @@ def parse_bridge_config(
 ) -> BridgeConfig:
     """Validate an already-parsed TOML document."""
     f = cs.parse_file(_BridgeFile, data, source, env)
-    profiles = {
-        name: ProfileSpec(name, p.header_nslots, p.pools()) for name, p in f.profiles.items()
-    }
+    profiles = {name: p.profile(name) for name, p in f.profiles.items()}
     reserved: dict[int, str] = {}
     mappings = _resolve_mappings(f, profiles, reserved, source)
     return BridgeConfig(
@@ -453,7 +441,7 @@ def parse_bridge_config(
 
 
 def _resolve_mappings(
-    f: _BridgeFile, profiles: Mapping[str, ProfileSpec], reserved: dict[int, str], source: str
+    f: _BridgeFile, profiles: Mapping[str, ProfileConfig], reserved: dict[int, str], source: str
 ) -> tuple[BridgeMapping, ...]:
     """Allocate destinations from the range and apply the rules that span mappings (§4, §2.3)."""
 

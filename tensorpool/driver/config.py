@@ -70,8 +70,7 @@ from tensorpool.endpoints import (
     MAX_DATA_STREAM_ID,
 )
 from tensorpool.fsafety import world_writable_reason
-from tensorpool.shm.layout import PoolConfig
-from tensorpool.shm.profiles import HEADER_SLOT_BYTES, HeaderSlots, ProfileTable
+from tensorpool.shm.profiles import HEADER_SLOT_BYTES, HeaderSlots, ProfileConfig, ProfileTable
 
 __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
@@ -114,16 +113,6 @@ _MS = 1_000_000
 #: The deepest file the driver creates below ``<base_dir>/<namespace>/<instance_id>``
 #: (driver/streams.py), at the largest ids: the path-length check covers every region file.
 _LONGEST_REGION_PATH = "stream-4294967294/epoch-18446744073709551615/payload-65535.pool"
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileConfig:
-    """Geometry shared by every stream created from this profile."""
-
-    name: str
-    header_nslots: int
-    payload_pools: tuple[PoolConfig, ...]
-    header_slot_bytes: int = HEADER_SLOT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,14 +416,7 @@ def parse_driver_config(
         driver=f.driver,
         shm=f.shm,
         policies=f.policies,
-        profiles={
-            name: ProfileConfig(
-                name=name,
-                header_nslots=p.header_nslots,
-                payload_pools=p.pools(),
-            )
-            for name, p in f.profiles.items()
-        },
+        profiles={name: p.profile(name) for name, p in f.profiles.items()},
         streams=tuple(
             ProvisionedStream(name=name, stream_id=s.stream_id, profile=s.profile)
             for name, s in f.streams.items()

@@ -11,6 +11,7 @@ give ``header_nslots`` its own default.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from tensorpool.config_schema import Table, table
@@ -24,12 +25,22 @@ from tensorpool.config_util import (
 )
 from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES, PoolConfig
 
-__all__ = ["HEADER_SLOT_BYTES", "HeaderSlots", "PoolTable", "ProfileTable"]
+__all__ = ["HEADER_SLOT_BYTES", "HeaderSlots", "PoolTable", "ProfileConfig", "ProfileTable"]
 
 #: Wire Spec v1.1: every header slot is exactly 256 bytes.
 HEADER_SLOT_BYTES = 256
 #: A header ring's slot count: u32 on the wire, a power of two (#13.4).
 HeaderSlots = Annotated[int, int_in(1, MAX_NSLOTS, power_of_two)]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileConfig:
+    """Geometry shared by every stream created from this profile (validated)."""
+
+    name: str
+    header_nslots: int
+    payload_pools: tuple[PoolConfig, ...]
+    header_slot_bytes: int = HEADER_SLOT_BYTES
 
 
 def _is_256(value: int) -> str | None:
@@ -72,5 +83,7 @@ class ProfileTable(Table):
                     "header's slot index",
                 )
 
-    def pools(self) -> tuple[PoolConfig, ...]:
-        return tuple(PoolConfig(p.pool_id, p.stride_bytes) for p in self.payload_pools)
+    def profile(self, name: str) -> ProfileConfig:
+        """The validated profile, named by its table."""
+        pools = tuple(PoolConfig(p.pool_id, p.stride_bytes) for p in self.payload_pools)
+        return ProfileConfig(name, self.header_nslots, pools)
