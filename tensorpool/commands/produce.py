@@ -216,7 +216,12 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     stop = StopSignals((signal.SIGTERM,)).install()
-    ctx = start_context(settings)
+    try:
+        ctx = start_context(settings)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     attach_ns = 0
     try:
         if args.driver:
