@@ -11,8 +11,9 @@ were bounded by uint32-1 in two configs and int32 in two others. Now:
   agree on: control (announces, SHM-driver requests), descriptors, QoS and metadata. The client
   settings, the driver's ``[driver]`` table, the rate limiter's and bridge's view of the local
   driver and the Spark options all embed it, so they share its defaults and its validator.
-* :func:`channel_problem` / :func:`aeron_stream_id_problem` are the one validator; TOML configs
-  read the pairs through :func:`read_endpoints`, which reports a bad value as a
+* :func:`channel_problem` / :func:`aeron_stream_id_problem` are the one validator. The fields
+  carry it as their type (``Channel``, ``AeronStreamId``), so the TOML configs, whose tables
+  extend this class (:class:`~tensorpool.config_schema.EndpointKeys`), report a bad value as a
   :class:`~tensorpool.config_util.ConfigError` naming the file and key (environment overrides
   included), and Python callers get a ``ValueError`` naming the field.
 * the deployment defaults (namespace, SHM base directory, media-driver directory) live here too,
