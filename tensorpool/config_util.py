@@ -1,35 +1,37 @@
-"""Shared building blocks for tensorpool's TOML configuration files.
+"""The rules of tensorpool's TOML configuration files: value checks, field types, errors.
 
-Every service config (driver, rate limiter, bridge) follows the same model:
+The schemas themselves are declared in :mod:`tensorpool.config_schema` (pydantic tables); this
+module holds what they are built from and what lighter modules (``endpoints``, ``observe``,
+``transport``) share without importing pydantic:
 
-* the file is parsed with stdlib :mod:`tomllib` (:func:`load_toml`), so syntax errors
-  surface with the file name, line and column;
-* each TOML table is read through a :class:`Section`, which hands out typed values
-  (``req_int``, ``opt_bool``, ...) and remembers which keys it handed out, so that
-  :meth:`Section.finish` can reject every key nobody asked for — a typo such as
-  ``anounce_period_ms`` must fail loudly instead of silently falling back to a default;
-* scalar deployment keys may be overridden from the environment (:class:`EnvOverrides`),
-  following the Aeron convention the Driver Model spec (§17) asks for: upper-case the
-  dotted key and replace ``.`` with ``_`` (``driver.control_stream_id`` →
-  ``DRIVER_CONTROL_STREAM_ID``). A ``TENSORPOOL_``-prefixed spelling of the same name is
-  also accepted and wins when both are set, so that a deployment can scope its
-  variables without clashing with other software;
-* any problem raises exactly one :class:`ConfigError` naming the file, the dotted key
-  and the reason.
+* :class:`ConfigError` -- the one exception of a bad configuration, naming the file, the
+  dotted key and the reason, printed by the commands as one line;
+* :func:`load_toml` -- stdlib :mod:`tomllib`, with syntax errors as ConfigErrors naming the
+  line and column;
+* problem functions (``check_aeron_channel``, ``check_path_component``, ``check_path_length``,
+  ``check_bind``, ``aeron_dir_problem``, ...): each returns the one-line reason a value is
+  refused, or None; the same functions serve the config files, the CLI flags and Python
+  callers;
+* field types (``Channel``, ``AeronStreamId``, ``PathName``, ``AeronDir``, ...): ``Annotated``
+  types whose :class:`Rule` marker gives pydantic a strict base type and the problem function.
+  pydantic is imported only when a schema is built.
 
-Nothing here touches the filesystem beyond reading the config file itself.
+Nothing here touches the filesystem beyond reading the config file itself and resolving
+symlinks of directories that must not be system roots (:mod:`tensorpool.fsafety`).
 """
 
 from __future__ import annotations
 
-import difflib
 import os
+import posixpath
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any
+
+from tensorpool.fsafety import unsafe_root_reason
 
 __all__ = [
     "ENV_PREFIX",
@@ -37,26 +39,52 @@ __all__ = [
     "UINT16_MAX",
     "UINT32_MAX",
     "UINT64_MAX",
+    "AbsDir",
+    "AeronDir",
+    "AeronStreamId",
+    "Bind",
+    "Bool",
+    "Channel",
     "ConfigError",
-    "EnvOverrides",
+    "DataStreamId",
+    "FieldProblem",
     "IdRange",
-    "Section",
+    "NonEmpty",
+    "NonNegative",
+    "OctalMode",
+    "PathName",
+    "Positive",
+    "Rule",
+    "ShmDir",
+    "Str",
+    "aeron_dir_problem",
     "check_aeron_channel",
     "check_bind",
     "check_path_component",
+    "check_path_length",
+    "env_names",
+    "id_range",
+    "int_in",
     "is_power_of_two",
     "load_toml",
     "parse_bind",
     "parse_bool_text",
     "parse_id_range",
     "parse_octal_mode",
+    "power_of_two",
     "ranges_overlap",
+    "type_name",
 ]
 
 UINT16_MAX = 0xFFFF
 UINT32_MAX = 0xFFFF_FFFF
 UINT64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 INT32_MAX = 0x7FFF_FFFF
+#: Linux limits (#26.6): one path component holds at most NAME_MAX bytes, a whole path fewer
+#: than PATH_MAX bytes (the terminating NUL counts). Checked when the configuration is read, so
+#: a name the kernel refuses is one line naming the key, not ENAMETOOLONG after files exist.
+NAME_MAX = 255
+PATH_MAX = 4096
 
 #: Prefix of the scoped spelling of an environment override.
 ENV_PREFIX = "TENSORPOOL_"
@@ -127,6 +155,16 @@ def check_aeron_channel(value: str) -> str | None:
             f"{value!r} is not an Aeron channel "
             "(expected 'aeron:ipc' or 'aeron:udp', optionally '?key=value|key=value')"
         )
+    if value.startswith("aeron:udp"):  # #26.6: what Aeron refuses only once a media driver runs
+        _, _, query = value.partition("?")
+        params = dict(item.partition("=")[::2] for item in query.split("|") if item)
+        addresses = [k for k in ("endpoint", "control") if k in params]
+        if not addresses and params.get("control-mode") != "manual":
+            return f"{value!r}: a udp channel needs endpoint=HOST:PORT (or control=HOST:PORT)"
+        for key in addresses:
+            host, sep, port = params[key].rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                return f"{value!r}: {key}={params[key]!r} is not HOST:PORT"
     return None
 
 
@@ -136,8 +174,26 @@ def check_path_component(value: str) -> str | None:
     Names that end up inside SHM paths (namespace, instance id) must not be able to
     escape the base directory or break the ``shm:file?path=`` URI grammar.
     """
+    if len(value) > NAME_MAX:  # the pattern allows ASCII only: characters are bytes
+        return f"{value[:20]!r}... is {len(value)} bytes long: a name holds at most {NAME_MAX}"
     if not _PATH_COMPONENT.fullmatch(value) or value in {".", ".."}:
         return f"{value!r} must be a single directory name of letters, digits, '.', '_' or '-'"
+    return None
+
+
+def check_path_length(path: str, longest_suffix: str = "") -> str | None:
+    """Return a reason if ``path`` (plus the longest name created below it) is too long.
+
+    ``longest_suffix`` is the deepest relative path a component creates under ``path``
+    (e.g. the driver's ``stream-<id>/epoch-<E>/payload-<pool>.pool``), so that the check
+    covers every file the configuration leads to, not just the directory itself.
+    """
+    for part in path.split("/"):
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"the name {part[:20]!r}... is longer than {NAME_MAX} bytes"
+    total = len(os.fsencode(posixpath.join(path, longest_suffix)))
+    if total >= PATH_MAX:
+        return f"paths below it would be {total} bytes long; the limit is {PATH_MAX - 1}"
     return None
 
 
@@ -230,7 +286,7 @@ def parse_id_range(value: object, *, lo: int = 0, hi: int = UINT32_MAX) -> IdRan
             return "a range array must hold exactly two integers [START, END]"
         start, end = value
     else:
-        return f"expected a string 'START-END' or an array [START, END], got {_type_name(value)}"
+        return f"expected a string 'START-END' or an array [START, END], got {type_name(value)}"
     if start > end:
         return f"range start {start} is greater than end {end}"
     if start < lo or end > hi:
@@ -238,13 +294,15 @@ def parse_id_range(value: object, *, lo: int = 0, hi: int = UINT32_MAX) -> IdRan
     return IdRange(start, end)
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """How a config message names the type of a TOML value ("an integer", "a table")."""
     return {
         bool: "a boolean",
         int: "an integer",
         float: "a float",
         str: "a string",
         list: "an array",
+        tuple: "an array",
         dict: "a table",
     }.get(type(value), type(value).__name__)
 
@@ -252,247 +310,150 @@ def _type_name(value: object) -> str:
 # --------------------------------------------------------------------------- environment
 
 
-class EnvOverrides:
-    """Environment overrides for dotted config keys.
+def env_names(dotted_key: str, *, prefix: str = ENV_PREFIX) -> tuple[str, str]:
+    """The two variables that override ``dotted_key``, the scoped one (which wins) first."""
+    plain = dotted_key.upper().replace(".", "_").replace("-", "_")
+    return (prefix + plain, plain)
 
-    ``lookup("driver.instance_id")`` checks ``TENSORPOOL_DRIVER_INSTANCE_ID`` first, then
-    ``DRIVER_INSTANCE_ID`` (the spec's Aeron-style name). An empty value counts as set,
-    so an operator can blank out a string such as the shutdown token.
+
+# --------------------------------------------------------------------------- field rules
+
+
+class FieldProblem(ValueError):
+    """A rule broken by the value at ``key`` (relative to where it is raised; "" = right there).
+
+    Raised by schema rules (:class:`Rule`, cross-field checks of a table); the loader turns it
+    into the one :class:`ConfigError` naming the file and the full dotted key.
     """
 
-    def __init__(self, environ: Mapping[str, str] | None, *, prefix: str = ENV_PREFIX) -> None:
-        self._environ: Mapping[str, str] = {} if environ is None else environ
-        self._prefix = prefix
-
-    @staticmethod
-    def names_for(dotted_key: str, *, prefix: str = ENV_PREFIX) -> tuple[str, str]:
-        """The two variable names that override ``dotted_key`` (scoped one first)."""
-        plain = dotted_key.upper().replace(".", "_").replace("-", "_")
-        return (prefix + plain, plain)
-
-    def lookup(self, dotted_key: str) -> tuple[str, str] | None:
-        """Return ``(variable_name, value)`` of the winning override, or None."""
-        for name in self.names_for(dotted_key, prefix=self._prefix):
-            value = self._environ.get(name)
-            if value is not None:
-                return name, value
-        return None
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}" if key else reason)
+        self.key = key
+        self.reason = reason
 
 
-# --------------------------------------------------------------------------- sections
+class Rule:
+    """Annotation marker: a strict base type plus the one-line problem a value may have.
 
-_MISSING: Any = object()
-
-
-class Section:
-    """Typed, strict access to one TOML table.
-
-    Each getter records the key as known; :meth:`finish` then rejects anything left
-    over. Getters with ``env=True`` consult :class:`EnvOverrides` first; the value from
-    the environment is parsed from text and validated like the TOML value, and errors
-    name both the variable and the dotted key it overrides.
+    ``Annotated[int, Rule(check)]`` accepts only a real ``int`` (not ``true``, not ``"5"``) and
+    refuses any value ``check`` returns a reason for. ``before`` converts first (text forms such
+    as ``"640"`` or ``"1-5"``). Pydantic reads the marker through its schema hook; it is imported
+    only there, so modules that merely declare fields (``endpoints``) stay light.
     """
 
     def __init__(
         self,
-        data: Mapping[str, Any],
-        path: str,
-        file: str,
-        env: EnvOverrides | None = None,
+        check: Callable[[Any], str | None] | None = None,
+        *,
+        before: Callable[[Any], Any] | None = None,
     ) -> None:
-        self.data = data
-        self.path = path
-        self.file = file
-        self.env = env
-        self._known: set[str] = set()
+        self.check = check
+        self.before = before
 
-    # -- plumbing
-
-    def key_path(self, key: str) -> str:
-        """Dotted path of ``key`` inside this section (for messages)."""
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, reason: str) -> NoReturn:
-        """Raise the one ConfigError for ``key`` of this section."""
-        raise ConfigError(self.file, self.key_path(key), reason)
-
-    def has(self, key: str) -> bool:
-        """True if the key is present in the file or overridden from the environment."""
-        if key in self.data:
-            return True
-        return self.env is not None and self.env.lookup(self.key_path(key)) is not None
-
-    def _raw(self, key: str, env: bool) -> tuple[Any, str | None]:
-        """Return ``(value, env_var_name)``; value is _MISSING if absent."""
-        self._known.add(key)
-        if env and self.env is not None:
-            hit = self.env.lookup(self.key_path(key))
-            if hit is not None:
-                return hit[1], hit[0]
-        return self.data.get(key, _MISSING), None
-
-    def _env_fail(self, key: str, var: str, reason: str) -> NoReturn:
-        raise ConfigError(self.file, self.key_path(key), f"(from environment {var}) {reason}")
-
-    def finish(self) -> None:
-        """Reject keys that no getter asked for (typos, unsupported options)."""
-        unknown = [k for k in self.data if k not in self._known]
-        if unknown:
-            self.fail(unknown[0], "unknown key" + _did_you_mean(unknown[0], self._known))
-
-    # -- scalars
-
-    def opt_str(self, key: str, default: str, *, env: bool = False) -> str:
-        value, _ = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_type_name(value)}")
-        return value
-
-    def req_str(self, key: str, *, env: bool = False) -> str:
-        value = self.opt_str(key, _MISSING, env=env)
-        if value is _MISSING:
-            self.fail(key, "required key is missing")
-        return value
-
-    def opt_bool(self, key: str, default: bool, *, env: bool = False) -> bool:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        if var is not None:
-            parsed = parse_bool_text(value)
-            if parsed is None:
-                self._env_fail(key, var, f"expected true/false, got {value!r}")
-            return parsed
-        if not isinstance(value, bool):
-            self.fail(key, f"expected a boolean (true/false), got {_type_name(value)}")
-        return value
-
-    def opt_int(
-        self,
-        key: str,
-        default: int,
-        *,
-        lo: int = 0,
-        hi: int = UINT32_MAX,
-        env: bool = False,
-        check: Callable[[int], str | None] | None = None,
-    ) -> int:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return default
-        return self._int(key, value, var, lo, hi, check)
-
-    def req_int(
-        self,
-        key: str,
-        *,
-        lo: int = 0,
-        hi: int = UINT32_MAX,
-        env: bool = False,
-        check: Callable[[int], str | None] | None = None,
-    ) -> int:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            self.fail(key, "required key is missing")
-        return self._int(key, value, var, lo, hi, check)
-
-    def _int(
-        self,
-        key: str,
-        value: Any,
-        var: str | None,
-        lo: int,
-        hi: int,
-        check: Callable[[int], str | None] | None,
-    ) -> int:
-        if var is not None:
-            text = value.strip().replace("_", "")
-            if not re.fullmatch(r"[+-]?\d+", text):
-                self._env_fail(key, var, f"expected an integer, got {value!r}")
-            value = int(text)
-        elif type(value) is not int:  # bool is an int subclass: reject it explicitly
-            self.fail(key, f"expected an integer, got {_type_name(value)}")
-        problem = f"{value} is out of range {lo}..{hi}" if not lo <= value <= hi else None
-        if problem is None and check is not None:
-            problem = check(value)
+    def _after(self, value: Any) -> Any:
+        problem = self.check(value) if self.check is not None else None
         if problem:
-            if var is not None:
-                self._env_fail(key, var, problem)
-            self.fail(key, problem)
+            raise FieldProblem("", problem)
         return value
 
-    def opt_str_list(
-        self, key: str, default: Sequence[str], *, env: bool = False, env_sep: str = os.pathsep
-    ) -> tuple[str, ...]:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return tuple(default)
-        if var is not None:
-            return tuple(p for p in value.split(env_sep) if p)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.fail(key, "expected an array of strings")
-        return tuple(value)
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema as cs
 
-    def opt_range(
-        self, key: str, *, lo: int = 0, hi: int = UINT32_MAX, env: bool = False
-    ) -> IdRange | None:
-        value, var = self._raw(key, env)
-        if value is _MISSING:
-            return None
+        strict = {int: cs.int_schema, str: cs.str_schema, bool: cs.bool_schema}.get(source)
+        schema = strict(strict=True) if strict is not None else handler(source)
+        if self.before is not None:
+            schema = cs.no_info_before_validator_function(self.before, schema)
+        if self.check is not None:
+            schema = cs.no_info_after_validator_function(self._after, schema)
+        return schema
+
+
+def int_in(lo: int, hi: int, *more: Callable[[int], str | None]) -> Rule:
+    """An integer in ``lo..hi`` that passes every check of ``more``."""
+
+    def check(value: int) -> str | None:
+        if not lo <= value <= hi:
+            return f"{value} is out of range {lo}..{hi}"
+        return next((p for p in (c(value) for c in more) if p), None)
+
+    return Rule(check)
+
+
+def power_of_two(value: int) -> str | None:
+    return None if is_power_of_two(value) else f"{value} is not a power of two"
+
+
+def _octal_mode(value: Any) -> Any:
+    if isinstance(value, str):
+        mode = parse_octal_mode(value)
+        if mode is None:
+            raise FieldProblem("", f'{value!r} is not an octal POSIX mode such as "660" or "0600"')
+        return mode
+    return value
+
+
+def id_range(lo: int, hi: int) -> Rule:
+    """``"START-END"``, ``"START,END"`` or ``[START, END]`` (empty = unset) within ``lo..hi``."""
+
+    def parse(value: Any) -> Any:
+        if value is None or isinstance(value, IdRange):
+            return value
         parsed = parse_id_range(value, lo=lo, hi=hi)
         if isinstance(parsed, str):
-            if var is not None:
-                self._env_fail(key, var, parsed)
-            self.fail(key, parsed)
+            raise FieldProblem("", parsed)
         return parsed
 
-    def checked(self, key: str, value: str, problem: str | None) -> str:
-        """Raise for ``key`` if a validator returned a problem; else return ``value``."""
-        if problem:
-            var = None
-            if self.env is not None:
-                hit = self.env.lookup(self.key_path(key))
-                var = hit[0] if hit else None
-            if var is not None:
-                self._env_fail(key, var, problem)
-            self.fail(key, problem)
-        return value
-
-    # -- nesting
-
-    def opt_table(self, key: str) -> Section:
-        """A sub-section (empty when absent); environment overrides carry over."""
-        value, _ = self._raw(key, False)
-        if value is _MISSING:
-            value = {}
-        if not isinstance(value, dict):
-            self.fail(key, f"expected a table, got {_type_name(value)}")
-        return Section(value, self.key_path(key), self.file, self.env)
-
-    def tables(self) -> Iterator[tuple[str, Section]]:
-        """Iterate ``name -> sub-section`` for a table of tables (e.g. ``profiles.*``)."""
-        for name, value in self.data.items():
-            self._known.add(name)
-            if not isinstance(value, dict):
-                self.fail(name, f"expected a table, got {_type_name(value)}")
-            yield name, Section(value, self.key_path(name), self.file, None)
-
-    def array_of_tables(self, key: str, *, required: bool = False) -> list[Section]:
-        """Sections for ``[[x.key]]`` or ``key = [{...}, ...]`` entries, with ``key[i]`` paths."""
-        value, _ = self._raw(key, False)
-        if value is _MISSING:
-            if required:
-                self.fail(key, "required key is missing")
-            return []
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            self.fail(key, "expected an array of tables")
-        return [
-            Section(v, f"{self.key_path(key)}[{i}]", self.file, None) for i, v in enumerate(value)
-        ]
+    return Rule(before=parse)
 
 
-def _did_you_mean(key: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def aeron_dir_problem(value: str) -> str | None:
+    """The one check of a media driver directory (#26.5): absolute, never a system root.
+
+    "" is allowed (each config gives it its meaning). #13.1: a media driver empties its
+    directory, so ``/``, ``/etc``, ``$HOME``, ``/tmp``, ``/dev/shm`` ... are refused.
+    """
+    if not value:
+        return None
+    if not os.path.isabs(value):
+        return "must be an absolute path (or empty)"
+    return unsafe_root_reason(value)
+
+
+def abs_dir_problem(value: str) -> str | None:
+    """A directory in ``shm:file`` URIs: absolute, no ``?``, ``|`` or whitespace, not too long."""
+    if not value.startswith("/"):
+        return f"{value!r} must be an absolute path"
+    if any(c in value for c in "?|") or any(c.isspace() for c in value):
+        return f"{value!r} must not contain '?', '|' or whitespace (shm:file URI rules)"
+    return check_path_length(value)
+
+
+def shm_dir_problem(value: str) -> str | None:
+    """A directory regions are created in: :func:`abs_dir_problem`, and never a system or
+    shared root (#13.1)."""
+    return abs_dir_problem(value) or unsafe_root_reason(value)
+
+
+def _normpath(value: Any) -> Any:
+    return posixpath.normpath(value) if isinstance(value, str) and value.startswith("/") else value
+
+
+Bool = Annotated[bool, Rule()]
+Str = Annotated[str, Rule()]
+#: A positive count or period (``lo=1``) and a non-negative one.
+Positive = Annotated[int, int_in(1, UINT32_MAX)]
+NonNegative = Annotated[int, int_in(0, UINT32_MAX)]
+#: Aeron stream ids are int32 (tensorpool uses the positive ones); data stream ids are uint32
+#: with 0xFFFFFFFF the SBE null value.
+AeronStreamId = Annotated[int, int_in(1, INT32_MAX)]
+DataStreamId = Annotated[int, int_in(1, UINT32_MAX - 1)]
+Channel = Annotated[str, Rule(check_aeron_channel)]
+#: One directory name inside SHM paths (namespace, instance id).
+PathName = Annotated[str, Rule(check_path_component)]
+NonEmpty = Annotated[str, Rule(lambda v: None if v.strip() else "must not be empty")]
+AeronDir = Annotated[str, Rule(aeron_dir_problem)]
+#: A directory named in region URIs (an allowed base), and one regions are created in.
+AbsDir = Annotated[str, Rule(abs_dir_problem, before=_normpath)]
+ShmDir = Annotated[str, Rule(shm_dir_problem, before=_normpath)]
+Bind = Annotated[str, Rule(check_bind)]
+OctalMode = Annotated[int, Rule(before=_octal_mode)]

@@ -11,8 +11,9 @@ were bounded by uint32-1 in two configs and int32 in two others. Now:
   agree on: control (announces, SHM-driver requests), descriptors, QoS and metadata. The client
   settings, the driver's ``[driver]`` table, the rate limiter's and bridge's view of the local
   driver and the Spark options all embed it, so they share its defaults and its validator.
-* :func:`channel_problem` / :func:`aeron_stream_id_problem` are the one validator; TOML configs
-  read the pairs through :func:`read_endpoints`, which reports a bad value as a
+* :func:`channel_problem` / :func:`aeron_stream_id_problem` are the one validator. The fields
+  carry it as their type (``Channel``, ``AeronStreamId``), so the TOML configs, whose tables
+  extend this class (:class:`~tensorpool.config_schema.EndpointKeys`), report a bad value as a
   :class:`~tensorpool.config_util.ConfigError` naming the file and key (environment overrides
   included), and Python callers get a ``ValueError`` naming the field.
 * the deployment defaults (namespace, SHM base directory, media-driver directory) live here too,
@@ -38,11 +39,16 @@ functions, which look at the host.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from tensorpool.config_util import INT32_MAX, UINT32_MAX, Section, check_aeron_channel
+from tensorpool.config_util import (
+    INT32_MAX,
+    UINT32_MAX,
+    AeronStreamId,
+    Channel,
+    check_aeron_channel,
+)
 
 __all__ = [
     "DEFAULT_CONTROL_STREAM_ID",
@@ -63,7 +69,6 @@ __all__ = [
     "data_stream_id_problem",
     "default_aeron_dir",
     "default_shm_base_dir",
-    "read_endpoints",
 ]
 
 IPC_CONTROL: Final = "aeron:ipc?term-length=4m"
@@ -156,14 +161,14 @@ class Endpoints:
     the field.
     """
 
-    control_channel: str = IPC_CONTROL
-    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
-    descriptor_channel: str = IPC_DESCRIPTORS
-    descriptor_stream_id: int = DEFAULT_DESCRIPTOR_STREAM_ID
-    qos_channel: str = IPC_CONTROL
-    qos_stream_id: int = DEFAULT_QOS_STREAM_ID
-    metadata_channel: str = IPC_CONTROL
-    metadata_stream_id: int = DEFAULT_METADATA_STREAM_ID
+    control_channel: Channel = IPC_CONTROL
+    control_stream_id: AeronStreamId = DEFAULT_CONTROL_STREAM_ID
+    descriptor_channel: Channel = IPC_DESCRIPTORS
+    descriptor_stream_id: AeronStreamId = DEFAULT_DESCRIPTOR_STREAM_ID
+    qos_channel: Channel = IPC_CONTROL
+    qos_stream_id: AeronStreamId = DEFAULT_QOS_STREAM_ID
+    metadata_channel: Channel = IPC_CONTROL
+    metadata_stream_id: AeronStreamId = DEFAULT_METADATA_STREAM_ID
 
     def __post_init__(self) -> None:
         check_endpoints(self)
@@ -193,35 +198,3 @@ def check_endpoints(obj: Any) -> None:
 
 _FIELD_NAMES: Final = tuple(f.name for f in fields(Endpoints))
 DEFAULT_ENDPOINTS: Final = Endpoints()
-
-
-def read_channel(sec: Section, key: str, default: str | None) -> str:
-    """``key`` of ``sec`` as a channel URI (required when ``default`` is None), env included."""
-    value = sec.req_str(key, env=True) if default is None else sec.opt_str(key, default, env=True)
-    return sec.checked(key, value, channel_problem(value))
-
-
-def read_aeron_stream_id(sec: Section, key: str, default: int | None) -> int:
-    """``key`` of ``sec`` as an Aeron stream id (required when ``default`` is None)."""
-    if default is None:
-        return sec.req_int(key, lo=1, hi=MAX_AERON_STREAM_ID, env=True)
-    return sec.opt_int(key, default, lo=1, hi=MAX_AERON_STREAM_ID, env=True)
-
-
-def read_endpoints(
-    sec: Section, defaults: Endpoints = DEFAULT_ENDPOINTS, **overrides: Any
-) -> dict[str, Any]:
-    """The ``<name>_channel`` / ``<name>_stream_id`` keys of one TOML table, validated.
-
-    Returns keyword arguments for :class:`Endpoints` or a subclass (so a subclass can add its
-    own fields); a missing key takes its value from ``overrides`` and then ``defaults``.
-    Environment overrides follow :mod:`tensorpool.config_util`; a bad value is one
-    :class:`~tensorpool.config_util.ConfigError` naming the file and the dotted key.
-    """
-    base: Mapping[str, Any] = {n: getattr(defaults, n) for n in _FIELD_NAMES} | overrides
-    out: dict[str, Any] = {}
-    for name in ENDPOINT_NAMES:
-        ch, sid = f"{name}_channel", f"{name}_stream_id"
-        out[ch] = read_channel(sec, ch, base[ch])
-        out[sid] = read_aeron_stream_id(sec, sid, base[sid])
-    return out

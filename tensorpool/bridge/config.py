@@ -42,7 +42,7 @@ control, metadata, QoS, descriptor, payload or statically configured stream id, 
 small for the mappings that need it (§4); duplicate or feedback-prone mappings (§2.3).
 
 Loading has no side effects; environment overrides follow
-:mod:`tensorpool.config_util` (``BRIDGE_INSTANCE_ID``, ``LOCAL_AERON_DIR``, … or the
+:mod:`tensorpool.config_schema` (``BRIDGE_INSTANCE_ID``, ``LOCAL_AERON_DIR``, … or the
 ``TENSORPOOL_``-prefixed spelling).
 """
 
@@ -53,33 +53,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Annotated, Any, Final, NoReturn
 
+from tensorpool import config_schema as cs
 from tensorpool.client.settings import SEC, ClientSettings
-from tensorpool.config_util import (
-    UINT16_MAX,
-    ConfigError,
-    EnvOverrides,
-    IdRange,
-    Section,
-    check_bind,
-    check_path_component,
-    is_power_of_two,
-    load_toml,
-)
+from tensorpool.config_schema import ConfigError
+from tensorpool.config_util import UINT16_MAX, check_aeron_channel
 from tensorpool.endpoints import (
     DEFAULT_METADATA_STREAM_ID,
     DEFAULT_NAMESPACE,
     MAX_AERON_STREAM_ID,
     MAX_DATA_STREAM_ID,
     Endpoints,
-    channel_problem,
     config_aeron_dir,
     default_shm_base_dir,
-    read_endpoints,
 )
-from tensorpool.fsafety import unsafe_root_reason
-from tensorpool.shm.layout import PoolConfig
+from tensorpool.shm.profiles import HeaderSlots, ProfileConfig, ProfileTable
 from tensorpool.transport.channels import ChannelError, channel_mtu
 from tensorpool.transport.config import TransportConfig
 
@@ -96,7 +85,7 @@ __all__ = [
     "ConfigError",
     "LocalSettings",
     "MappingRole",
-    "ProfileSpec",
+    "ProfileConfig",
     "effective_chunk_bytes",
     "load_bridge_config",
     "parse_bridge_config",
@@ -146,15 +135,6 @@ def effective_chunk_bytes(mtu_bytes: int, chunk_bytes: int, max_chunk_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
-class ProfileSpec:
-    """Destination geometry for standalone receivers (``[profiles.<name>]``)."""
-
-    name: str
-    header_nslots: int
-    pools: tuple[PoolConfig, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class BridgeMapping:
     """One bridged stream; ``dest_stream_id``/``metadata_stream_id`` are already resolved.
 
@@ -182,36 +162,108 @@ class BridgeMapping:
         return f"{self.source_stream_id}->{self.dest_stream_id}"
 
 
-@dataclass(frozen=True, slots=True)
-class BridgeSettings:
-    """``[bridge]`` after defaults and validation."""
+def _role(value: str) -> str | None:
+    if value in ("", *MappingRole):
+        return None
+    return f"{value!r} is not one of 'sender', 'receiver', 'both'"
 
-    instance_id: str
-    payload_channel: str
-    payload_stream_id: int
-    control_channel: str
-    control_stream_id: int
-    receive_payload_channel: str
-    receive_control_channel: str
-    receive_metadata_channel: str
-    mtu_bytes: int = DEFAULT_MTU_BYTES
-    chunk_bytes: int = 0
-    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    dest_stream_id_range: IdRange | None = None
-    forward_metadata: bool = True
-    metadata_channel: str = ""
-    metadata_stream_id: int = 0
-    source_metadata_stream_id: int = DEFAULT_METADATA_STREAM_ID
-    forward_qos: bool = False
-    forward_progress: bool = False
-    assembly_timeout_ms: int = DEFAULT_ASSEMBLY_TIMEOUT_MS
+
+def _optional_channel(value: str) -> str | None:
+    return None if value == "" else check_aeron_channel(value)
+
+
+#: A ``role`` key ("" = not set here).
+_Role = Annotated[str, cs.Rule(_role)]
+#: A stream id where 0 means "disabled" or "not set".
+_AeronIdOr0 = Annotated[int, cs.int_in(0, MAX_AERON_STREAM_ID)]
+_DataIdOr0 = Annotated[int, cs.int_in(0, MAX_DATA_STREAM_ID)]
+
+
+@cs.table
+class BridgeSettings(cs.Table):
+    """``[bridge]`` (§10); unset ``receive_*`` channels are the sending ones, an unset
+    ``mtu_bytes`` is the payload channel's ``mtu=`` or Aeron's default."""
+
+    instance_id: cs.NonEmpty
+    payload_channel: cs.Channel
+    payload_stream_id: cs.AeronStreamId
+    control_channel: cs.Channel
+    control_stream_id: cs.AeronStreamId
+    receive_payload_channel: cs.Channel | None = None
+    receive_control_channel: cs.Channel | None = None
+    receive_metadata_channel: Annotated[str, cs.Rule(_optional_channel)] | None = None
+    mtu_bytes: Annotated[int, cs.int_in(MTU_HEADROOM_BYTES + 1, 65535)] | None = None
+    chunk_bytes: Annotated[int, cs.int_in(0, UINT16_MAX)] = 0
+    max_chunk_bytes: Annotated[int, cs.int_in(1, UINT16_MAX)] = DEFAULT_MAX_CHUNK_BYTES
+    max_payload_bytes: Annotated[int, cs.int_in(1, _SCHEMA_MAX_PAYLOAD)] = DEFAULT_MAX_PAYLOAD_BYTES
+    dest_stream_id_range: Annotated[cs.IdRange | None, cs.id_range(1, MAX_DATA_STREAM_ID)] = None
+    forward_metadata: cs.Bool | None = None
+    """None (unset): forward when ``metadata_channel`` is set; true without it is an error."""
+    metadata_channel: Annotated[str, cs.Rule(_optional_channel)] = ""
+    metadata_stream_id: _AeronIdOr0 = 0
+    source_metadata_stream_id: cs.AeronStreamId = DEFAULT_METADATA_STREAM_ID
+    forward_qos: cs.Bool = False
+    forward_progress: cs.Bool = False
+    assembly_timeout_ms: Annotated[int, cs.int_in(1, 3_600_000)] = DEFAULT_ASSEMBLY_TIMEOUT_MS
+    role: _Role = ""
+    """The role of mappings that do not name their own ("" = each mapping must)."""
     #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: str = ""
+    metrics_bind: cs.Bind = ""
+
+    def __post_init__(self) -> None:
+        for name in ("payload", "control", "metadata"):
+            if getattr(self, f"receive_{name}_channel") is None:
+                cs.resolve(self, **{f"receive_{name}_channel": getattr(self, f"{name}_channel")})
+        try:
+            channel_mtu_value = channel_mtu(self.payload_channel)
+        except ChannelError as exc:
+            raise cs.FieldProblem("payload_channel", str(exc)) from None
+        if self.mtu_bytes is None:
+            cs.resolve(self, mtu_bytes=channel_mtu_value or DEFAULT_MTU_BYTES)
+        if self.forward_metadata and not self.metadata_channel:
+            raise cs.FieldProblem(
+                "forward_metadata",
+                "metadata forwarding is enabled but bridge.metadata_channel is not set "
+                "(set it, or forward_metadata = false) (§7.1)",
+            )
+        if self.forward_metadata is not False and self.metadata_channel:  # noqa: SIM102
+            if self.metadata_stream_id == 0:
+                raise cs.FieldProblem(
+                    "metadata_stream_id",
+                    "metadata forwarding needs a nonzero bridge.metadata_stream_id (§7.1)",
+                )
+        if self.metadata_channel and self.metadata_stream_id:
+            clash = {self.payload_stream_id: "payload", self.control_stream_id: "control"}
+            same = self.metadata_channel in (self.payload_channel, self.control_channel)
+            if self.metadata_stream_id in clash and same:
+                raise cs.FieldProblem(
+                    "metadata_stream_id",
+                    f"{self.metadata_stream_id} is also the bridge "
+                    f"{clash[self.metadata_stream_id]}_stream_id on the same channel",
+                )
+        if (self.payload_stream_id, self.payload_channel) == (
+            self.control_stream_id,
+            self.control_channel,
+        ):
+            raise cs.FieldProblem(
+                "control_stream_id", "payload and control share one channel and stream id"
+            )
+        chunk = self.chunk_size
+        if chunk < 1:
+            raise cs.FieldProblem("mtu_bytes", f"effective chunk size is {chunk} bytes")
+        needed = chunk + CHUNK_MESSAGE_OVERHEAD + _AERON_DATA_HEADER
+        if channel_mtu_value is not None and needed > channel_mtu_value:
+            raise cs.FieldProblem(
+                "chunk_bytes",
+                f"a {chunk}-byte chunk needs a {needed}-byte Aeron frame but payload_channel has "
+                f"mtu={channel_mtu_value}: lower chunk_bytes/mtu_bytes or raise the channel mtu "
+                "(§5.2: chunks should fit the MTU)",
+            )
 
     @property
     def chunk_size(self) -> int:
         """Effective chunk size (§10) — also the receiver's ``chunkLength`` bound (§5.2)."""
+        assert self.mtu_bytes is not None  # resolved in __post_init__
         return effective_chunk_bytes(self.mtu_bytes, self.chunk_bytes, self.max_chunk_bytes)
 
     @property
@@ -221,32 +273,51 @@ class BridgeSettings:
     @property
     def metadata_enabled(self) -> bool:
         """§7.1: forwarding runs only with a channel and a stream id."""
-        return self.forward_metadata and bool(self.metadata_channel) and self.metadata_stream_id > 0
+        return (
+            self.forward_metadata is not False
+            and bool(self.metadata_channel)
+            and self.metadata_stream_id > 0
+        )
+
+    def warnings(self) -> list[str]:
+        """Suspicious but legal settings, for the command to log at start-up."""
+        out = []
+        if self.forward_metadata is None and not self.metadata_channel:
+            out.append("metadata forwarding disabled: bridge.metadata_channel is not set (§7.1)")
+        needed = self.chunk_size + CHUNK_MESSAGE_OVERHEAD + _AERON_DATA_HEADER
+        if channel_mtu(self.payload_channel) is None and needed > DEFAULT_MTU_BYTES:
+            out.append(
+                f"{self.chunk_size}-byte chunks exceed Aeron's default MTU ({DEFAULT_MTU_BYTES}) "
+                f"and will be fragmented: add mtu=... (>= {needed}, a multiple of 32) to "
+                "payload_channel"
+            )
+        return out
 
 
-@dataclass(frozen=True, slots=True)
-class LocalSettings:
-    """``[local]``: this host's media driver, SHM driver and local streams."""
+@cs.table
+class LocalSettings(cs.EndpointKeys):
+    """``[local]``: this host's media driver, SHM driver and local streams; the endpoints and
+    ``aeron_dir`` are the shared :class:`~tensorpool.config_schema.EndpointKeys`."""
 
-    aeron_dir: str | None = ""
-    """None = embedded media driver (IPC then only reaches this process); "" = the tensorpool
-    default directory, as in every config (:func:`~tensorpool.endpoints.config_aeron_dir`);
-    else the directory of the host's media driver."""
-    driver_mode: bool = True
-    shm_base_dir: str = field(default_factory=default_shm_base_dir)
-    namespace: str = DEFAULT_NAMESPACE
-    allowed_base_dirs: tuple[str, ...] = ()
-    channels: Endpoints = field(default_factory=Endpoints)
-    """The local control-plane endpoints (#14.1: the same type and defaults as every client)."""
-    announce_period_ms: int = 1000
-    attach_timeout_ms: int = 5000
+    embedded_media_driver: cs.Bool = False
+    """True: a private embedded media driver (IPC then only reaches this process)."""
+    driver_mode: cs.Bool = True
+    shm_base_dir: cs.ShmDir = field(default_factory=default_shm_base_dir)
+    namespace: cs.PathName = DEFAULT_NAMESPACE
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+    announce_period_ms: Annotated[int, cs.int_in(1, 3_600_000)] = 1000
+    attach_timeout_ms: Annotated[int, cs.int_in(1, 600_000)] = 5000
+
+    @property
+    def channels(self) -> Endpoints:
+        """The local control-plane endpoints (#14.1: the same type as every client's)."""
+        return self.endpoints
 
     def client_settings(self) -> ClientSettings:
         """The settings the bridge's local consumers and producers use."""
+        aeron_dir = None if self.embedded_media_driver else config_aeron_dir(self.aeron_dir)
         return ClientSettings(
-            transport=TransportConfig(
-                aeron_dir=None if self.aeron_dir is None else config_aeron_dir(self.aeron_dir)
-            ),
+            transport=TransportConfig(aeron_dir=aeron_dir),
             channels=self.channels,
             shm_base_dir=self.shm_base_dir,
             namespace=self.namespace,
@@ -261,7 +332,7 @@ class BridgeConfig:
     bridge: BridgeSettings
     local: LocalSettings
     mappings: tuple[BridgeMapping, ...]
-    profiles: Mapping[str, ProfileSpec]
+    profiles: Mapping[str, ProfileConfig]
     source: str = "<memory>"
     reserved_stream_ids: frozenset[int] = frozenset()
     """Every stream id the configuration uses; a runtime remap of an allocated destination
@@ -285,288 +356,99 @@ class BridgeConfig:
 # --------------------------------------------------------------------------- loading
 
 
+@cs.table
+class _Profile(ProfileTable):
+    """``[profiles.<name>]`` of standalone receivers (64 header slots unless set)."""
+
+    header_nslots: HeaderSlots = 64
+
+
+@cs.table
+class _MappingTable(cs.Table):
+    """``[[mappings]]`` as written (§10); 0 ids mean "allocate" / "disabled"."""
+
+    source_stream_id: cs.DataStreamId
+    profile: cs.NonEmpty
+    dest_stream_id: _DataIdOr0 = 0
+    metadata_stream_id: _DataIdOr0 = 0
+    source_control_stream_id: _AeronIdOr0 = 0
+    dest_control_stream_id: _AeronIdOr0 = 0
+    role: _Role = ""
+
+
+@cs.table
+class _BridgeFile(cs.Table):
+    bridge: BridgeSettings
+    mappings: tuple[_MappingTable, ...]
+    local: LocalSettings = field(default_factory=LocalSettings)
+    profiles: dict[str, _Profile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.mappings:
+            raise cs.FieldProblem("mappings", "at least one [[mappings]] entry is required")
+        for i, m in enumerate(self.mappings):
+            if not (m.role or self.bridge.role):
+                raise cs.FieldProblem(
+                    f"mappings[{i}].role",
+                    "required (or set bridge.role): 'sender' on the host that owns the source "
+                    "stream, 'receiver' on the destination host (§2.3)",
+                )
+            b = self.bridge
+            if (b.forward_progress or b.forward_qos) and 0 in (
+                m.source_control_stream_id,
+                m.dest_control_stream_id,
+            ):
+                what = "forward_progress" if b.forward_progress else "forward_qos"
+                key = "source" if m.source_control_stream_id == 0 else "dest"
+                raise cs.FieldProblem(
+                    f"mappings[{i}].{key}_control_stream_id",
+                    f"bridge.{what} = true needs nonzero source_control_stream_id and "
+                    "dest_control_stream_id for every mapping (§9)",
+                )
+        for name, profile in self.profiles.items():
+            for i, pool in enumerate(profile.payload_pools):
+                if pool.stride_bytes < 4096:
+                    raise cs.FieldProblem(
+                        f"profiles.{name}.payload_pools[{i}].stride_bytes",
+                        f"{pool.stride_bytes} must be a power of two >= 4096",
+                    )
+
+
 def load_bridge_config(
     path: str | os.PathLike[str], env: Mapping[str, str] | None = None
 ) -> BridgeConfig:
     """Load and validate a bridge TOML file (``env`` defaults to ``os.environ``)."""
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_bridge_config(data, source=file, env=os.environ if env is None else env)
+    return cs.load_file(path, parse_bridge_config, env)
 
 
 def parse_bridge_config(
     data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
 ) -> BridgeConfig:
     """Validate an already-parsed TOML document."""
-    root = Section(data, "", source, EnvOverrides(env))
-    bridge_sec = root.opt_table("bridge")
-    local_sec = root.opt_table("local")
-    profiles_sec = root.opt_table("profiles")
-    mapping_secs = root.array_of_tables("mappings", required=True)
-    root.finish()
-    if not mapping_secs:
-        root.fail("mappings", "at least one [[mappings]] entry is required")
-
-    warnings: list[str] = []
-    bridge, default_role = _parse_bridge(bridge_sec, warnings)
-    local = _parse_local(local_sec)
-    profiles = _parse_profiles(profiles_sec)
-    raw = [_parse_mapping(sec, i, default_role, bridge) for i, sec in enumerate(mapping_secs)]
+    f = cs.parse_file(_BridgeFile, data, source, env)
+    profiles = {name: p.profile(name) for name, p in f.profiles.items()}
     reserved: dict[int, str] = {}
-    mappings = _resolve_mappings(raw, mapping_secs, bridge, local, profiles, bridge_sec, reserved)
+    mappings = _resolve_mappings(f, profiles, reserved, source)
     return BridgeConfig(
-        bridge=bridge,
-        local=local,
+        bridge=f.bridge,
+        local=f.local,
         mappings=mappings,
         profiles=profiles,
         source=source,
         reserved_stream_ids=frozenset(reserved),
-        warnings=tuple(warnings),
+        warnings=tuple(f.bridge.warnings()),
     )
-
-
-def _stream_id(sec: Section, key: str, default: int | None = None, *, lo: int = 1) -> int:
-    """An Aeron stream id of the ``[bridge]`` table (0 allowed where ``lo=0``: disabled)."""
-    if default is None:
-        return sec.req_int(key, lo=lo, hi=_MAX_AERON_ID, env=True)
-    return sec.opt_int(key, default, lo=lo, hi=_MAX_AERON_ID, env=True)
-
-
-def _channel(sec: Section, key: str, default: str | None = None) -> str:
-    """A channel URI; ``""`` stays empty (disabled) where that is the default."""
-    value = sec.req_str(key, env=True) if default is None else sec.opt_str(key, default, env=True)
-    if value == "" and default == "":
-        return value
-    return sec.checked(key, value, channel_problem(value))
-
-
-def _parse_bridge(sec: Section, warnings: list[str]) -> tuple[BridgeSettings, MappingRole | None]:
-    instance_id = sec.req_str("instance_id", env=True)
-    if not instance_id.strip():
-        sec.fail("instance_id", "must not be empty")
-    payload_channel = _channel(sec, "payload_channel")
-    payload_stream_id = _stream_id(sec, "payload_stream_id")
-    control_channel = _channel(sec, "control_channel")
-    control_stream_id = _stream_id(sec, "control_stream_id")
-    metadata_channel = _channel(sec, "metadata_channel", "")
-    receive_payload = _channel(sec, "receive_payload_channel", payload_channel)
-    receive_control = _channel(sec, "receive_control_channel", control_channel)
-    receive_metadata = _channel(sec, "receive_metadata_channel", metadata_channel)
-
-    try:
-        channel_mtu_value = channel_mtu(payload_channel)
-    except ChannelError as exc:
-        sec.fail("payload_channel", str(exc))
-    mtu_default = channel_mtu_value if channel_mtu_value is not None else DEFAULT_MTU_BYTES
-    mtu_bytes = sec.opt_int("mtu_bytes", mtu_default, lo=MTU_HEADROOM_BYTES + 1, hi=65535, env=True)
-    chunk_bytes = sec.opt_int("chunk_bytes", 0, lo=0, hi=UINT16_MAX, env=True)
-    max_chunk_bytes = sec.opt_int(
-        "max_chunk_bytes", DEFAULT_MAX_CHUNK_BYTES, lo=1, hi=UINT16_MAX, env=True
-    )
-    max_payload_bytes = sec.opt_int(
-        "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES, lo=1, hi=_SCHEMA_MAX_PAYLOAD, env=True
-    )
-    dest_range = sec.opt_range("dest_stream_id_range", lo=1, hi=_MAX_DATA_ID, env=True)
-    explicit_forward_metadata = sec.has("forward_metadata")
-    forward_metadata = sec.opt_bool("forward_metadata", True, env=True)
-    metadata_stream_id = _stream_id(sec, "metadata_stream_id", 0, lo=0)
-    source_metadata_stream_id = _stream_id(
-        sec, "source_metadata_stream_id", DEFAULT_METADATA_STREAM_ID
-    )
-    forward_qos = sec.opt_bool("forward_qos", False, env=True)
-    forward_progress = sec.opt_bool("forward_progress", False, env=True)
-    timeout_ms = sec.opt_int(
-        "assembly_timeout_ms", DEFAULT_ASSEMBLY_TIMEOUT_MS, lo=1, hi=3_600_000, env=True
-    )
-    role_text = sec.opt_str("role", "", env=True)
-    default_role = _role(sec, "role", role_text) if role_text else None
-    metrics_bind = sec.opt_str("metrics_bind", "", env=True)
-    sec.checked("metrics_bind", metrics_bind, check_bind(metrics_bind))
-    sec.finish()
-
-    if forward_metadata and not metadata_channel:
-        if explicit_forward_metadata:
-            sec.fail(
-                "forward_metadata",
-                "metadata forwarding is enabled but bridge.metadata_channel is not set "
-                "(set it, or forward_metadata = false) (§7.1)",
-            )
-        warnings.append("metadata forwarding disabled: bridge.metadata_channel is not set (§7.1)")
-    if forward_metadata and metadata_channel and metadata_stream_id == 0:
-        sec.fail(
-            "metadata_stream_id",
-            "metadata forwarding needs a nonzero bridge.metadata_stream_id (§7.1)",
-        )
-    if metadata_channel and metadata_stream_id:
-        clash = {payload_stream_id: "payload", control_stream_id: "control"}
-        if metadata_stream_id in clash and metadata_channel in (payload_channel, control_channel):
-            sec.fail(
-                "metadata_stream_id",
-                f"{metadata_stream_id} is also the bridge "
-                f"{clash[metadata_stream_id]}_stream_id on the same channel",
-            )
-    if payload_stream_id == control_stream_id and payload_channel == control_channel:
-        sec.fail("control_stream_id", "payload and control share one channel and stream id")
-
-    settings = BridgeSettings(
-        instance_id=instance_id,
-        payload_channel=payload_channel,
-        payload_stream_id=payload_stream_id,
-        control_channel=control_channel,
-        control_stream_id=control_stream_id,
-        receive_payload_channel=receive_payload,
-        receive_control_channel=receive_control,
-        receive_metadata_channel=receive_metadata,
-        mtu_bytes=mtu_bytes,
-        chunk_bytes=chunk_bytes,
-        max_chunk_bytes=max_chunk_bytes,
-        max_payload_bytes=max_payload_bytes,
-        dest_stream_id_range=dest_range,
-        forward_metadata=forward_metadata and bool(metadata_channel),
-        metadata_channel=metadata_channel,
-        metadata_stream_id=metadata_stream_id,
-        source_metadata_stream_id=source_metadata_stream_id,
-        forward_qos=forward_qos,
-        forward_progress=forward_progress,
-        assembly_timeout_ms=timeout_ms,
-        metrics_bind=metrics_bind,
-    )
-    chunk = settings.chunk_size
-    if chunk < 1:
-        sec.fail("mtu_bytes", f"effective chunk size is {chunk} bytes")
-    needed = chunk + CHUNK_MESSAGE_OVERHEAD + _AERON_DATA_HEADER
-    if channel_mtu_value is not None and needed > channel_mtu_value:
-        sec.fail(
-            "chunk_bytes",
-            f"a {chunk}-byte chunk needs a {needed}-byte Aeron frame but payload_channel has "
-            f"mtu={channel_mtu_value}: lower chunk_bytes/mtu_bytes or raise the channel mtu "
-            "(§5.2: chunks should fit the MTU)",
-        )
-    if channel_mtu_value is None and needed > DEFAULT_MTU_BYTES:
-        warnings.append(
-            f"{chunk}-byte chunks exceed Aeron's default MTU ({DEFAULT_MTU_BYTES}) and will be "
-            f"fragmented: add mtu=... (>= {needed}, a multiple of 32) to payload_channel"
-        )
-    return settings, default_role
-
-
-def _role(sec: Section, key: str, text: str) -> MappingRole:
-    try:
-        return MappingRole(text)
-    except ValueError:
-        sec.fail(key, f"{text!r} is not one of 'sender', 'receiver', 'both'")
-
-
-def _parse_local(sec: Section) -> LocalSettings:
-    embedded = sec.opt_bool("embedded_media_driver", False, env=True)
-    aeron_dir: str | None = sec.opt_str("aeron_dir", "", env=True)
-    if embedded:
-        aeron_dir = None
-    elif aeron_dir:  # #13.1: never a system or shared root
-        sec.checked("aeron_dir", aeron_dir, unsafe_root_reason(aeron_dir))
-    base = sec.opt_str("shm_base_dir", default_shm_base_dir(), env=True)
-    if not os.path.isabs(base):
-        sec.fail("shm_base_dir", f"must be an absolute path, got {base!r}")
-    sec.checked("shm_base_dir", base, unsafe_root_reason(base))
-    namespace = sec.opt_str("namespace", DEFAULT_NAMESPACE, env=True)
-    sec.checked("namespace", namespace, check_path_component(namespace))
-    allowed = sec.opt_str_list("allowed_base_dirs", (), env=True)
-    for d in allowed:
-        if not os.path.isabs(d):
-            sec.fail("allowed_base_dirs", f"{d!r} is not an absolute path")
-    channels = Endpoints(**read_endpoints(sec))  # #14.1: one type, defaults and validator
-    local = LocalSettings(
-        aeron_dir=aeron_dir,
-        driver_mode=sec.opt_bool("driver_mode", True, env=True),
-        shm_base_dir=base,
-        namespace=namespace,
-        allowed_base_dirs=tuple(allowed),
-        channels=channels,
-        announce_period_ms=sec.opt_int("announce_period_ms", 1000, lo=1, hi=3_600_000, env=True),
-        attach_timeout_ms=sec.opt_int("attach_timeout_ms", 5000, lo=1, hi=600_000, env=True),
-    )
-    sec.finish()
-    return local
-
-
-def _parse_profiles(sec: Section) -> dict[str, ProfileSpec]:
-    profiles: dict[str, ProfileSpec] = {}
-    for name, psec in sec.tables():
-        nslots = psec.opt_int("header_nslots", 64, lo=1, hi=1 << 24)
-        if not is_power_of_two(nslots):
-            psec.fail("header_nslots", f"{nslots} is not a power of two")
-        pools: list[PoolConfig] = []
-        seen: set[int] = set()
-        for pool_sec in psec.array_of_tables("payload_pools", required=True):
-            pool_id = pool_sec.req_int("pool_id", lo=1, hi=UINT16_MAX)
-            stride = pool_sec.req_int("stride_bytes", lo=1, hi=_SCHEMA_MAX_PAYLOAD)
-            if not is_power_of_two(stride) or stride < 4096:
-                pool_sec.fail("stride_bytes", f"{stride} must be a power of two >= 4096")
-            if pool_id in seen:
-                pool_sec.fail("pool_id", f"duplicate pool_id {pool_id}")
-            seen.add(pool_id)
-            pool_sec.finish()
-            pools.append(PoolConfig(pool_id, stride))
-        if not pools:
-            psec.fail("payload_pools", "a profile needs at least one payload pool")
-        psec.finish()
-        profiles[name] = ProfileSpec(name, nslots, tuple(pools))
-    return profiles
-
-
-@dataclass(slots=True)
-class _RawMapping:
-    source_stream_id: int
-    dest_stream_id: int
-    profile: str
-    metadata_stream_id: int
-    source_control_stream_id: int
-    dest_control_stream_id: int
-    role: MappingRole
-
-
-def _parse_mapping(
-    sec: Section, index: int, default_role: MappingRole | None, bridge: BridgeSettings
-) -> _RawMapping:
-    source = sec.req_int("source_stream_id", lo=1, hi=_MAX_DATA_ID)
-    dest = sec.opt_int("dest_stream_id", 0, lo=0, hi=_MAX_DATA_ID)
-    profile = sec.req_str("profile")
-    if not profile.strip():
-        sec.fail("profile", "must not be empty")
-    meta = sec.opt_int("metadata_stream_id", 0, lo=0, hi=_MAX_DATA_ID)
-    src_ctl = sec.opt_int("source_control_stream_id", 0, lo=0, hi=_MAX_AERON_ID)
-    dst_ctl = sec.opt_int("dest_control_stream_id", 0, lo=0, hi=_MAX_AERON_ID)
-    role_text = sec.opt_str("role", "")
-    if role_text:
-        role = _role(sec, "role", role_text)
-    elif default_role is not None:
-        role = default_role
-    else:
-        sec.fail(
-            "role",
-            "required (or set bridge.role): 'sender' on the host that owns the source stream, "
-            "'receiver' on the destination host (§2.3)",
-        )
-    sec.finish()
-    if (bridge.forward_progress or bridge.forward_qos) and (src_ctl == 0 or dst_ctl == 0):
-        what = "forward_progress" if bridge.forward_progress else "forward_qos"
-        sec.fail(
-            "source_control_stream_id" if src_ctl == 0 else "dest_control_stream_id",
-            f"bridge.{what} = true needs nonzero source_control_stream_id and "
-            "dest_control_stream_id for every mapping (§9)",
-        )
-    return _RawMapping(source, dest, profile, meta, src_ctl, dst_ctl, role)
 
 
 def _resolve_mappings(
-    raw: list[_RawMapping],
-    secs: list[Section],
-    bridge: BridgeSettings,
-    local: LocalSettings,
-    profiles: Mapping[str, ProfileSpec],
-    bridge_sec: Section,
-    reserved: dict[int, str],
+    f: _BridgeFile, profiles: Mapping[str, ProfileConfig], reserved: dict[int, str], source: str
 ) -> tuple[BridgeMapping, ...]:
+    """Allocate destinations from the range and apply the rules that span mappings (§4, §2.3)."""
+
+    def fail(key: str, reason: str) -> NoReturn:
+        raise ConfigError(source, key, reason)
+
+    bridge, local, raw = f.bridge, f.local, f.mappings
     ch = local.channels
     # Stream ids that a dynamically allocated destination must never take (§4, §10).
     reserved.update(
@@ -598,8 +480,8 @@ def _resolve_mappings(
     if id_range is not None:
         for sid, owner in sorted(reserved.items()):
             if sid in id_range:
-                bridge_sec.fail(
-                    "dest_stream_id_range",
+                fail(
+                    "bridge.dest_stream_id_range",
                     f"range {id_range} overlaps {owner} = {sid}; a bridge range must not "
                     "overlap control, metadata, QoS or statically configured stream ids (§4)",
                 )
@@ -608,45 +490,49 @@ def _resolve_mappings(
     seen_dest: dict[int, int] = {}
     free = iter(id_range) if id_range is not None else iter(())
     out: list[BridgeMapping] = []
-    for i, (m, sec) in enumerate(zip(raw, secs, strict=True)):
+    for i, m in enumerate(raw):
+        role = MappingRole(m.role or bridge.role)
+        where = f"mappings[{i}]"
         allocated = False
         dest = m.dest_stream_id
-        if dest == 0 and m.role.receives:
+        if dest == 0 and role.receives:
             if id_range is None:
-                sec.fail(
-                    "dest_stream_id",
+                fail(
+                    f"{where}.dest_stream_id",
                     "0 (or unset) means 'allocate', which needs bridge.dest_stream_id_range (§4)",
                 )
             dest = next((sid for sid in free if sid not in reserved), 0)
             if dest == 0:
-                bridge_sec.fail(
-                    "dest_stream_id_range",
+                fail(
+                    "bridge.dest_stream_id_range",
                     f"range {id_range} has no free id left for mappings[{i}]",
                 )
             reserved[dest] = f"mappings[{i}].dest_stream_id"
             allocated = True
-        if m.role.receives:
-            if dest == m.source_stream_id and m.role is MappingRole.BOTH:
-                sec.fail("dest_stream_id", "a mapping in both roles cannot write its own source")
+        if role.receives:
+            if dest == m.source_stream_id and role is MappingRole.BOTH:
+                fail(
+                    f"{where}.dest_stream_id", "a mapping in both roles cannot write its own source"
+                )
             if dest in seen_dest:
-                sec.fail(
-                    "dest_stream_id",
+                fail(
+                    f"{where}.dest_stream_id",
                     f"{dest} is already the destination of mappings[{seen_dest[dest]}]: "
                     "a stream has one exclusive producer (§4)",
                 )
             seen_dest[dest] = i
             if not local.driver_mode and m.profile not in profiles:
-                sec.fail(
-                    "profile",
+                fail(
+                    f"{where}.profile",
                     f"no [profiles.{m.profile}] table: standalone receivers "
                     "(local.driver_mode = false) create the destination from it",
                 )
         for receiving in (False, True):
-            if m.role.receives if receiving else m.role.sends:
+            if role.receives if receiving else role.sends:
                 key = (m.source_stream_id, receiving)
                 if key in seen_source:
-                    sec.fail(
-                        "source_stream_id",
+                    fail(
+                        f"{where}.source_stream_id",
                         f"{m.source_stream_id} is already "
                         f"{'received' if receiving else 'sent'} by mappings[{seen_source[key]}]"
                         ": chunks are identified by their source stream id",
@@ -662,22 +548,23 @@ def _resolve_mappings(
                 metadata_stream_id=meta,
                 source_control_stream_id=m.source_control_stream_id,
                 dest_control_stream_id=m.dest_control_stream_id,
-                role=m.role,
+                role=role,
                 dest_allocated=allocated,
             )
         )
-    _check_feedback(out, secs)
+    _check_feedback(out, source)
     return tuple(out)
 
 
-def _check_feedback(mappings: list[BridgeMapping], secs: list[Section]) -> None:
+def _check_feedback(mappings: list[BridgeMapping], source: str) -> None:
     """§2.3: one process receiving into a stream it also sends from would loop frames."""
     sent = {m.source_stream_id: m.index for m in mappings if m.role.sends}
     for m in mappings:
         if m.role.receives and m.dest_stream_id in sent:
             other = sent[m.dest_stream_id]
-            secs[m.index].fail(
-                "dest_stream_id",
+            raise ConfigError(
+                source,
+                f"mappings[{m.index}].dest_stream_id",
                 f"{m.dest_stream_id} is written by this mapping and sent by mappings[{other}] "
                 "in the same process: a feedback loop (§2.3)",
             )

@@ -50,7 +50,7 @@ from tensorpool.bridge.assembler import (
 )
 from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, FrameDrop
-from tensorpool.client.producer import AttachError, FrameClaim, PoolConfig, Producer, StreamConfig
+from tensorpool.client.producer import AttachError, FrameClaim, Producer, StreamConfig
 from tensorpool.client.producer_core import AttachWait
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.shm.errors import ShmError
@@ -355,7 +355,7 @@ class BridgeReceiver:
             stream = StreamConfig(
                 dest.dest_stream_id,
                 header_nslots=prof.header_nslots,
-                pools=tuple(PoolConfig(p.pool_id, p.stride_bytes) for p in prof.pools),
+                pools=prof.payload_pools,
                 name=dest.meta_name or "",
                 summary=dest.meta_summary,
             )

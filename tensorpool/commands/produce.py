@@ -207,8 +207,21 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
 
+    metrics = None
+    if args.metrics_bind:  # #26.6: a taken port is refused before any file is created
+        from tensorpool.observe.metrics import start_metrics
+
+        try:
+            metrics = start_metrics(args.metrics_bind)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     stop = StopSignals((signal.SIGTERM,)).install()
-    ctx = start_context(settings)
+    try:
+        ctx = start_context(settings)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     attach_ns = 0
     try:
         if args.driver:
@@ -233,23 +246,23 @@ def run(args: argparse.Namespace) -> int:
             )
     except (AttachError, StreamBusy) as exc:
         ctx.close()
+        if metrics is not None:
+            metrics.close()
         raise UserError(str(exc)) from None
     except (OSError, ValueError) as exc:
         ctx.close()
+        if metrics is not None:
+            metrics.close()
         raise UserError(f"cannot create SHM regions: {exc}") from None
-    metrics = None
     try:
-        if args.metrics_bind:  # #19.1: read at scrape time, nothing added per frame
+        if metrics is not None:  # #19.1: read at scrape time, nothing added per frame
             from tensorpool.counters import LatencyHistogram
-            from tensorpool.observe.metrics import ProducerCollector, start_metrics
+            from tensorpool.observe.metrics import ProducerCollector
 
             hist = LatencyHistogram() if args.driver else None
             if hist is not None:
                 hist.observe_ns(attach_ns)
-            try:
-                metrics = start_metrics(args.metrics_bind, [ProducerCollector(producer, hist)])
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
+            metrics.add(ProducerCollector(producer, hist))
         if meta:
             producer.set_metadata(meta)
         _loop(producer, pattern, args, lambda: stop.requested)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -78,6 +79,24 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get(ENV_TOKEN) or None
 
 
+def _port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (None: it can, or the kernel picks, port 0).
+
+    gRPC reports a taken port only through its C logger on stderr and a bare "Server did not
+    start properly", so the port is tried here first, with the same address reuse gRPC uses.
+    """
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        return f"--bind {host} --port {port}: cannot listen: {exc.strerror or exc}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from tensorpool.cli import UserError
 
@@ -95,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     settings = client_settings(args)
+    taken = _port_problem(args.bind, args.port)
+    if taken:  # #26.6: one line and nothing attached, instead of gRPC's own log lines
+        raise UserError(taken)
 
     from tensorpool.serve.server import TensorPoolFlightServer
     from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment

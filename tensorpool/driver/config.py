@@ -30,7 +30,7 @@ Keys not in the reference surface are tensorpool extensions, all optional:
 ``dynamic_stream_idle_reclaim_ms`` and ``reserve_shm_for_configured_streams``.
 
 Every scalar key of ``driver``, ``shm`` and ``policies`` can be overridden from the
-environment (see :mod:`tensorpool.config_util`): ``DRIVER_INSTANCE_ID``,
+environment (see :mod:`tensorpool.config_schema`): ``DRIVER_INSTANCE_ID``,
 ``SHM_BASE_DIR``, ``DRIVER_AERON_DIR``, ``POLICIES_SHUTDOWN_TOKEN``, ... or the same
 names prefixed with ``TENSORPOOL_`` (which win). ``SHM_ALLOWED_BASE_DIRS`` is a
 ``os.pathsep``-separated list; ranges use the ``"START-END"`` text form.
@@ -44,53 +44,38 @@ system and shared roots (``/``, ``/etc``, ``$HOME``, ``/tmp``, ``/dev/shm`` ...;
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
+from tensorpool import config_schema as cs
+from tensorpool.config_schema import ConfigError
 from tensorpool.config_util import (
-    UINT16_MAX,
+    UINT32_MAX,
     UINT64_MAX,
-    ConfigError,
-    EnvOverrides,
     IdRange,
-    Section,
-    check_bind,
-    check_path_component,
-    is_power_of_two,
-    load_toml,
-    parse_octal_mode,
+    check_path_length,
     ranges_overlap,
 )
 from tensorpool.endpoints import (
     DEFAULT_CONTROL_STREAM_ID,
-    DEFAULT_DESCRIPTOR_STREAM_ID,
-    DEFAULT_METADATA_STREAM_ID,
     DEFAULT_NAMESPACE,
-    DEFAULT_QOS_STREAM_ID,
     DEFAULT_SHM_BASE_DIR,
     IPC_CONTROL,
     MAX_AERON_STREAM_ID,
     MAX_DATA_STREAM_ID,
-    Endpoints,
-    check_endpoints,
-    read_aeron_stream_id,
-    read_channel,
-    read_endpoints,
 )
-from tensorpool.fsafety import unsafe_root_reason, world_writable_reason
-from tensorpool.shm.layout import MAX_NSLOTS, MAX_STRIDE_BYTES, PoolConfig
+from tensorpool.fsafety import world_writable_reason
+from tensorpool.shm.profiles import HEADER_SLOT_BYTES, HeaderSlots, ProfileConfig, ProfileTable
 
 __all__ = [
     "DEFAULT_ANNOUNCE_PERIOD_MS",
     "DEFAULT_CHANNEL",
     "DEFAULT_CONTROL_STREAM_ID",
-    "DEFAULT_DESCRIPTOR_STREAM_ID",
-    "DEFAULT_METADATA_STREAM_ID",
-    "DEFAULT_QOS_STREAM_ID",
     "HEADER_SLOT_BYTES",
     "ConfigError",
     "DriverConfig",
@@ -104,9 +89,6 @@ __all__ = [
     "parse_driver_config",
 ]
 
-#: Wire Spec v1.1: every header slot is exactly 256 bytes.
-HEADER_SLOT_BYTES = 256
-
 #: The control channel every tensorpool process uses by default (tensorpool.endpoints).
 DEFAULT_CHANNEL = IPC_CONTROL
 DEFAULT_INSTANCE_ID = "driver-01"
@@ -114,7 +96,7 @@ DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
 DEFAULT_PAGE_SIZE = 4096
 #: #13.4: group may read (map read-only), nobody else may write: a writer can truncate a
 #: mapped file and SIGBUS every process mapping it. Cross-user producers need "660".
-DEFAULT_PERMISSIONS = "640"
+DEFAULT_PERMISSIONS = 0o640
 DEFAULT_HEADER_NSLOTS = 1024
 DEFAULT_ANNOUNCE_PERIOD_MS = 1000
 DEFAULT_KEEPALIVE_INTERVAL_MS = 1000
@@ -127,19 +109,10 @@ DEFAULT_MAX_DYNAMIC_STREAMS = 64
 DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT = 4
 DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS = 60_000
 
-# Stream ids of data sources are uint32 with 0xFFFFFFFF reserved as the SBE null value.
-_MAX_STREAM_ID = MAX_DATA_STREAM_ID
 _MS = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileConfig:
-    """Geometry shared by every stream created from this profile."""
-
-    name: str
-    header_nslots: int
-    payload_pools: tuple[PoolConfig, ...]
-    header_slot_bytes: int = HEADER_SLOT_BYTES
+#: The deepest file the driver creates below ``<base_dir>/<namespace>/<instance_id>``
+#: (driver/streams.py), at the largest ids: the path-length check covers every region file.
+_LONGEST_REGION_PATH = "stream-4294967294/epoch-18446744073709551615/payload-65535.pool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,67 +124,121 @@ class ProvisionedStream:
     profile: str
 
 
-@dataclass(frozen=True, slots=True)
-class DriverSettings(Endpoints):
+#: An id range (Driver Model §11) of Aeron stream ids; unset = no range.
+_AeronIdRange = Annotated[cs.IdRange | None, cs.id_range(1, MAX_AERON_STREAM_ID)]
+
+
+@cs.table
+class DriverSettings(cs.EndpointKeys):
     """``[driver]``: identity, media driver and the control-plane endpoints.
 
-    The control/descriptor/QoS/metadata endpoints and their defaults are the deployment's
-    :class:`~tensorpool.endpoints.Endpoints` (the clients' defaults, #14.1); the announce
-    endpoint is the driver's own (default: the control endpoint, where clients listen).
+    The control/descriptor/QoS/metadata endpoints and ``aeron_dir`` are the shared
+    :class:`~tensorpool.config_schema.EndpointKeys` (#14.1, #26.5); the announce endpoint is
+    the driver's own (default: the control endpoint, where clients listen).
     """
 
-    instance_id: str = DEFAULT_INSTANCE_ID
-    aeron_dir: str = ""
-    embedded_media_driver: bool = True
-    announce_channel: str = DEFAULT_CHANNEL
-    announce_stream_id: int = DEFAULT_CONTROL_STREAM_ID
-    stream_id_range: IdRange | None = None
-    descriptor_stream_id_range: IdRange | None = None
-    control_stream_id_range: IdRange | None = None
+    instance_id: cs.PathName = DEFAULT_INSTANCE_ID
+    embedded_media_driver: cs.Bool = True
+    announce_channel: cs.Channel | None = None
+    announce_stream_id: cs.AeronStreamId | None = None
+    stream_id_range: Annotated[cs.IdRange | None, cs.id_range(1, MAX_DATA_STREAM_ID)] = None
+    descriptor_stream_id_range: _AeronIdRange = None
+    control_stream_id_range: _AeronIdRange = None
     #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: str = ""
+    metrics_bind: cs.Bind = ""
 
     def __post_init__(self) -> None:
-        check_endpoints(self)
+        if self.announce_channel is None:
+            cs.resolve(self, announce_channel=self.control_channel)
+        if self.announce_stream_id is None:
+            cs.resolve(self, announce_stream_id=self.control_stream_id)
+        ranges = [(k, r) for k, r in self.ranges() if r is not None]
+        for i, (key_a, a) in enumerate(ranges):  # Driver Model §11
+            for key_b, b in ranges[i + 1 :]:
+                if ranges_overlap(a, b):
+                    raise cs.FieldProblem(key_b, f"range {b} overlaps driver.{key_a} ({a})")
+        for key, rng in ranges:
+            for id_key in ("control", "announce", "qos", "descriptor", "metadata"):
+                value = getattr(self, f"{id_key}_stream_id")
+                if value in rng:
+                    raise cs.FieldProblem(
+                        key, f"range {rng} contains driver.{id_key}_stream_id ({value})"
+                    )
+
+    def ranges(self) -> tuple[tuple[str, cs.IdRange | None], ...]:
+        return (
+            ("stream_id_range", self.stream_id_range),
+            ("descriptor_stream_id_range", self.descriptor_stream_id_range),
+            ("control_stream_id_range", self.control_stream_id_range),
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class ShmConfig:
+@cs.table
+class ShmConfig(cs.Table):
     """``[shm]``: where backing files live and how they are checked."""
 
-    base_dir: str = DEFAULT_BASE_DIR
-    namespace: str = DEFAULT_NAMESPACE
-    require_hugepages: bool = False
-    page_size_bytes: int = DEFAULT_PAGE_SIZE
-    permissions_mode: int = 0o640
-    allowed_base_dirs: tuple[str, ...] = (DEFAULT_BASE_DIR,)
-    allow_world_writable: bool = False
+    base_dir: cs.ShmDir = DEFAULT_BASE_DIR
+    namespace: cs.PathName = DEFAULT_NAMESPACE
+    require_hugepages: cs.Bool = False
+    page_size_bytes: Annotated[int, cs.int_in(1, UINT32_MAX, cs.power_of_two)] = DEFAULT_PAGE_SIZE
+    permissions_mode: cs.OctalMode = DEFAULT_PERMISSIONS
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+    """Default: ``(base_dir,)``."""
+    allow_world_writable: cs.Bool = False
     """``permissions_mode`` may include ``o+w`` only when this is set (#13.1)."""
 
+    def __post_init__(self) -> None:
+        problem = world_writable_reason(
+            self.permissions_mode, self.allow_world_writable, "shm.allow_world_writable"
+        )
+        if problem:
+            raise cs.FieldProblem("permissions_mode", problem)
+        if not self.allowed_base_dirs:
+            cs.resolve(self, allowed_base_dirs=(self.base_dir,))
+        base = self.base_dir
+        if not any(
+            base == d or base.startswith(d.rstrip("/") + "/") for d in self.allowed_base_dirs
+        ):
+            raise cs.FieldProblem(
+                "allowed_base_dirs",
+                f"shm.base_dir {base!r} is not inside any allowed base dir; clients would "
+                "reject every region the driver announces",
+            )
 
-@dataclass(frozen=True, slots=True)
-class PoliciesConfig:
+
+def _ascii(value: str) -> str | None:
+    return None if value.isascii() else "must be ASCII (it is sent as varAscii)"
+
+
+@cs.table
+class PoliciesConfig(cs.Table):
     """``[policies]``: lifecycle timing and behaviour switches."""
 
-    allow_dynamic_streams: bool = False
-    default_profile: str = ""
-    announce_period_ms: int = DEFAULT_ANNOUNCE_PERIOD_MS
-    lease_keepalive_interval_ms: int = DEFAULT_KEEPALIVE_INTERVAL_MS
-    lease_expiry_grace_intervals: int = DEFAULT_EXPIRY_GRACE_INTERVALS
-    prefault_shm: bool = True
-    reuse_existing_shm: bool = False
-    mlock_shm: bool = False
-    cleanup_shm_on_exit: bool = False
-    epoch_gc_enabled: bool = True
-    epoch_gc_keep: int = DEFAULT_EPOCH_GC_KEEP
-    epoch_gc_min_age_ns: int = 3 * DEFAULT_ANNOUNCE_PERIOD_MS * _MS
-    epoch_gc_on_startup: bool = False
-    shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS
-    shutdown_token: str = ""
-    max_dynamic_streams: int = DEFAULT_MAX_DYNAMIC_STREAMS
-    max_dynamic_streams_per_client: int = DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT
-    dynamic_stream_idle_reclaim_ms: int = DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS
-    reserve_shm_for_configured_streams: bool = True
+    allow_dynamic_streams: cs.Bool = False
+    default_profile: cs.Str = ""
+    """Profile of streams created on demand; "" = the first profile of the file."""
+    announce_period_ms: cs.Positive = DEFAULT_ANNOUNCE_PERIOD_MS
+    lease_keepalive_interval_ms: cs.Positive = DEFAULT_KEEPALIVE_INTERVAL_MS
+    lease_expiry_grace_intervals: cs.Positive = DEFAULT_EXPIRY_GRACE_INTERVALS
+    prefault_shm: cs.Bool = True
+    reuse_existing_shm: cs.Bool = False
+    mlock_shm: cs.Bool = False
+    cleanup_shm_on_exit: cs.Bool = False
+    epoch_gc_enabled: cs.Bool = True
+    epoch_gc_keep: cs.Positive = DEFAULT_EPOCH_GC_KEEP
+    epoch_gc_min_age_ns: Annotated[int, cs.int_in(0, UINT64_MAX)] | None = None
+    """Default: three announce periods."""
+    epoch_gc_on_startup: cs.Bool = False
+    shutdown_timeout_ms: cs.NonNegative = DEFAULT_SHUTDOWN_TIMEOUT_MS
+    shutdown_token: Annotated[str, cs.Rule(_ascii)] = ""
+    max_dynamic_streams: cs.NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS
+    max_dynamic_streams_per_client: cs.NonNegative = DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT
+    dynamic_stream_idle_reclaim_ms: cs.NonNegative = DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS
+    reserve_shm_for_configured_streams: cs.Bool = True
+
+    def __post_init__(self) -> None:
+        if self.epoch_gc_min_age_ns is None:
+            cs.resolve(self, epoch_gc_min_age_ns=3 * self.announce_period_ms * _MS)
 
     @property
     def dynamic_stream_idle_reclaim_ns(self) -> int:
@@ -234,6 +261,86 @@ class PoliciesConfig:
     @property
     def shutdown_timeout_ns(self) -> int:
         return self.shutdown_timeout_ms * _MS
+
+
+@cs.table
+class _Profile(ProfileTable):
+    """``[profiles.<name>]`` of the driver (1024 header slots unless set)."""
+
+    header_nslots: HeaderSlots = DEFAULT_HEADER_NSLOTS
+
+
+@cs.table
+class StreamTable(cs.Table):
+    """``[streams.<name>]`` as written."""
+
+    stream_id: cs.DataStreamId
+    profile: cs.Str
+
+
+@cs.table
+class DriverFile(cs.Table):
+    """The driver's TOML file: the tables and the rules that span them."""
+
+    driver: DriverSettings = field(default_factory=DriverSettings)
+    shm: ShmConfig = field(default_factory=ShmConfig)
+    policies: PoliciesConfig = field(default_factory=PoliciesConfig)
+    profiles: dict[str, _Profile] = field(default_factory=dict)
+    streams: dict[str, StreamTable] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.profiles:
+            raise cs.FieldProblem("profiles", "at least one [profiles.<name>] table is required")
+        page = self.shm.page_size_bytes
+        for name, profile in self.profiles.items():
+            for i, pool in enumerate(profile.payload_pools):
+                if pool.stride_bytes % page:
+                    raise cs.FieldProblem(
+                        f"profiles.{name}.payload_pools[{i}].stride_bytes",
+                        f"{pool.stride_bytes} is not a multiple of shm.page_size_bytes ({page})",
+                    )
+        default = self.policies.default_profile
+        if not default:
+            cs.resolve(
+                self,
+                policies=dataclasses.replace(
+                    self.policies, default_profile=next(iter(self.profiles))
+                ),
+            )
+        elif default not in self.profiles:
+            raise cs.FieldProblem(
+                "policies.default_profile",
+                f"profile {default!r} is not defined (known: {', '.join(self.profiles)})",
+            )
+        by_id: dict[int, str] = {}
+        for name, stream in self.streams.items():
+            if stream.stream_id in by_id:
+                other = by_id[stream.stream_id]
+                raise cs.FieldProblem(
+                    f"streams.{name}.stream_id",
+                    f"stream_id {stream.stream_id} is also used by streams.{other}",
+                )
+            by_id[stream.stream_id] = name
+            if stream.profile not in self.profiles:
+                raise cs.FieldProblem(
+                    f"streams.{name}.profile", f"profile {stream.profile!r} is not defined"
+                )
+        if not self.policies.allow_dynamic_streams and not self.streams:
+            raise cs.FieldProblem(
+                "streams",
+                "at least one [streams.<name>] table is required when "
+                "policies.allow_dynamic_streams = false",
+            )
+        for key, rng in self.driver.ranges():
+            for sid, name in by_id.items():
+                if rng is not None and sid in rng:
+                    raise cs.FieldProblem(
+                        f"driver.{key}", f"range {rng} contains streams.{name}.stream_id ({sid})"
+                    )
+        root = posixpath.join(self.shm.base_dir, self.shm.namespace, self.driver.instance_id)
+        problem = check_path_length(root, _LONGEST_REGION_PATH)
+        if problem:  # #26.6: refused here, before the driver creates the first directory
+            raise cs.FieldProblem("shm.base_dir", f"{root}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,309 +404,22 @@ def load_driver_config(
 
     ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
     """
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_driver_config(data, source=file, env=os.environ if env is None else env)
+    return cs.load_file(path, parse_driver_config, env)
 
 
 def parse_driver_config(
     data: Mapping[str, Any], *, source: str = "<memory>", env: Mapping[str, str] | None = None
 ) -> DriverConfig:
     """Validate an already-parsed TOML document (also used by embedded drivers)."""
-    overrides = EnvOverrides(env)
-    root = Section(data, "", source, overrides)
-    driver_sec = root.opt_table("driver")
-    shm_sec = root.opt_table("shm")
-    policies_sec = root.opt_table("policies")
-    profiles_sec = root.opt_table("profiles")
-    streams_sec = root.opt_table("streams")
-    root.finish()
-
-    shm = _parse_shm(shm_sec)
-    driver = _parse_driver(driver_sec)
-    profiles = _parse_profiles(profiles_sec, shm.page_size_bytes)
-    policies = _parse_policies(policies_sec, profiles)
-    streams = _parse_streams(streams_sec, profiles)
-
-    if not policies.allow_dynamic_streams and not streams:
-        raise ConfigError(
-            source,
-            "streams",
-            "at least one [streams.<name>] table is required when "
-            "policies.allow_dynamic_streams = false",
-        )
-    _check_stream_ids(driver, streams, driver_sec)
+    f = cs.parse_file(DriverFile, data, source, env)
     return DriverConfig(
-        driver=driver,
-        shm=shm,
-        policies=policies,
-        profiles=profiles,
-        streams=streams,
+        driver=f.driver,
+        shm=f.shm,
+        policies=f.policies,
+        profiles={name: p.profile(name) for name, p in f.profiles.items()},
+        streams=tuple(
+            ProvisionedStream(name=name, stream_id=s.stream_id, profile=s.profile)
+            for name, s in f.streams.items()
+        ),
         source=source,
     )
-
-
-def _parse_driver(sec: Section) -> DriverSettings:
-    instance_id = sec.opt_str("instance_id", DEFAULT_INSTANCE_ID, env=True)
-    sec.checked("instance_id", instance_id, check_path_component(instance_id))
-    shared = read_endpoints(sec)  # #14.1: the deployment's endpoints, one validator
-    endpoints = DriverSettings(
-        instance_id=instance_id,
-        aeron_dir=sec.opt_str("aeron_dir", "", env=True),
-        embedded_media_driver=sec.opt_bool("embedded_media_driver", True, env=True),
-        **shared,
-        announce_channel=read_channel(sec, "announce_channel", shared["control_channel"]),
-        announce_stream_id=read_aeron_stream_id(
-            sec, "announce_stream_id", shared["control_stream_id"]
-        ),
-        stream_id_range=sec.opt_range("stream_id_range", lo=1, hi=_MAX_STREAM_ID, env=True),
-        descriptor_stream_id_range=sec.opt_range(
-            "descriptor_stream_id_range", lo=1, hi=MAX_AERON_STREAM_ID, env=True
-        ),
-        control_stream_id_range=sec.opt_range(
-            "control_stream_id_range", lo=1, hi=MAX_AERON_STREAM_ID, env=True
-        ),
-        metrics_bind=sec.opt_str("metrics_bind", "", env=True),
-    )
-    sec.checked("metrics_bind", endpoints.metrics_bind, check_bind(endpoints.metrics_bind))
-    if endpoints.aeron_dir and not os.path.isabs(endpoints.aeron_dir):
-        sec.checked("aeron_dir", endpoints.aeron_dir, "must be an absolute path (or empty)")
-    if endpoints.aeron_dir:  # #13.1: a media driver empties its directory
-        sec.checked("aeron_dir", endpoints.aeron_dir, unsafe_root_reason(endpoints.aeron_dir))
-    sec.finish()
-    return endpoints
-
-
-def _check_abs_dir(sec: Section, key: str, value: str) -> str:
-    if not value.startswith("/"):
-        return sec.checked(key, value, f"{value!r} must be an absolute path")
-    if any(c in value for c in "?|") or any(c.isspace() for c in value):
-        return sec.checked(
-            key, value, f"{value!r} must not contain '?', '|' or whitespace (shm:file URI rules)"
-        )
-    return posixpath.normpath(value)
-
-
-def _parse_shm(sec: Section) -> ShmConfig:
-    base_dir = _check_abs_dir(sec, "base_dir", sec.opt_str("base_dir", DEFAULT_BASE_DIR, env=True))
-    sec.checked("base_dir", base_dir, unsafe_root_reason(base_dir))  # #13.1
-    namespace = sec.opt_str("namespace", DEFAULT_NAMESPACE, env=True)
-    sec.checked("namespace", namespace, check_path_component(namespace))
-    page_size = sec.opt_int(
-        "page_size_bytes",
-        DEFAULT_PAGE_SIZE,
-        lo=1,
-        env=True,
-        check=lambda v: None if is_power_of_two(v) else f"{v} is not a power of two",
-    )
-    mode_text = sec.opt_str("permissions_mode", DEFAULT_PERMISSIONS, env=True)
-    mode = parse_octal_mode(mode_text)
-    if mode is None:
-        sec.checked(
-            "permissions_mode",
-            mode_text,
-            f'{mode_text!r} is not an octal POSIX mode such as "660" or "0600"',
-        )
-    allow_world_writable = sec.opt_bool("allow_world_writable", False, env=True)
-    if mode is not None:
-        sec.checked(
-            "permissions_mode",
-            mode_text,
-            world_writable_reason(mode, allow_world_writable, "shm.allow_world_writable"),
-        )
-    allowed = sec.opt_str_list("allowed_base_dirs", (), env=True)
-    allowed_dirs = tuple(_check_abs_dir(sec, "allowed_base_dirs", d) for d in allowed) or (
-        base_dir,
-    )
-    if not any(base_dir == d or base_dir.startswith(d.rstrip("/") + "/") for d in allowed_dirs):
-        sec.checked(
-            "allowed_base_dirs",
-            "",
-            f"shm.base_dir {base_dir!r} is not inside any allowed base dir; clients would "
-            "reject every region the driver announces",
-        )
-    cfg = ShmConfig(
-        base_dir=base_dir,
-        namespace=namespace,
-        require_hugepages=sec.opt_bool("require_hugepages", False, env=True),
-        page_size_bytes=page_size,
-        permissions_mode=mode if mode is not None else 0,
-        allowed_base_dirs=allowed_dirs,
-        allow_world_writable=allow_world_writable,
-    )
-    sec.finish()
-    return cfg
-
-
-def _parse_policies(sec: Section, profiles: Mapping[str, ProfileConfig]) -> PoliciesConfig:
-    announce_ms = sec.opt_int("announce_period_ms", DEFAULT_ANNOUNCE_PERIOD_MS, lo=1, env=True)
-    default_profile = sec.opt_str("default_profile", "", env=True)
-    if not default_profile:
-        default_profile = next(iter(profiles))
-    elif default_profile not in profiles:
-        sec.checked(
-            "default_profile",
-            default_profile,
-            f"profile {default_profile!r} is not defined (known: {', '.join(profiles)})",
-        )
-    shutdown_token = sec.opt_str("shutdown_token", "", env=True)
-    if not shutdown_token.isascii():
-        sec.checked("shutdown_token", shutdown_token, "must be ASCII (it is sent as varAscii)")
-    cfg = PoliciesConfig(
-        allow_dynamic_streams=sec.opt_bool("allow_dynamic_streams", False, env=True),
-        default_profile=default_profile,
-        announce_period_ms=announce_ms,
-        lease_keepalive_interval_ms=sec.opt_int(
-            "lease_keepalive_interval_ms", DEFAULT_KEEPALIVE_INTERVAL_MS, lo=1, env=True
-        ),
-        lease_expiry_grace_intervals=sec.opt_int(
-            "lease_expiry_grace_intervals", DEFAULT_EXPIRY_GRACE_INTERVALS, lo=1, env=True
-        ),
-        prefault_shm=sec.opt_bool("prefault_shm", True, env=True),
-        reuse_existing_shm=sec.opt_bool("reuse_existing_shm", False, env=True),
-        mlock_shm=sec.opt_bool("mlock_shm", False, env=True),
-        cleanup_shm_on_exit=sec.opt_bool("cleanup_shm_on_exit", False, env=True),
-        epoch_gc_enabled=sec.opt_bool("epoch_gc_enabled", True, env=True),
-        epoch_gc_keep=sec.opt_int("epoch_gc_keep", DEFAULT_EPOCH_GC_KEEP, lo=1, env=True),
-        epoch_gc_min_age_ns=sec.opt_int(
-            "epoch_gc_min_age_ns", 3 * announce_ms * _MS, lo=0, hi=UINT64_MAX, env=True
-        ),
-        epoch_gc_on_startup=sec.opt_bool("epoch_gc_on_startup", False, env=True),
-        shutdown_timeout_ms=sec.opt_int(
-            "shutdown_timeout_ms", DEFAULT_SHUTDOWN_TIMEOUT_MS, lo=0, env=True
-        ),
-        shutdown_token=shutdown_token,
-        max_dynamic_streams=sec.opt_int(
-            "max_dynamic_streams", DEFAULT_MAX_DYNAMIC_STREAMS, lo=0, env=True
-        ),
-        max_dynamic_streams_per_client=sec.opt_int(
-            "max_dynamic_streams_per_client",
-            DEFAULT_MAX_DYNAMIC_STREAMS_PER_CLIENT,
-            lo=0,
-            env=True,
-        ),
-        dynamic_stream_idle_reclaim_ms=sec.opt_int(
-            "dynamic_stream_idle_reclaim_ms", DEFAULT_DYNAMIC_STREAM_IDLE_RECLAIM_MS, lo=0, env=True
-        ),
-        reserve_shm_for_configured_streams=sec.opt_bool(
-            "reserve_shm_for_configured_streams", True, env=True
-        ),
-    )
-    sec.finish()
-    return cfg
-
-
-def _parse_profiles(sec: Section, page_size: int) -> dict[str, ProfileConfig]:
-    profiles: dict[str, ProfileConfig] = {}
-    for name, psec in sec.tables():
-        nslots = psec.opt_int(
-            "header_nslots",
-            DEFAULT_HEADER_NSLOTS,
-            lo=1,
-            hi=MAX_NSLOTS,  # u32 on the wire, a power of two (#13.4)
-            check=lambda v: None if is_power_of_two(v) else f"{v} is not a power of two",
-        )
-        psec.opt_int(
-            "header_slot_bytes",
-            HEADER_SLOT_BYTES,
-            check=lambda v: (
-                None
-                if v == HEADER_SLOT_BYTES
-                else f"must be {HEADER_SLOT_BYTES} (fixed by the Wire Specification)"
-            ),
-        )
-        pool_secs = psec.array_of_tables("payload_pools", required=True)
-        if not pool_secs:
-            psec.fail("payload_pools", "must contain at least one pool")
-        pools: list[PoolConfig] = []
-        seen: set[int] = set()
-        for pool_sec in pool_secs:
-            pool_id = pool_sec.req_int("pool_id", hi=UINT16_MAX)
-            if pool_id in seen:
-                pool_sec.fail("pool_id", f"pool_id {pool_id} is used twice in profile {name!r}")
-            seen.add(pool_id)
-            stride = pool_sec.req_int(
-                "stride_bytes",
-                lo=1,
-                hi=MAX_STRIDE_BYTES,  # u32 on the wire, a power of two (#13.4)
-                check=lambda v: _stride_problem(v, page_size),
-            )
-            pool_nslots = pool_sec.opt_int("nslots", nslots)
-            if pool_nslots != nslots:
-                pool_sec.fail(
-                    "nslots",
-                    f"must equal header_nslots ({nslots}): pools share the header's slot index",
-                )
-            pool_sec.finish()
-            pools.append(PoolConfig(pool_id, stride))
-        psec.finish()
-        profiles[name] = ProfileConfig(name=name, header_nslots=nslots, payload_pools=tuple(pools))
-    sec.finish()
-    if not profiles:
-        raise ConfigError(sec.file, "profiles", "at least one [profiles.<name>] table is required")
-    return profiles
-
-
-def _stride_problem(stride: int, page_size: int) -> str | None:
-    if not is_power_of_two(stride):
-        return f"{stride} is not a power of two"
-    if stride % page_size:
-        return f"{stride} is not a multiple of shm.page_size_bytes ({page_size})"
-    return None
-
-
-def _parse_streams(
-    sec: Section, profiles: Mapping[str, ProfileConfig]
-) -> tuple[ProvisionedStream, ...]:
-    streams: list[ProvisionedStream] = []
-    by_id: dict[int, str] = {}
-    for name, ssec in sec.tables():
-        stream_id = ssec.req_int("stream_id", lo=1, hi=_MAX_STREAM_ID)
-        if stream_id in by_id:
-            ssec.fail(
-                "stream_id", f"stream_id {stream_id} is also used by streams.{by_id[stream_id]}"
-            )
-        by_id[stream_id] = name
-        profile = ssec.req_str("profile")
-        if profile not in profiles:
-            ssec.fail("profile", f"profile {profile!r} is not defined")
-        ssec.finish()
-        streams.append(ProvisionedStream(name=name, stream_id=stream_id, profile=profile))
-    sec.finish()
-    return tuple(streams)
-
-
-def _check_stream_ids(
-    driver: DriverSettings,
-    streams: tuple[ProvisionedStream, ...],
-    driver_sec: Section,
-) -> None:
-    """Driver Model §11: ranges are well-formed and overlap nothing else."""
-    named = [
-        ("stream_id_range", driver.stream_id_range),
-        ("descriptor_stream_id_range", driver.descriptor_stream_id_range),
-        ("control_stream_id_range", driver.control_stream_id_range),
-    ]
-    ranges = [(k, r) for k, r in named if r is not None]
-    for i, (key_a, a) in enumerate(ranges):
-        for key_b, b in ranges[i + 1 :]:
-            if ranges_overlap(a, b):
-                driver_sec.checked(key_b, "", f"range {b} overlaps driver.{key_a} ({a})")
-    reserved = {
-        "control_stream_id": driver.control_stream_id,
-        "announce_stream_id": driver.announce_stream_id,
-        "qos_stream_id": driver.qos_stream_id,
-        "descriptor_stream_id": driver.descriptor_stream_id,
-        "metadata_stream_id": driver.metadata_stream_id,
-    }
-    for key, rng in ranges:
-        for id_key, value in reserved.items():
-            if value in rng:
-                driver_sec.checked(key, "", f"range {rng} contains driver.{id_key} ({value})")
-        for stream in streams:
-            if stream.stream_id in rng:
-                driver_sec.checked(
-                    key,
-                    "",
-                    f"range {rng} contains streams.{stream.name}.stream_id ({stream.stream_id})",
-                )

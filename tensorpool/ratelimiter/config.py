@@ -34,38 +34,25 @@ mapping's source, two mappings may not share a destination, and a source appears
 policy per instance; run another instance for another consumer).
 
 Every scalar key of ``[rate_limiter]``, ``[driver]``, ``[shm]`` and ``[policies]`` can be
-overridden from the environment (:mod:`tensorpool.config_util`), e.g.
+overridden from the environment (:mod:`tensorpool.config_schema`), e.g.
 ``RATE_LIMITER_MAX_RATE_HZ=10`` or ``TENSORPOOL_RATE_LIMITER_MAX_RATE_HZ=10``.
 """
 
 from __future__ import annotations
 
 import os
-import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
-from tensorpool.config_util import (
-    ConfigError,
-    EnvOverrides,
-    Section,
-    check_bind,
-    load_toml,
-)
+from tensorpool import config_schema as cs
+from tensorpool.config_schema import ConfigError
 from tensorpool.endpoints import (
     DEFAULT_SHM_BASE_DIR,
     IPC_DESCRIPTORS,
     MAX_AERON_STREAM_ID,
-    MAX_DATA_STREAM_ID,
-    Endpoints,
-    check_endpoints,
     config_aeron_dir,
-    read_aeron_stream_id,
-    read_channel,
-    read_endpoints,
 )
-from tensorpool.fsafety import unsafe_root_reason
 from tensorpool.transport.config import TransportConfig
 
 __all__ = [
@@ -85,12 +72,9 @@ DEFAULT_FORWARD_CHANNEL: Final = IPC_DESCRIPTORS
 #: How the pending frame is held until its rate slot opens (tensorpool extension).
 HOLD_MODES: Final = ("auto", "descriptor", "copy")
 
-# Defaults of the [driver]/[shm]/[policies] tables: the endpoints every other tensorpool
-# process uses (tensorpool.endpoints), so publications on shared IPC streams agree on their
-# term length, and the driver's default base directory and lease cadence.
-_DEFAULT_BASE_DIR = DEFAULT_SHM_BASE_DIR
-_MAX_STREAM_ID = MAX_DATA_STREAM_ID  # 0xFFFFFFFF is the SBE null value of a uint32 stream id
 _MS = 1_000_000
+#: A forwarding stream id: 0 = disabled.
+_ForwardId = Annotated[int, cs.int_in(0, MAX_AERON_STREAM_ID)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,92 +94,55 @@ class MappingConfig:
             object.__setattr__(self, "metadata_stream_id", self.dest_stream_id)
 
 
-@dataclass(frozen=True, slots=True)
-class DriverAccess(Endpoints):
-    """How this process reaches the SHM driver: the deployment's shared
-    :class:`~tensorpool.endpoints.Endpoints` (#14.1), its media driver and base directories."""
+@cs.table
+class _DriverTable(cs.EndpointKeys):
+    """``[driver]``: the shared endpoints and ``aeron_dir``, and the driver's own file."""
 
-    aeron_dir: str = ""
-    """Media driver directory to join; "" = the tensorpool default (where ``tensorpool
-    mediadriver`` and an embedded ``tensorpool driver`` serve), resolved by
-    :meth:`transport_config` (:func:`~tensorpool.endpoints.config_aeron_dir`)."""
-    config: str = ""
+    config: cs.Str = ""
     """The driver's TOML file, for profile checks ("" = not checked)."""
-    shm_base_dir: str = _DEFAULT_BASE_DIR
-    allowed_base_dirs: tuple[str, ...] = ()
-    announce_period_ms: int = 1000
-    lease_keepalive_interval_ms: int = 1000
 
-    def __post_init__(self) -> None:
-        check_endpoints(self)
+
+@cs.table
+class _ShmTable(cs.Table):
+    """``[shm]``: the driver's keys of the same names."""
+
+    base_dir: cs.ShmDir = DEFAULT_SHM_BASE_DIR
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+
+
+@cs.table
+class _PoliciesTable(cs.Table):
+    """``[policies]``: the driver's keys of the same names."""
+
+    announce_period_ms: cs.Positive = 1000
+    lease_keepalive_interval_ms: cs.Positive = 1000
+
+
+@cs.table
+class DriverAccess(_DriverTable):
+    """How this process reaches the SHM driver: the ``[driver]``, ``[shm]`` and ``[policies]``
+    tables in one value."""
+
+    shm_base_dir: cs.ShmDir = DEFAULT_SHM_BASE_DIR
+    allowed_base_dirs: tuple[cs.AbsDir, ...] = ()
+    announce_period_ms: cs.Positive = 1000
+    lease_keepalive_interval_ms: cs.Positive = 1000
 
     def transport_config(self, client_name: str) -> TransportConfig:
         """How to join the media driver: ``aeron_dir``, "" meaning the tensorpool default."""
         return TransportConfig(aeron_dir=config_aeron_dir(self.aeron_dir), client_name=client_name)
 
 
-@dataclass(frozen=True, slots=True)
-class RateLimiterConfig:
-    """The whole validated rate limiter configuration."""
-
-    instance_id: str
-    descriptor_channel: str
-    descriptor_stream_id: int
-    mappings: tuple[MappingConfig, ...]
-    forward_metadata: bool = True
-    forward_progress: bool = False
-    forward_qos: bool = False
-    max_rate_hz: int = 0
-    control_channel: str = DEFAULT_FORWARD_CHANNEL
-    source_control_stream_id: int = 0
-    dest_control_stream_id: int = 0
-    qos_channel: str = DEFAULT_FORWARD_CHANNEL
-    source_qos_stream_id: int = 0
-    dest_qos_stream_id: int = 0
-    hold: str = "auto"
-    driver: DriverAccess = field(default_factory=DriverAccess)
-    source: str = "<memory>"
-    #: ``HOST:PORT`` of the Prometheus endpoint, "" = off (#19.1; ``--metrics-bind`` overrides)
-    metrics_bind: str = ""
-
-    def __post_init__(self) -> None:
-        # §8: forwarding with a zero stream id MUST fail fast (and so never start).
-        zero_rules = (
-            ("forward_progress", "source_control_stream_id", "dest_control_stream_id"),
-            ("forward_qos", "source_qos_stream_id", "dest_qos_stream_id"),
-        )
-        for flag, *keys in zero_rules:
-            if getattr(self, flag):
-                for key in keys:
-                    if getattr(self, key) == 0:
-                        raise ConfigError(
-                            self.source,
-                            f"rate_limiter.{key}",
-                            f"must be nonzero when rate_limiter.{flag} = true "
-                            "(forwarding does not start with a zero stream id)",
-                        )
-        if self.hold not in HOLD_MODES:
-            raise ConfigError(
-                self.source, "rate_limiter.hold", f"must be one of {', '.join(HOLD_MODES)}"
-            )
-        if not self.mappings:
-            raise ConfigError(self.source, "mappings", "at least one mapping is required")
-        _check_topology(self.mappings, self.source)
-
-
-def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
+def _check_topology(mappings: tuple[MappingConfig, ...]) -> None:
     """No loops, one producer per destination, one mapping per source."""
     sources: dict[int, int] = {}
     dests: dict[int, int] = {}
     for i, m in enumerate(mappings):
         key = f"mappings[{i}]"
         if m.source_stream_id == m.dest_stream_id:
-            raise ConfigError(
-                source, f"{key}.dest_stream_id", "must differ from source_stream_id (§3)"
-            )
+            raise cs.FieldProblem(f"{key}.dest_stream_id", "must differ from source_stream_id (§3)")
         if m.source_stream_id in sources:
-            raise ConfigError(
-                source,
+            raise cs.FieldProblem(
                 f"{key}.source_stream_id",
                 f"stream {m.source_stream_id} is already the source of "
                 f"mappings[{sources[m.source_stream_id]}]; one rate policy per instance — run "
@@ -203,8 +150,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
             )
         sources[m.source_stream_id] = i
         if m.dest_stream_id in dests:
-            raise ConfigError(
-                source,
+            raise cs.FieldProblem(
                 f"{key}.dest_stream_id",
                 f"stream {m.dest_stream_id} is already the destination of "
                 f"mappings[{dests[m.dest_stream_id]}] (a stream has one producer, §3)",
@@ -214,8 +160,7 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
         for attr in ("dest_stream_id", "metadata_stream_id"):
             sid = getattr(m, attr)
             if sid in sources:
-                raise ConfigError(
-                    source,
+                raise cs.FieldProblem(
                     f"mappings[{i}].{attr}",
                     f"stream {sid} is the source of mappings[{sources[sid]}]: the rate limiter "
                     "never publishes on a source stream (§3)",
@@ -223,6 +168,86 @@ def _check_topology(mappings: tuple[MappingConfig, ...], source: str) -> None:
 
 
 # --------------------------------------------------------------------------- loading
+
+
+def _hold(value: str) -> str | None:
+    return None if value in HOLD_MODES else f"{value!r} is not one of {', '.join(HOLD_MODES)}"
+
+
+@cs.table
+class _RateLimiterTable(cs.Table):
+    """``[rate_limiter]`` (§8)."""
+
+    instance_id: cs.NonEmpty
+    descriptor_channel: cs.Channel
+    descriptor_stream_id: cs.AeronStreamId
+    forward_metadata: cs.Bool = True
+    forward_progress: cs.Bool = False
+    forward_qos: cs.Bool = False
+    max_rate_hz: cs.NonNegative = 0
+    control_channel: cs.Channel = DEFAULT_FORWARD_CHANNEL
+    source_control_stream_id: _ForwardId = 0
+    dest_control_stream_id: _ForwardId = 0
+    qos_channel: cs.Channel = DEFAULT_FORWARD_CHANNEL
+    source_qos_stream_id: _ForwardId = 0
+    dest_qos_stream_id: _ForwardId = 0
+    hold: Annotated[str, cs.Rule(_hold)] = "auto"
+    metrics_bind: cs.Bind = ""
+
+    def __post_init__(self) -> None:
+        # §8: forwarding with a zero stream id MUST fail fast (and so never start).
+        zero_rules = (
+            ("forward_progress", "source_control_stream_id", "dest_control_stream_id"),
+            ("forward_qos", "source_qos_stream_id", "dest_qos_stream_id"),
+        )
+        for flag, *keys in zero_rules:
+            for key in keys:
+                if getattr(self, flag) and getattr(self, key) == 0:
+                    raise cs.FieldProblem(
+                        key,
+                        f"must be nonzero when rate_limiter.{flag} = true "
+                        "(forwarding does not start with a zero stream id)",
+                    )
+
+
+@cs.table
+class RateLimiterConfig(_RateLimiterTable):
+    """The whole validated rate limiter configuration: ``[rate_limiter]``, the mappings, how
+    to reach the SHM driver, and the file it came from (for messages)."""
+
+    mappings: tuple[MappingConfig, ...] = ()
+    driver: DriverAccess = field(default_factory=DriverAccess)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        _RateLimiterTable.__post_init__(self)
+        if not self.mappings:
+            raise cs.FieldProblem("mappings", "at least one mapping is required")
+        _check_topology(self.mappings)
+
+
+@cs.table
+class _MappingTable(cs.Table):
+    """``[[mappings]]`` (§8); unset ``max_rate_hz`` inherits ``rate_limiter.max_rate_hz``."""
+
+    source_stream_id: cs.DataStreamId
+    dest_stream_id: cs.DataStreamId
+    profile: Annotated[str, cs.Rule(lambda v: None if v.strip() else "must name a driver profile")]
+    max_rate_hz: cs.NonNegative | None = None
+    metadata_stream_id: cs.DataStreamId | None = None
+
+
+@cs.table
+class _RateLimiterFile(cs.Table):
+    rate_limiter: _RateLimiterTable
+    mappings: tuple[_MappingTable, ...]
+    driver: _DriverTable = field(default_factory=_DriverTable)
+    shm: _ShmTable = field(default_factory=_ShmTable)
+    policies: _PoliciesTable = field(default_factory=_PoliciesTable)
+
+    def __post_init__(self) -> None:
+        if not self.mappings:
+            raise cs.FieldProblem("mappings", "at least one [[mappings]] entry is required")
 
 
 #: Reads the SHM driver's TOML file (``tensorpool.driver.config.load_driver_config``): takes the
@@ -240,11 +265,7 @@ def load_ratelimiter_config(
 
     With ``load_driver``, mappings are also checked against the file ``driver.config`` names.
     """
-    file = os.fspath(path)
-    data = load_toml(file)
-    return parse_ratelimiter_config(
-        data, source=file, env=os.environ if env is None else env, load_driver=load_driver
-    )
+    return cs.load_file(path, parse_ratelimiter_config, env, load_driver=load_driver)
 
 
 def parse_ratelimiter_config(
@@ -259,128 +280,37 @@ def parse_ratelimiter_config(
     ``load_driver`` reads the driver's config for the ``driver.config`` profile checks; without
     it those checks are skipped (the command always passes one).
     """
-    overrides = EnvOverrides(env)
-    root = Section(data, "", source, overrides)
-    rl = root.opt_table("rate_limiter")
-    mapping_secs = root.array_of_tables("mappings", required=True)
-    driver_sec = root.opt_table("driver")
-    shm_sec = root.opt_table("shm")
-    policies_sec = root.opt_table("policies")
-    root.finish()
-    if not data.get("rate_limiter"):
-        raise ConfigError(source, "rate_limiter", "required table [rate_limiter] is missing")
-
-    instance_id = rl.req_str("instance_id", env=True)
-    if not instance_id.strip():
-        rl.checked("instance_id", instance_id, "must not be empty")
-    descriptor_channel = _channel(rl, "descriptor_channel", None)
-    descriptor_stream_id = read_aeron_stream_id(rl, "descriptor_stream_id", None)
-    max_rate_hz = rl.opt_int("max_rate_hz", 0, env=True)
-    forward_metadata = rl.opt_bool("forward_metadata", True, env=True)
-    forward_progress = rl.opt_bool("forward_progress", False, env=True)
-    forward_qos = rl.opt_bool("forward_qos", False, env=True)
-    control_channel = _channel(rl, "control_channel", DEFAULT_FORWARD_CHANNEL)
-    qos_channel = _channel(rl, "qos_channel", DEFAULT_FORWARD_CHANNEL)
-    ids = {
-        key: rl.opt_int(key, 0, hi=MAX_AERON_STREAM_ID, env=True)
-        for key in (
-            "source_control_stream_id",
-            "dest_control_stream_id",
-            "source_qos_stream_id",
-            "dest_qos_stream_id",
-        )
-    }
-    hold = rl.opt_str("hold", "auto", env=True)
-    if hold not in HOLD_MODES:
-        rl.checked("hold", hold, f"{hold!r} is not one of {', '.join(HOLD_MODES)}")
-    metrics_bind = rl.checked(
-        "metrics_bind", bind := rl.opt_str("metrics_bind", "", env=True), check_bind(bind)
-    )
-    rl.finish()
-
-    if not mapping_secs:
-        root.fail("mappings", "at least one [[mappings]] entry is required")
-    mappings = tuple(_parse_mapping(sec, max_rate_hz) for sec in mapping_secs)
-    driver = _parse_driver(driver_sec, shm_sec, policies_sec)
-
-    cfg = RateLimiterConfig(
-        instance_id=instance_id,
-        descriptor_channel=descriptor_channel,
-        descriptor_stream_id=descriptor_stream_id,
-        mappings=mappings,
-        forward_metadata=forward_metadata,
-        forward_progress=forward_progress,
-        forward_qos=forward_qos,
-        max_rate_hz=max_rate_hz,
-        control_channel=control_channel,
-        qos_channel=qos_channel,
-        hold=hold,
-        driver=driver,
+    f = cs.parse_file(_RateLimiterFile, data, source, env)
+    rl = f.rate_limiter
+    cfg = cs.build(
+        RateLimiterConfig,
+        source,
+        **cs.fields_of(rl),
+        mappings=tuple(
+            MappingConfig(
+                m.source_stream_id,
+                m.dest_stream_id,
+                m.profile,
+                rl.max_rate_hz if m.max_rate_hz is None else m.max_rate_hz,
+                m.metadata_stream_id or 0,
+            )
+            for m in f.mappings
+        ),
+        driver=DriverAccess(
+            **cs.fields_of(f.driver),
+            shm_base_dir=f.shm.base_dir,
+            allowed_base_dirs=f.shm.allowed_base_dirs,
+            announce_period_ms=f.policies.announce_period_ms,
+            lease_keepalive_interval_ms=f.policies.lease_keepalive_interval_ms,
+        ),
         source=source,
-        metrics_bind=metrics_bind,
-        **ids,
     )
-    if driver.config and load_driver is not None:
-        _check_profiles(cfg, driver_sec, load_driver)
+    if cfg.driver.config and load_driver is not None:
+        _check_profiles(cfg, load_driver)
     return cfg
 
 
-_channel = read_channel
-
-
-def _parse_mapping(sec: Section, default_rate_hz: int) -> MappingConfig:
-    source_id = sec.req_int("source_stream_id", lo=1, hi=_MAX_STREAM_ID)
-    dest_id = sec.req_int("dest_stream_id", lo=1, hi=_MAX_STREAM_ID)
-    profile = sec.req_str("profile")
-    if not profile.strip():
-        sec.fail("profile", "must name the destination's driver profile")
-    rate = sec.opt_int("max_rate_hz", default_rate_hz)
-    meta_id = sec.opt_int("metadata_stream_id", dest_id, lo=1, hi=_MAX_STREAM_ID)
-    sec.finish()
-    return MappingConfig(source_id, dest_id, profile, rate, meta_id)
-
-
-def _abs_dir(sec: Section, key: str, value: str) -> str:
-    if not value.startswith("/"):
-        sec.checked(key, value, f"{value!r} must be an absolute path")
-    return posixpath.normpath(value)
-
-
-def _parse_driver(driver: Section, shm: Section, policies: Section) -> DriverAccess:
-    d = DriverAccess()
-    aeron_dir = driver.opt_str("aeron_dir", d.aeron_dir, env=True)
-    if aeron_dir and not os.path.isabs(aeron_dir):
-        driver.checked("aeron_dir", aeron_dir, "must be an absolute path (or empty)")
-    if aeron_dir:  # #13.1: never a system or shared root
-        driver.checked("aeron_dir", aeron_dir, unsafe_root_reason(aeron_dir))
-    endpoints: dict[str, Any] = {"aeron_dir": aeron_dir, **read_endpoints(driver)}
-    config_path = driver.opt_str("config", "", env=True)
-    driver.finish()
-    base_dir = _abs_dir(shm, "base_dir", shm.opt_str("base_dir", d.shm_base_dir, env=True))
-    shm.checked("base_dir", base_dir, unsafe_root_reason(base_dir))  # #13.1
-    allowed = tuple(
-        _abs_dir(shm, "allowed_base_dirs", p)
-        for p in shm.opt_str_list("allowed_base_dirs", (), env=True)
-    )
-    shm.finish()
-    announce_ms = policies.opt_int("announce_period_ms", d.announce_period_ms, lo=1, env=True)
-    keepalive_ms = policies.opt_int(
-        "lease_keepalive_interval_ms", d.lease_keepalive_interval_ms, lo=1, env=True
-    )
-    policies.finish()
-    return DriverAccess(
-        **endpoints,
-        config=config_path,
-        shm_base_dir=base_dir,
-        allowed_base_dirs=allowed,
-        announce_period_ms=announce_ms,
-        lease_keepalive_interval_ms=keepalive_ms,
-    )
-
-
-def _check_profiles(
-    cfg: RateLimiterConfig, driver_sec: Section, load_driver_config: DriverConfigLoader
-) -> None:
+def _check_profiles(cfg: RateLimiterConfig, load_driver_config: DriverConfigLoader) -> None:
     """With ``driver.config``: each mapping's profile must be what its destination gets.
 
     A statically provisioned destination has its stream's profile; any other destination is
@@ -390,8 +320,7 @@ def _check_profiles(
     try:
         dcfg = load_driver_config(cfg.driver.config)
     except ConfigError as exc:
-        driver_sec.checked("config", cfg.driver.config, f"driver config is invalid: {exc}")
-        raise  # pragma: no cover - checked() raised
+        raise ConfigError(cfg.source, "driver.config", f"driver config is invalid: {exc}") from None
     for i, m in enumerate(cfg.mappings):
         key = f"mappings[{i}].profile"
         if m.profile not in dcfg.profiles:

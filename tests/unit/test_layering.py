@@ -27,6 +27,8 @@ RANK: dict[str, int] = {
     "specs": 0,
     # foundation: small pure helpers every layer may use
     "config_util": 1,
+    # the declarative config tables (#26.5): pydantic, imported by the config loaders only
+    "config_schema": 1,
     "fsafety": 1,
     "counters": 1,
     "endpoints": 1,
@@ -69,7 +71,9 @@ FORBIDDEN = {
 }
 #: ``pyaeron`` is the transport layer's business (plus the agents and commands that run a media
 #: driver or decode raw Aeron fragments); never below it.
-NO_AERON = frozenset({"specs", "shm", "client", "ingest", "batching", "config_util", "endpoints"})
+NO_AERON = frozenset(
+    {"specs", "shm", "client", "ingest", "batching", "config_util", "config_schema", "endpoints"}
+)
 
 
 def _module_name(path: Path) -> str:

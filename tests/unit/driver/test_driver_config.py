@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tensorpool.config_schema import Table, parse_file, table
 from tensorpool.config_util import (
     ConfigError,
-    EnvOverrides,
     IdRange,
-    Section,
+    Positive,
     check_aeron_channel,
+    env_names,
     load_toml,
     parse_id_range,
 )
@@ -173,6 +174,19 @@ INVALID = [
     ("[driver]\ncontrol_stream_id = 0\n" + MINIMAL, "driver.control_stream_id", "out of range"),
     ("[driver]\nqos_channel = 'udp://x'\n" + MINIMAL, "driver.qos_channel", "Aeron channel"),
     ("[driver]\ninstance_id = 'a/b'\n" + MINIMAL, "driver.instance_id", "directory name"),
+    # #26.6: what the kernel or Aeron would refuse only after files exist
+    ("[driver]\ninstance_id = '" + "a" * 256 + "'\n" + MINIMAL, "driver.instance_id", "255"),
+    ("[driver]\nqos_channel = 'aeron:udp'\n" + MINIMAL, "driver.qos_channel", "endpoint"),
+    (
+        "[driver]\ncontrol_channel = 'aeron:udp?endpoint='\n" + MINIMAL,
+        "driver.control_channel",
+        "HOST:PORT",
+    ),
+    (
+        "[driver]\ncontrol_channel = 'aeron:udp?endpoint=host:99999'\n" + MINIMAL,
+        "driver.control_channel",
+        "HOST:PORT",
+    ),
     ("[driver]\naeron_dir = 'rel/dir'\n" + MINIMAL, "driver.aeron_dir", "absolute"),
     ("[driver]\nstream_id_range = '9-3'\n" + MINIMAL, "driver.stream_id_range", "greater"),
     ("[driver]\nstream_id_range = 'abc'\n" + MINIMAL, "driver.stream_id_range", "not a range"),
@@ -426,22 +440,37 @@ def test_env_allowed_base_dirs_is_a_path_list(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def test_config_util_section_reuse_for_other_services(tmp_path: Path) -> None:
-    """The pieces other configs (rate limiter, bridge) build on."""
-    path = write(tmp_path, "[bridge]\nmtu_bytes = 1408\nmapping = 'x'\n", "bridge.toml")
+@table
+class _BridgeTable(Table):
+    mtu_bytes: Positive = 1500
+
+
+@table
+class _BridgeFile(Table):
+    bridge: _BridgeTable
+
+
+def test_26_5_one_schema_mechanism_for_other_services(tmp_path: Path) -> None:
+    """#26.5: what other configs (rate limiter, bridge) build on: a declared table, env
+    overrides of its scalar keys, and one error naming the file and the dotted key."""
+    path = write(tmp_path, "[bridge]\nmtu_bytes = 1408\n", "bridge.toml")
     data = load_toml(path)
-    sec = Section(data["bridge"], "bridge", str(path), EnvOverrides({"BRIDGE_MTU_BYTES": "9000"}))
-    assert sec.opt_int("mtu_bytes", 1500, env=True) == 9000
+    env = {"BRIDGE_MTU_BYTES": "9000"}
+    assert parse_file(_BridgeFile, data, str(path), env).bridge.mtu_bytes == 9000
     with pytest.raises(ConfigError) as info:
-        sec.finish()
-    assert (info.value.key, info.value.reason) == ("bridge.mapping", "unknown key")
+        parse_file(_BridgeFile, {"bridge": {"mtu_byte": 1}}, str(path), {})
+    assert info.value.key == "bridge.mtu_byte"
+    assert info.value.reason == "unknown key (did you mean 'mtu_bytes'?)"
     with pytest.raises(ConfigError) as info:
-        sec.req_int("chunk_bytes")
-    assert info.value.key == "bridge.chunk_bytes"
-    assert EnvOverrides.names_for("bridge.mtu_bytes") == (
-        "TENSORPOOL_BRIDGE_MTU_BYTES",
-        "BRIDGE_MTU_BYTES",
+        parse_file(_BridgeFile, {}, str(path), {})
+    assert (info.value.key, info.value.reason) == ("bridge", "required key is missing")
+    with pytest.raises(ConfigError) as info:
+        parse_file(_BridgeFile, data, str(path), {"TENSORPOOL_BRIDGE_MTU_BYTES": "0"})
+    assert str(info.value) == (
+        f"{path}: bridge.mtu_bytes: (from environment TENSORPOOL_BRIDGE_MTU_BYTES) "
+        "0 is out of range 1..4294967295"
     )
+    assert env_names("bridge.mtu_bytes") == ("TENSORPOOL_BRIDGE_MTU_BYTES", "BRIDGE_MTU_BYTES")
 
 
 def test_config_util_range_and_channel_parsing() -> None:

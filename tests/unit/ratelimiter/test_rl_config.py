@@ -142,10 +142,11 @@ def test_s8_forwarding_with_zero_stream_id_fails_fast(flags: dict[str, Any], key
 def test_s8_forwarding_zero_id_fails_on_every_construction_path() -> None:
     """§8 "forwarding MUST NOT start": even a config built in code cannot hold a zero id."""
     m = (MappingConfig(1, 2, "p"),)
-    with pytest.raises(ConfigError, match="dest_qos_stream_id"):
-        RateLimiterConfig("x", "aeron:ipc", 1, m, forward_qos=True, source_qos_stream_id=5)
-    with pytest.raises(ConfigError, match="source_control_stream_id"):
-        RateLimiterConfig("x", "aeron:ipc", 1, m, forward_progress=True, dest_control_stream_id=5)
+    base = {"instance_id": "x", "descriptor_channel": "aeron:ipc", "descriptor_stream_id": 1}
+    with pytest.raises(ValueError, match="dest_qos_stream_id: must be nonzero"):
+        RateLimiterConfig(**base, mappings=m, forward_qos=True, source_qos_stream_id=5)
+    with pytest.raises(ValueError, match="source_control_stream_id: must be nonzero"):
+        RateLimiterConfig(**base, mappings=m, forward_progress=True, dest_control_stream_id=5)
 
 
 def test_s8_forwarding_with_nonzero_ids_is_accepted() -> None:
