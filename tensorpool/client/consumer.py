@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,7 +56,8 @@ from tensorpool.client.consumer_core import (
     SendQos,
     Unmap,
 )
-from tensorpool.client.driver_client import ROLE_CONSUMER, DriverClient, LeaseTimings
+from tensorpool.client.driver_client import DriverClient
+from tensorpool.client.lease import ROLE_CONSUMER, LeaseTimings
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import Reason
@@ -269,6 +271,7 @@ class Consumer:
             max_rate_hz=max_rate_hz,
             max_outstanding_seq_gap=max_outstanding_seq_gap,
             driver_mode=driver,
+            realtime_clock=time.time_ns,
         )
         self.consumer_id = self.core.consumer_id
         self.mode = mode

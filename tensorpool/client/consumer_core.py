@@ -50,11 +50,12 @@ Cadence
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from tensorpool.client.announce import CLOCK_MONOTONIC, AnnounceTracker, StreamLayout, Verdict
-from tensorpool.client.driver_client import Attached, LeaseLost, ProducerRevoked
+from tensorpool.client.lease import Attached, LeaseLost, ProducerRevoked
 from tensorpool.client.rate_gate import RateGate
 from tensorpool.counters import LATE_REASONS, DropCounters
 
@@ -222,8 +223,10 @@ class ConsumerCore:
         max_rate_hz: int = 0,
         max_outstanding_seq_gap: int = DEFAULT_MAX_OUTSTANDING_SEQ_GAP,
         driver_mode: bool = False,
-        tracker: AnnounceTracker | None = None,
+        realtime_clock: Callable[[], int],
     ) -> None:
+        """``realtime_clock``: the agent's realtime clock (ns), which REALTIME_SYNCED announces
+        are aged against; the core has no clock of its own."""
         if mode not in (MODE_STREAM, MODE_RATE_LIMITED):
             raise ValueError(f"mode must be STREAM or RATE_LIMITED, got {mode}")
         if max_rate_hz < 0:
@@ -236,7 +239,7 @@ class ConsumerCore:
         self.max_rate_hz = max_rate_hz
         self.stats = ConsumerStats()
         self.drops = self.stats.drops
-        self._tracker = tracker or AnnounceTracker(stream_id, freshness_ns)
+        self._tracker = AnnounceTracker(stream_id, freshness_ns, realtime_clock=realtime_clock)
         self._qos_period_ns = qos_period_ns
         self._next_qos_ns = 0
         self._hello_due = True

@@ -33,11 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.client.driver_client import (
-    ROLE_PRODUCER,
-    DriverClient,
-    LeaseTimings,
-)
+from tensorpool.client.driver_client import DriverClient
+from tensorpool.client.lease import ROLE_PRODUCER, LeaseTimings
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.producer_core import (
     AttachWait,

@@ -34,7 +34,7 @@ from tensorpool.client.consumer_core import (
     SendQos,
     Unmap,
 )
-from tensorpool.client.driver_client import (
+from tensorpool.client.lease import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
     Attached,
@@ -85,7 +85,11 @@ def _announce(
 
 
 def _core(**kw: object) -> ConsumerCore:
-    args: dict[str, object] = dict(freshness_ns=3 * SEC, qos_period_ns=SEC)
+    args: dict[str, object] = dict(
+        freshness_ns=3 * SEC,
+        qos_period_ns=SEC,
+        realtime_clock=lambda: T0,  # the fake clock
+    )
     args.update(kw)
     return ConsumerCore(STREAM, 11, **args)  # type: ignore[arg-type]
 
@@ -158,8 +162,7 @@ def test_s15_14_pid_change_unmaps_and_waits_for_a_new_epoch() -> None:
 def test_s10_1_1_realtime_synced_announce_never_gets_the_join_time_rule() -> None:
     """§10.1.1: REALTIME_SYNCED "MUST NOT apply the join-time drop rule": an announce whose
     timestamp is below the (monotonic) join time still maps when it is fresh in realtime."""
-    core = _core()
-    core._tracker._realtime = lambda: T0  # type: ignore[attr-defined]  # the fake clock
+    core = _core(realtime_clock=lambda: T0)
     ann = _announce(1, ts=T0 - SEC, clock=CLOCK_REALTIME_SYNCED)
     assert isinstance(core.on_announce(ann, T0 + 50 * SEC, T0 + 50 * SEC), MapEpoch)
     # the MONOTONIC twin of the same numbers is a replay and is dropped

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorpool.client.driver_client import (
+from tensorpool.client.lease import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
     Attached,
