@@ -5,7 +5,7 @@ on the driver's control stream. The default deployment runs here: the `tensorpoo
 daemon hosting its embedded media driver, as a real subprocess; a producer and a consumer in
 driver mode attach through it in this process. A third Aeron client (the forger) publishes a
 validly encoded `ShmDriverShutdown`, then a `ShmLeaseRevoked` naming the producer's lease.
-Each client confirms the notice with the driver before acting on it (client/driver_client.py):
+Each client confirms the notice with the driver before acting on it (client/lease.py):
 the driver still holds both leases, so the producer keeps producing, without a gap, at the
 same epoch and lease, and the consumer keeps its lease.
 """
