@@ -588,7 +588,8 @@ def test_28_3_every_input_moves_the_machine_only_through_the_table(
     state: AttachPhase, name: str
 ) -> None:
     """#28 point 3: whatever input arrives in whatever state, the state the machine ends in
-    is the one its fired events lead to through the table: no state is written around it."""
+    is the one its fired events lead to through the table: no state is written around it,
+    and no input (a driver message, a timer, the owner's command) reaches an illegal pair."""
     m = _machine_in(state)
     INPUTS[name](m)
     expected = state
