@@ -1,7 +1,8 @@
 """The I/O shell of the lease machine: the control stream to and from the driver (§4).
 
-:class:`DriverClient` owns the Aeron publication and subscription of the control stream and
-the clock; it decodes the driver's messages, feeds them to the sans-IO
+:class:`DriverClient` holds the clock and an inbox at the process's
+:class:`~tensorpool.client.conductor.ClientConductor` (which polls and decodes the control
+stream once for every client); it feeds the driver's messages to the sans-IO
 :class:`~tensorpool.client.lease.LeaseMachine` (client/lease.py, which holds the protocol
 rules and the state table) and encodes and offers the requests the machine returns.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from typing import TYPE_CHECKING
 
 from tensorpool.client.lease import (
     SEC,
@@ -25,15 +27,14 @@ from tensorpool.client.lease import (
     SendKeepalive,
     is_transient_refusal,
 )
-from tensorpool.client.settings import ClientSettings
-from tensorpool.specs import CodecError, decode_any, peek_header
+from tensorpool.specs import CodecError
 from tensorpool.specs.generated import driver as dp
 from tensorpool.transport.clock import NanoClock, now_ns
-from tensorpool.transport.context import AeronContext
+
+if TYPE_CHECKING:
+    from tensorpool.client.conductor import ClientConductor
 
 log = logging.getLogger(__name__)
-
-DRIVER_SCHEMA_ID = dp.SCHEMA_ID
 
 
 def default_client_id() -> int:
@@ -49,8 +50,7 @@ class DriverClient:
 
     def __init__(
         self,
-        ctx: AeronContext,
-        settings: ClientSettings,
+        conductor: ClientConductor,
         stream_id: int,
         role: int,
         *,
@@ -58,7 +58,6 @@ class DriverClient:
         timings: LeaseTimings | None = None,
         publish_mode: int | None = None,
         clock: NanoClock = now_ns,
-        on_other_message: object = None,
     ) -> None:
         self.machine = LeaseMachine(
             stream_id,
@@ -68,14 +67,14 @@ class DriverClient:
             publish_mode=publish_mode,
         )
         self._clock = clock
-        self._ctx = ctx
-        ch = settings.channels
-        self._pub = ctx.add_publication(ch.control_channel, ch.control_stream_id)
-        self._sub = ctx.add_subscription(ch.control_channel, ch.control_stream_id, self._on_msg)
+        self._conductor = conductor
+        self._ctx = conductor.ctx
+        self._pub = conductor.control_pub
+        self._inbox = conductor.register_lease(stream_id)
         self._buf = bytearray(512)
         self._events: list[Action] = []
         self._unsent_attach: SendAttach | None = None
-        self._generation = ctx.generation
+        self._generation = self._ctx.generation
         self.control_drops: dict[str, int] = {}
 
     @property
@@ -98,35 +97,38 @@ class DriverClient:
     def _drop(self, reason: str) -> None:
         self.control_drops[reason] = self.control_drops.get(reason, 0) + 1
 
-    def _on_msg(self, buffer: object, header: object) -> None:
-        try:
-            if peek_header(buffer)[2] != DRIVER_SCHEMA_ID:
-                return
-            dec = decode_any(buffer)
+    def _take_inbox(self) -> None:
+        """Feed the machine what the conductor decoded for it (on the owner's thread)."""
+        m = self.machine
+        for dec, _ in self._inbox.drain():
+            if isinstance(dec, str):  # a control message the conductor could not decode
+                self._drop(dec)
+                continue
             now = self._clock()
-            m = self.machine
-            if isinstance(dec, dp.ShmAttachResponseDecoder):
-                self._events += m.on_attach_response(dec, now)
-            elif isinstance(dec, dp.ShmLeaseRevokedDecoder):
-                self._events += m.on_lease_revoked(dec, now)
-            elif isinstance(dec, dp.ShmDriverShutdownDecoder):
-                dec.reason  # noqa: B018 - unknown reasons are rejected
-                self._events += m.on_driver_shutdown(now, dec.timestamp_ns)
-            elif isinstance(dec, dp.ShmDetachResponseDecoder):
-                self._events += m.on_detach_response(dec, now)
-        except CodecError as exc:
-            self._drop(exc.reason)
+            try:
+                if isinstance(dec, dp.ShmAttachResponseDecoder):
+                    self._events += m.on_attach_response(dec, now)
+                elif isinstance(dec, dp.ShmLeaseRevokedDecoder):
+                    self._events += m.on_lease_revoked(dec, now)
+                elif isinstance(dec, dp.ShmDriverShutdownDecoder):
+                    dec.reason  # noqa: B018 - unknown reasons are rejected
+                    self._events += m.on_driver_shutdown(now, dec.timestamp_ns)
+                elif isinstance(dec, dp.ShmDetachResponseDecoder):
+                    self._events += m.on_detach_response(dec, now)
+            except CodecError as exc:
+                self._drop(exc.reason)
 
     def do_work(self, now: int | None = None) -> list[Action]:
         now = self._clock() if now is None else now
         m = self.machine
         ctx = self._ctx
-        ctx.maintain(now)  # notices a lost media driver and reconnects (#13.2)
+        self._conductor.poll(now)  # also notices a lost media driver and reconnects (#13.2)
         if ctx.generation != self._generation:
             self._generation = ctx.generation
             self._unsent_attach = None
+            self._inbox.drain()  # what the old driver said is void
             self._events += m.on_transport_reset(now)
-        self._sub.poll()
+        self._take_inbox()
         if m.state is AttachPhase.UNATTACHED:
             self._events += m.attach(now)
         self._events += m.tick(now)
@@ -220,8 +222,8 @@ class DriverClient:
                 self._send(ev)
         deadline = now + timeout_ns
         while self.machine.state is AttachPhase.DETACHING and self._clock() < deadline:
-            self._sub.poll()
+            self._conductor.poll()
+            self._take_inbox()
             self.machine.tick(self._clock())
         self.machine.close()  # answered or not: a lease we still hold expires at the driver
-        self._ctx.release(self._sub)
-        self._ctx.release(self._pub)
+        self._conductor.unregister(self._inbox)
