@@ -163,3 +163,32 @@ def test_28_1_a_client_handles_its_messages_only_on_the_thread_that_polls_it() -
         finally:
             for c in (a, b, producer):
                 c.close()
+
+
+def test_s10_1_1_an_announce_sent_before_a_consumer_registered_is_before_its_join() -> None:
+    """§10.1.1 with a shared subscription: a consumer's join time is at least when it
+    registered with the conductor. An announce already in the log then (its own control
+    subscription would never have seen it) is ignored as ``announce_before_join``."""
+    with tempfile.TemporaryDirectory(dir=SHM_ROOT) as shm_base, AeronContext() as ctx:
+        s = _settings(shm_base)
+        producer = Producer(ctx, _stream(51), s)
+        early = Consumer(ctx, 52, s)  # keeps the conductor's images linked meanwhile
+        try:
+            _drive([producer, early], lambda: producer.stats.announces >= 1, "an announce")
+            # producer.do_work polls the conductor before it announces: after the do_work
+            # that announced, the announce is still unread in the log
+            n = producer.stats.announces
+            deadline = time.monotonic() + DEADLINE_S
+            while producer.stats.announces == n:
+                assert time.monotonic() < deadline, "no further announce"
+                producer.do_work()
+            late = Consumer(ctx, 51, s)
+            try:
+                late.poll(lambda f: None)
+                assert late.stats.control["announce_before_join"] >= 1
+                assert not late.is_mapped
+            finally:
+                late.close()
+        finally:
+            early.close()
+            producer.close()
