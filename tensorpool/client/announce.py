@@ -28,7 +28,6 @@ comes back with a lower epoch (e.g. its directory was wiped) can still be mapped
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -130,8 +129,10 @@ class AnnounceTracker:
         stream_id: int,
         freshness_ns: int,
         *,
-        realtime_clock: Callable[[], int] = time.time_ns,
+        realtime_clock: Callable[[], int],
     ) -> None:
+        """``realtime_clock``: the agent's realtime clock (ns) for REALTIME_SYNCED announces;
+        passed in because the tracker has no clock of its own (issue #28 point 2)."""
         self.stream_id = stream_id
         self.freshness_ns = freshness_ns
         self._realtime = realtime_clock

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ import numpy as np
 
 from tensorpool.client import consumer_core as core_mod
 from tensorpool.client.announce import StreamLayout
+from tensorpool.client.conductor import ClientConductor
 from tensorpool.client.consumer_core import (
     AFTER_HANDLER_ERROR,
     CHECK,
@@ -55,7 +57,8 @@ from tensorpool.client.consumer_core import (
     SendQos,
     Unmap,
 )
-from tensorpool.client.driver_client import ROLE_CONSUMER, DriverClient, LeaseTimings
+from tensorpool.client.driver_client import DriverClient
+from tensorpool.client.lease import ROLE_CONSUMER, LeaseTimings
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import Reason
@@ -69,9 +72,7 @@ from tensorpool.shm.ring import HeaderRingView
 from tensorpool.shm.seqlock import SlotRead, SlotReader
 from tensorpool.shm.superblock import is_fresh
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.specs import CodecError, decode_any, peek_header
-from tensorpool.specs.generated import bridge as bridge_schema
-from tensorpool.specs.generated import driver as driver_schema
+from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
@@ -84,8 +85,6 @@ log = logging.getLogger(__name__)
 
 MODE_STREAM = int(wire.Mode.STREAM)
 MODE_RATE_LIMITED = int(wire.Mode.RATE_LIMITED)
-_WIRE_SCHEMA = wire.FrameDescriptorDecoder.SCHEMA_ID
-_OTHER_TENSORPOOL_SCHEMAS = frozenset({driver_schema.SCHEMA_ID, bridge_schema.SCHEMA_ID})
 _decode_desc = wire.FrameDescriptorDecoder.decode_tuple
 _SLOT_MISS = frozenset({Reason.SEQ_MISMATCH, Reason.NOT_COMMITTED})
 _BATCH_REASONS = BATCH_REASONS
@@ -269,6 +268,7 @@ class Consumer:
             max_rate_hz=max_rate_hz,
             max_outstanding_seq_gap=max_outstanding_seq_gap,
             driver_mode=driver,
+            realtime_clock=time.time_ns,
         )
         self.consumer_id = self.core.consumer_id
         self.mode = mode
@@ -304,12 +304,12 @@ class Consumer:
 
         self._ctx = ctx
         ch = self.settings.channels
-        self._sub_control = ctx.add_subscription(
-            ch.control_channel, ch.control_stream_id, self._on_control, fragment_limit=64
-        )
-        self._sub_meta = ctx.add_subscription(
-            ch.metadata_channel, ch.metadata_stream_id, self._on_metadata, fragment_limit=64
-        )
+        # the control plane is the process's conductor's (#28.1): the control and metadata
+        # streams are polled and decoded once for all clients; this stream's share arrives here
+        self._conductor = conductor = ClientConductor.acquire(ctx, ch)
+        self._inbox = conductor.register_consumer(stream_id)
+        self._pub_control = conductor.control_pub
+        self._pub_qos = conductor.qos_pub
         self._sub_desc = ctx.add_subscription(
             ch.descriptor_channel,
             ch.descriptor_stream_id,
@@ -317,15 +317,12 @@ class Consumer:
             fragment_limit=fragment_limit,
             guard=False,  # _on_descriptor traps handler errors itself (and re-raises them)
         )
-        self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
-        self._pub_qos = ctx.add_publication(ch.qos_channel, ch.qos_stream_id)
         # Driver mode (Driver Model §2.3): the lease is the licence to map; announces only
         # refresh or move an attached consumer to the epoch the driver bumped.
         self._driver: DriverClient | None = None
         if driver:
             self._driver = DriverClient(
-                ctx,
-                self.settings,
+                conductor,
                 stream_id,
                 ROLE_CONSUMER,
                 client_id=client_id,
@@ -697,11 +694,8 @@ class Consumer:
     def _control_duties(self, now: int) -> None:
         # control plane at most every 100 us: cheap empty polls
         self._next_duty_ns = now + 100_000
-        # Drain control traffic (bounded) so announces are never read stale after a pause.
-        for _ in range(8):
-            if self._sub_control.poll() < 64:
-                break
-        self._sub_meta.poll()
+        self._conductor.poll(now)  # drains the shared streams (bounded) for every client
+        self._take_inbox()
         self._duties(now)
 
     def frames(
@@ -863,29 +857,19 @@ class Consumer:
         return reader is not None and reader.is_current(result)
 
     # --- control plane ------------------------------------------------------------------------
-    def _on_control(self, buffer: object, header: object) -> None:
-        try:
-            schema_id = peek_header(buffer)[2]
-        except CodecError as exc:
-            self._count_control(exc.reason)
-            return
-        if schema_id != _WIRE_SCHEMA:
-            if schema_id not in _OTHER_TENSORPOOL_SCHEMAS:
-                self._count_control("unknown_schema_id")
-            return  # driver / bridge traffic on a shared control stream is not ours
-        try:
-            dec = decode_any(buffer)
-        except CodecError as exc:
-            self._count_control(exc.reason)
-            return
-        if isinstance(dec, wire.ShmPoolAnnounceDecoder):
-            self._on_announce(dec, header)
-        elif (
-            isinstance(dec, wire.ConsumerConfigDecoder)
-            and dec.stream_id == self.stream_id
-            and dec.consumer_id == self.consumer_id
-        ):
-            self.config_declined = dec.descriptor_stream_id == 0
+    def _take_inbox(self) -> None:
+        """What the conductor decoded for this stream (control and metadata), in order."""
+        for dec, join in self._inbox.drain():
+            if isinstance(dec, str):  # a message of the shared streams that did not decode
+                self._count_control(dec)
+            elif isinstance(dec, wire.ShmPoolAnnounceDecoder):
+                # we saw nothing before we registered: the join time is at least that (§10.1.1)
+                self._on_announce(dec, max(join or 0, self._inbox.registered_ns))
+            elif isinstance(dec, wire.ConsumerConfigDecoder):
+                if dec.consumer_id == self.consumer_id:
+                    self.config_declined = dec.descriptor_stream_id == 0
+            else:
+                self._on_metadata(dec)
 
     def _count_control(self, reason: str) -> None:
         self.stats.control.increment(reason)
@@ -893,12 +877,9 @@ class Consumer:
         if n & (n - 1) == 0:
             log.warning("control message dropped: %s (%d so far)", reason, n)
 
-    def _on_announce(self, dec: wire.ShmPoolAnnounceDecoder, header: object) -> None:
+    def _on_announce(self, dec: wire.ShmPoolAnnounceDecoder, join: int) -> None:
         now = self._clock()
         try:
-            if dec.stream_id != self.stream_id:
-                return
-            join = self._sub_control.join_time_ns(header.session_id)  # type: ignore[attr-defined]
             driver = self._driver
             action = self.core.on_announce(
                 dec, join, now, lease_held=driver is None or driver.holds_lease
@@ -1019,12 +1000,7 @@ class Consumer:
         self._regions = []
         log.info("stream %d unmapped (%s)", self.stream_id, why)
 
-    def _on_metadata(self, buffer: object, header: object) -> None:
-        try:
-            dec = decode_any(buffer)
-        except CodecError as exc:
-            self._count_control(exc.reason)
-            return
+    def _on_metadata(self, dec: object) -> None:
         try:
             if isinstance(dec, wire.DataSourceMetaDecoder) and dec.stream_id == self.stream_id:
                 if self.core.accept_meta_version(dec.meta_version):
@@ -1076,14 +1052,9 @@ class Consumer:
             self._gpu = None
         if self._driver is not None:
             self._driver.close()
-        for res in (
-            self._sub_control,
-            self._sub_meta,
-            self._sub_desc,
-            self._pub_control,
-            self._pub_qos,
-        ):
-            self._ctx.release(res)
+        self._ctx.release(self._sub_desc)
+        self._conductor.unregister(self._inbox)
+        self._conductor.release()
 
     def __enter__(self) -> Consumer:
         return self

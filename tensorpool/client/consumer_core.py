@@ -28,6 +28,12 @@ Descriptors (Wire §10.2.1, §15.2, §15.4, §11) -- the hot path
     * join: descriptors of frames committed before the mapping (queued in the Aeron log while
       the consumer was unmapped) are ``before_join``, not gaps: counting starts at the ring's
       head at join time (§15.4 counts what *this* consumer missed);
+    * revoke (issue #28 point 4): a producer revocation, real or forged, unmaps at once; the
+      frames of the revoked epoch after the last one seen are lost *to the revoke*, whether
+      they arrive as the mismatched epoch after a real revoke moved us to a new epoch, or
+      below the join head after a forged one was contradicted and the same epoch mapped again.
+      They are ``revoked`` drops and count in ``drops_gap`` (QoS), one per descriptor at a
+      rising seq, until the first frame of the next mapping is accepted;
     * plausibility: a descriptor for a frame the ring has never held (its slot holds an older
       seq: descriptors follow the commit, §10.2.1) is ``seq_implausible`` and changes nothing;
       a gap is counted only for plausible seqs, so a forged ``seq = 2**62`` cannot push
@@ -50,11 +56,12 @@ Cadence
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from tensorpool.client.announce import CLOCK_MONOTONIC, AnnounceTracker, StreamLayout, Verdict
-from tensorpool.client.driver_client import Attached, LeaseLost, ProducerRevoked
+from tensorpool.client.lease import Attached, LeaseLost, ProducerRevoked
 from tensorpool.client.rate_gate import RateGate
 from tensorpool.counters import LATE_REASONS, DropCounters
 
@@ -75,6 +82,7 @@ SEQ_REGRESSION: Final = "seq_regression"
 SEQ_STALE: Final = "seq_stale"
 SEQ_IMPLAUSIBLE: Final = "seq_implausible"
 BEFORE_JOIN: Final = "before_join"
+REVOKED: Final = "revoked"
 RESYNC: Final = "resync"
 RATE_LIMITED: Final = "rate_limited"
 AFTER_HANDLER_ERROR: Final = "after_handler_error"
@@ -190,6 +198,8 @@ class ConsumerCore:
         "_next_qos_ns",
         "_qos_period_ns",
         "_rate_tolerance_ns",
+        "_revoked_epoch",
+        "_revoked_next",
         "_ring_head_seen",
         "_tracker",
         "announce_producer_id",
@@ -222,8 +232,10 @@ class ConsumerCore:
         max_rate_hz: int = 0,
         max_outstanding_seq_gap: int = DEFAULT_MAX_OUTSTANDING_SEQ_GAP,
         driver_mode: bool = False,
-        tracker: AnnounceTracker | None = None,
+        realtime_clock: Callable[[], int],
     ) -> None:
+        """``realtime_clock``: the agent's realtime clock (ns), which REALTIME_SYNCED announces
+        are aged against; the core has no clock of its own."""
         if mode not in (MODE_STREAM, MODE_RATE_LIMITED):
             raise ValueError(f"mode must be STREAM or RATE_LIMITED, got {mode}")
         if max_rate_hz < 0:
@@ -236,7 +248,7 @@ class ConsumerCore:
         self.max_rate_hz = max_rate_hz
         self.stats = ConsumerStats()
         self.drops = self.stats.drops
-        self._tracker = tracker or AnnounceTracker(stream_id, freshness_ns)
+        self._tracker = AnnounceTracker(stream_id, freshness_ns, realtime_clock=realtime_clock)
         self._qos_period_ns = qos_period_ns
         self._next_qos_ns = 0
         self._hello_due = True
@@ -259,6 +271,10 @@ class ConsumerCore:
         self._join_floor = 0
         self._ring_head_seen = -1
         self._lapping = False
+        # the epoch whose producer was revoked while we read it, and its first seq not yet
+        # counted as lost to the revoke (-1: none pending; see on_lease_event)
+        self._revoked_epoch = -1
+        self._revoked_next = 0
         self.resyncs = 0
         self.meta_version: int | None = None
         # (epoch, driver time of the announce that made us map it): a producer revocation
@@ -365,10 +381,12 @@ class ConsumerCore:
         if stream_id != self.stream_id:
             return SKIP
         if not self.mapped:
-            self.drops.increment(NOT_MAPPED)
+            if not self._lost_to_revoke(epoch, seq):
+                self.drops.increment(NOT_MAPPED)
             return SKIP
         if epoch != self.epoch:  # §10.2.1: not the mapped regions' epoch
-            self.drops.increment(EPOCH_MISMATCH)
+            if not self._lost_to_revoke(epoch, seq):
+                self.drops.increment(EPOCH_MISMATCH)
             return SKIP
         if seq != self.last_seq + 1:
             return CHECK
@@ -445,11 +463,13 @@ class ConsumerCore:
         last = self.last_seq
         if last == _NO_SEQ:  # the first descriptor since the join
             if seq < self._join_floor:
-                self.drops.increment(BEFORE_JOIN)
+                if not self._lost_to_revoke(self.epoch, seq):
+                    self.drops.increment(BEFORE_JOIN)
                 return SKIP
             if slot_seq < seq:
                 self.drops.increment(SEQ_IMPLAUSIBLE)
                 return SKIP
+            self._revoked_epoch = -1  # the revoked epoch's queued descriptors came before
         elif seq > last:
             if slot_seq < seq:  # the ring never held it: no gap to count
                 self.drops.increment(SEQ_IMPLAUSIBLE)
@@ -476,6 +496,16 @@ class ConsumerCore:
         if self._gate is not None:
             return self._rate(now_ns)
         return READ
+
+    def _lost_to_revoke(self, epoch: int, seq: int) -> bool:
+        """Count a skipped descriptor of the revoked epoch as lost to the revoke (a gap, so in
+        QoS ``drops_gap``), once per seq: a replayed one falls back to its usual reason."""
+        if epoch != self._revoked_epoch or seq < self._revoked_next:
+            return False
+        self._revoked_next = seq + 1
+        self.stats.drops_gap += 1
+        self.drops.increment(REVOKED)
+        return True
 
     def _resync(self) -> int:
         # §15.4 resync: so far behind that the slot is surely reused; skip without reading
@@ -551,6 +581,9 @@ class ConsumerCore:
             # on an announce of the same epoch stamped after the revoke, which the driver never
             # sends after a real one (AnnounceTracker: the revoke was forged)
             if self.mapped:
+                # what the producer commits to this epoch from here on is lost to the revoke
+                self._revoked_epoch = self.epoch
+                self._revoked_next = self.last_seq + 1 if self.last_seq >= 0 else self._join_floor
                 return self._unmap("producer_revoked", await_newer=True, revoked_at_ns=revoked_at)
             self._tracker.on_unmapped(await_newer=True, revoked_at_ns=revoked_at)
         return None

@@ -33,11 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.client.driver_client import (
-    ROLE_PRODUCER,
-    DriverClient,
-    LeaseTimings,
-)
+from tensorpool.client.conductor import ClientConductor
+from tensorpool.client.driver_client import DriverClient
+from tensorpool.client.lease import ROLE_PRODUCER, LeaseTimings
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.producer_core import (
     AttachWait,
@@ -80,7 +78,6 @@ from tensorpool.shm.seqlock import SlotWriter
 from tensorpool.shm.superblock import LAYOUT_VERSION, SuperblockFields
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
-from tensorpool.specs import CodecError, decode_any
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import PublishMode
 from tensorpool.transport.clock import NanoClock, now_ns
@@ -270,13 +267,14 @@ class Producer:
 
         self._ctx = ctx
         ch = s.channels
-        self._pub_control = ctx.add_publication(ch.control_channel, ch.control_stream_id)
+        # the control plane is the process's conductor's (#28.1): its shared publications, and
+        # an inbox for the announces and hellos of this stream, decoded once for all clients
+        self._conductor = conductor = ClientConductor.acquire(ctx, ch)
+        self._inbox = conductor.register_producer(self.stream_id)
+        self._pub_control = conductor.control_pub
+        self._pub_qos = conductor.qos_pub
+        self._pub_meta = conductor.meta_pub
         self._pub_desc = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)
-        self._pub_qos = ctx.add_publication(ch.qos_channel, ch.qos_stream_id)
-        self._pub_meta = ctx.add_publication(ch.metadata_channel, ch.metadata_stream_id)
-        self._sub_control = ctx.add_subscription(
-            ch.control_channel, ch.control_stream_id, self._on_control
-        )
         self._desc_buf = bytearray(wire.FrameDescriptorEncoder.encoded_length())
         self._encode_desc = wire.FrameDescriptorEncoder.encode
         self._offer_desc = self._pub_desc.offer
@@ -298,8 +296,7 @@ class Producer:
         self._driver: DriverClient | None = None
         if driver:
             self._driver = DriverClient(
-                ctx,
-                s,
+                conductor,
                 self.stream_id,
                 ROLE_PRODUCER,
                 client_id=producer_id,
@@ -340,15 +337,10 @@ class Producer:
             raise
 
     def _release_transport(self) -> None:
-        """Close this producer's subscription and publications (the context stays open)."""
-        for res in (
-            self._sub_control,
-            self._pub_control,
-            self._pub_desc,
-            self._pub_qos,
-            self._pub_meta,
-        ):
-            self._ctx.release(res)
+        """Close this producer's publication, leave the conductor (the context stays open)."""
+        self._ctx.release(self._pub_desc)
+        self._conductor.unregister(self._inbox)
+        self._conductor.release()
 
     def _lock_stream(self, takeover: bool) -> None:
         """Standalone: become the stream's only producer, or refuse (#13.7).
@@ -915,15 +907,15 @@ class Producer:
         self._pub_meta.offer(buf, 0, n)
 
     # --- periodic duties ----------------------------------------------------------------------
-    def _on_control(self, buffer: object, header: object) -> None:
-        try:
-            dec = decode_any(buffer)
-        except CodecError:
-            return  # other traffic shares the control stream; consumers count their own
-        if isinstance(dec, wire.ShmPoolAnnounceDecoder):
-            self._core.on_driver_announce(dec.stream_id, self._clock())
-        elif isinstance(dec, wire.ConsumerHelloDecoder):
-            self._core.on_consumer_hello(dec.stream_id, dec.consumer_id, dec.mode_raw)
+    def _take_inbox(self) -> int:
+        """The announces and hellos of this stream the conductor decoded for us."""
+        items = self._inbox.drain()
+        for dec, _ in items:
+            if isinstance(dec, wire.ShmPoolAnnounceDecoder):
+                self._core.on_driver_announce(dec.stream_id, self._clock())
+            elif isinstance(dec, wire.ConsumerHelloDecoder):
+                self._core.on_consumer_hello(dec.stream_id, dec.consumer_id, dec.mode_raw)
+        return len(items)
 
     def do_work(self, now_ns: int | None = None) -> int:
         """Poll the control stream, the lease, and run the core's due duties; return work done."""
@@ -931,7 +923,7 @@ class Producer:
             return 0
         now = self._clock() if now_ns is None else now_ns
         core = self._core
-        work = self._sub_control.poll()
+        work = self._conductor.poll(now) + self._take_inbox()
         if self._wake is not None:
             self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
         if self._driver is not None:

@@ -1,7 +1,7 @@
 """The producer's protocol decisions, without I/O (Wire Spec §8, §10, §15; Driver Model §4).
 
 :class:`ProducerCore` is fed decoded control messages, lease events from the
-:class:`~tensorpool.client.driver_client.DriverClient`, file-operation outcomes and ``now_ns``
+:class:`~tensorpool.client.lease.LeaseMachine`, file-operation outcomes and ``now_ns``
 from one monotonic clock; it returns *actions* for the agent
 (:class:`~tensorpool.client.producer.Producer`) to execute in list order. It never touches
 Aeron, mmap, files, sleeps or clocks, so every rule has a unit test
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.client.driver_client import (
+from tensorpool.client.lease import (
     Attached,
     AttachFailed,
     LeaseLost,

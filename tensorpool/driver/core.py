@@ -660,7 +660,7 @@ class DriverCore:
             )
         lease.expiry_ns = now_ns + self._ttl_ns
         lease.last_keepalive_ns = now_ns
-        lease.state = LeaseState.ACTIVE
+        lease.move_to(LeaseState.ACTIVE)
         self.counters["keepalive"] += 1
         return []
 
@@ -988,7 +988,7 @@ class DriverCore:
     def _issue(self, stream: _Stream, lease: Lease, now_ns: int) -> SendAttachResponse:
         layout = stream.layout
         assert layout is not None
-        lease.state = LeaseState.ATTACHED
+        lease.move_to(LeaseState.ATTACHED)
         lease.issued_ns = now_ns
         lease.last_keepalive_ns = now_ns
         lease.expiry_ns = now_ns + self._ttl_ns

@@ -6,6 +6,10 @@ A lease authorises one client for one stream in one role. Its life:
 ``ATTACHED`` (issued in an ``OK`` attach response) → ``ACTIVE`` (a keepalive arrived)
 → one terminal state: ``DETACHED`` (detach request), ``EXPIRED`` (keepalive
 timeout) or ``REVOKED`` (driver decision: admin revoke, layout change, shutdown).
+These moves are declared once, in :data:`TRANSITIONS`; :meth:`Lease.move_to` is the only way
+a lease changes state, and a move the table does not allow raises
+:class:`IllegalLeaseTransition` (issue #28 point 3): a closed lease is never closed again, and
+only an issued lease can be detached or expire.
 
 Lease ids come from one counter that never goes backwards, so an id is never
 reused within a process (§4.8). Across restarts the agent seeds the counter with
@@ -29,6 +33,8 @@ from tensorpool.specs.generated.driver import Role
 
 __all__ = [
     "LEASE_ID_NULL",
+    "TRANSITIONS",
+    "IllegalLeaseTransition",
     "Lease",
     "LeaseState",
     "LeaseTable",
@@ -50,6 +56,23 @@ class LeaseState(StrEnum):
 
 LIVE_STATES = frozenset({LeaseState.PENDING, LeaseState.ATTACHED, LeaseState.ACTIVE})
 ISSUED_STATES = frozenset({LeaseState.ATTACHED, LeaseState.ACTIVE})
+
+_S = LeaseState
+#: The one declaration of a lease's life: state -> the states it may move to. Terminal states
+#: move nowhere. A keepalive moves ATTACHED to ACTIVE and keeps ACTIVE there; only the driver's
+#: shutdown revokes a lease still PENDING (its client never learned the id).
+TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
+    _S.PENDING: frozenset({_S.ATTACHED, _S.REVOKED}),
+    _S.ATTACHED: frozenset({_S.ACTIVE, _S.DETACHED, _S.EXPIRED, _S.REVOKED}),
+    _S.ACTIVE: frozenset({_S.ACTIVE, _S.DETACHED, _S.EXPIRED, _S.REVOKED}),
+    _S.DETACHED: frozenset(),
+    _S.EXPIRED: frozenset(),
+    _S.REVOKED: frozenset(),
+}
+
+
+class IllegalLeaseTransition(RuntimeError):
+    """A lease move :data:`TRANSITIONS` does not allow: a bug in the driver core."""
 
 
 def lease_id_seed(realtime_ns: int, persisted_next: int = 0) -> int:
@@ -88,6 +111,14 @@ class Lease:
     def live(self) -> bool:
         return self.state in LIVE_STATES
 
+    def move_to(self, state: LeaseState) -> None:
+        """Change state along :data:`TRANSITIONS`, or raise."""
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalLeaseTransition(
+                f"lease {self.lease_id}: {self.state.value} -> {state.value} is not allowed"
+            )
+        self.state = state
+
     @property
     def issued(self) -> bool:
         return self.state in ISSUED_STATES
@@ -119,8 +150,11 @@ class LeaseTable:
         self.by_request[(lease.client_id, lease.correlation_id)] = lease.lease_id
 
     def close(self, lease: Lease, state: LeaseState, now_ns: int) -> None:
-        """Move a live lease to a terminal state and into the bounded history."""
-        lease.state = state
+        """Move a live lease to a terminal state and into the bounded history (raises, and
+        changes nothing, if the table does not allow that move)."""
+        if TRANSITIONS[state]:
+            raise IllegalLeaseTransition(f"lease {lease.lease_id}: {state.value} is not terminal")
+        lease.move_to(state)
         lease.closed_ns = now_ns
         lease.response = None
         self.live.pop(lease.lease_id, None)

@@ -472,7 +472,9 @@ class AnnounceProbe:
         """Apply the announce rules to ``streams`` too (a shared probe serves many queries)."""
         for sid in streams:
             if sid not in self._trackers:
-                self._trackers[sid] = AnnounceTracker(sid, self.settings.freshness_ns)
+                self._trackers[sid] = AnnounceTracker(
+                    sid, self.settings.freshness_ns, realtime_clock=time.time_ns
+                )
 
     def _fresh(self, sid: int, now: int) -> bool:
         """``sid`` has a mapped layout whose newest announce passes the freshness rule *now*

@@ -47,3 +47,37 @@ def read_cnc_identity(aeron_dir: str) -> CncIdentity | None:
         return None
     fields = _META.unpack(head)
     return CncIdentity(inode, fields[7], fields[8])
+
+
+_COUNTER_RECORD: Final = 512  # aeron_counter_metadata_descriptor_t
+_COUNTER_HEAD: Final = struct.Struct("<ii8x")
+_META_REGION: Final = 128  # the metadata, aligned to two cache lines
+
+CLIENT_HEARTBEAT_TYPE: Final = 11
+"""Aeron's counter type of a connected client (one per Aeron client of any process)."""
+SUBSCRIBER_POSITION_TYPE: Final = 4
+"""Aeron's counter type of one subscription's position on one image."""
+
+
+def read_counters(aeron_dir: str) -> list[tuple[int, bytes]]:
+    """The media driver's allocated counters as ``(type_id, key)``: how many Aeron clients,
+    publications and subscriber images it serves (measurement and tests, not a hot path)."""
+    with open(os.path.join(aeron_dir, CNC_FILE), "rb") as f:
+        data = f.read()
+    fields = _META.unpack_from(data)
+    start = _META_REGION + fields[1] + fields[2]
+    out = []
+    for off in range(start, start + fields[3], _COUNTER_RECORD):
+        state, type_id = _COUNTER_HEAD.unpack_from(data, off)
+        if state == 1:  # allocated (0: never used, -1: reclaimed)
+            out.append((type_id, data[off + 16 : off + 128]))
+    return out
+
+
+def subscriber_images(counters: list[tuple[int, bytes]], stream_id: int) -> int:
+    """Subscriber positions (subscription x image) on ``stream_id``."""
+    return sum(
+        1
+        for type_id, key in counters
+        if type_id == SUBSCRIBER_POSITION_TYPE and struct.unpack_from("<i", key, 12)[0] == stream_id
+    )

@@ -5,7 +5,7 @@ on the driver's control stream. The default deployment runs here: the `tensorpoo
 daemon hosting its embedded media driver, as a real subprocess; a producer and a consumer in
 driver mode attach through it in this process. A third Aeron client (the forger) publishes a
 validly encoded `ShmDriverShutdown`, then a `ShmLeaseRevoked` naming the producer's lease.
-Each client confirms the notice with the driver before acting on it (client/driver_client.py):
+Each client confirms the notice with the driver before acting on it (client/lease.py):
 the driver still holds both leases, so the producer keeps producing, without a gap, at the
 same epoch and lease, and the consumer keeps its lease.
 """
@@ -27,7 +27,9 @@ from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.endpoints import Endpoints
+from tensorpool.specs import decode_any
 from tensorpool.specs.generated import driver as dp
+from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import now_ns
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
@@ -158,6 +160,106 @@ def test_14_2_forged_shutdown_and_revoke_cost_no_frame_and_no_lease(work: dict[s
         assert producer.lease_counters.get("notice_not_confirmed") == 2
         assert consumer.stats.control.snapshot().get("lease_lost", 0) == 0
         assert all(e == epoch for e, _ in got)
+    finally:
+        if forger is not None:
+            forger.close()
+        ctx.close()  # before the daemon takes its media driver away
+        daemon.stop()
+
+
+def test_28_4_frames_lost_to_a_forged_revoke_are_counted_as_revoked_gaps(
+    work: dict[str, str],
+) -> None:
+    """#28 point 4: a forged ShmLeaseRevoked naming the producer's lease makes the consumer
+    unmap until the driver's next announce of the epoch contradicts it; the producer goes on
+    (it confirms the notice with the driver). The frames committed meanwhile never reach the
+    consumer: each one is a ``revoked`` drop and counts in ``drops_gap`` and in the QoS
+    message's ``drops_gap``, not as ``before_join``. Checked against the seqs that did not
+    arrive (the producer at 100 Hz, the real daemon and media driver, the forger a third
+    Aeron client publishing the generated codec's bytes on the control stream)."""
+    daemon = DriverProcess(work["config"], work["base"], os.path.join(work["root"], "d.log"))
+    daemon.start().wait_ready(WAIT)
+    settings = ClientSettings(
+        transport=TransportConfig(aeron_dir=work["aeron"]),
+        channels=Endpoints(control_channel=CONTROL, control_stream_id=CONTROL_STREAM),
+        shm_base_dir=work["base"],
+        announce_period_ns=200_000_000,
+        qos_period_ns=100_000_000,
+    )
+    ctx = AeronContext(settings.transport)
+    forger: ControlClient | None = None
+    try:
+        ctx.start()
+        producer = Producer(ctx, STREAM, settings, driver=True)
+        producer.wait_until_attached(WAIT)
+        consumer = Consumer(ctx, STREAM, settings, driver=True)
+        forger = ControlClient(work["aeron"], channel=CONTROL, stream_id=CONTROL_STREAM)
+        qos_gaps: list[tuple[int, int]] = []  # (last_seq_seen, drops_gap) of our consumer
+
+        def on_qos(buffer: object, header: object) -> None:
+            dec = decode_any(buffer)
+            if isinstance(dec, wire.QosConsumerDecoder) and (
+                dec.consumer_id == consumer.consumer_id
+            ):
+                qos_gaps.append((dec.last_seq_seen, dec.drops_gap))
+
+        ch = settings.channels
+        qos_sub = ctx.add_subscription(ch.qos_channel, ch.qos_stream_id, on_qos)
+        got: list[int] = []
+
+        def on_frame(frame: Frame) -> None:
+            got.append(frame.seq)
+
+        frame = np.arange(64, dtype=np.uint8)
+        sent: list[int] = []
+
+        def run(seconds: float, *, produce: bool = True) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                if produce:
+                    seq = producer.offer(frame)
+                    assert seq is not None, producer.stats.drops.snapshot()
+                    sent.append(seq)
+                producer.do_work()
+                consumer.poll(on_frame)
+                qos_sub.poll()
+                time.sleep(0.01)  # about 100 Hz
+
+        deadline = time.monotonic() + WAIT
+        # attached, mapped, and an announce taken since: a revoke is plausible only within a
+        # freshness window of the driver's newest announce (ConsumerCore.on_lease_event)
+        while not got or consumer.core.newest_announce_ns == 0:
+            assert time.monotonic() < deadline, consumer.stats.control.snapshot()
+            run(0.05)
+        lease = producer.lease_id
+        assert lease is not None
+        before_join = consumer.stats.drops["before_join"]
+        assert consumer.drops_gap == 0
+
+        forger.send(_forged_revoke(lease, producer.producer_id))
+        deadline = time.monotonic() + WAIT
+        while consumer.stats.control["producer_revoke_contradicted"] == 0:
+            assert time.monotonic() < deadline, consumer.stats.control.snapshot()
+            run(0.05)
+        run(0.3)
+        last = sent[-1]
+        deadline = time.monotonic() + WAIT
+        while (not got or got[-1] != last) or not qos_gaps or qos_gaps[-1][0] < last:
+            assert time.monotonic() < deadline, (got[-5:], last, qos_gaps[-3:])
+            run(0.05, produce=False)  # drain: the last frame and a QoS report after it
+
+        assert consumer.stats.control["producer_revoked"] == 1
+        assert producer.lease_counters.get("notice_not_confirmed") == 1  # the producer went on
+        assert sent == list(range(sent[0], last + 1)), "a gap in the producer's seqs"
+        received = set(got)
+        missing = [s for s in range(got[0], last + 1) if s not in received]
+        assert missing, "the forged revoke cost no frame: nothing to count"
+        drops = consumer.stats.drops.snapshot()
+        assert drops.get("revoked", 0) == len(missing), (drops, len(missing))
+        assert consumer.drops_gap == len(missing)
+        assert consumer.stats.drops["before_join"] == before_join  # not counted as a join
+        assert consumer.drops_late == 0
+        assert qos_gaps[-1] == (last, len(missing))  # what the QoS message reports
     finally:
         if forger is not None:
             forger.close()

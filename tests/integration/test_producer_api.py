@@ -3,6 +3,7 @@ no-pool-fits drops (§9), layout preservation (§8.2), the consumer's owned-copy
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -15,9 +16,15 @@ from tensorpool.shm.tensor import TensorLayout
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
+_STREAMS = itertools.count(4)
+
 
 @pytest.fixture
 def pair(media_driver, shm_base):
+    # a stream of its own per test: the module's media driver may still hold the previous
+    # test's descriptor publication (lingering) with the same stream, epoch 1 and seq 0, and a
+    # consumer that maps at once reads that descriptor as this producer's first frame
+    stream_id = next(_STREAMS)
     settings = ClientSettings(
         transport=TransportConfig(aeron_dir=media_driver.dir),
         shm_base_dir=shm_base,
@@ -26,10 +33,10 @@ def pair(media_driver, shm_base):
     with AeronContext(settings.transport) as ctx:
         ctx.start()
         stream = StreamConfig(
-            4, header_nslots=64, pools=(PoolConfig(1, 4096), PoolConfig(2, 65536))
+            stream_id, header_nslots=64, pools=(PoolConfig(1, 4096), PoolConfig(2, 65536))
         )
         producer = Producer(ctx, stream, settings)
-        consumer = Consumer(ctx, 4, settings)
+        consumer = Consumer(ctx, stream_id, settings)
         deadline = time.monotonic() + 10
         while not consumer.is_mapped and time.monotonic() < deadline:
             producer.do_work()

@@ -6,6 +6,11 @@ import each other; no module imports itself back through a chain (no cycles). Re
 the source (every ``import``, function-level ones included: a lazy import is a dependency too; only
 ``if TYPE_CHECKING:`` blocks are left out, they never run), so a new module is covered the day it
 is added.
+
+Issue #28 point 2: the sans-IO cores (``CORES``) and everything they import, transitively, with
+``TYPE_CHECKING`` edges included and a package's ``__init__`` counted for each of its modules
+(importing ``shm.uri`` runs ``shm/__init__.py``), reach no Aeron, no socket, no transport layer
+(``transport.context``, ``transport.clock``) and no clock module: time is passed in.
 """
 
 from __future__ import annotations
@@ -94,6 +99,11 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
+def _walk_all(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node, ``if TYPE_CHECKING:`` blocks included."""
+    return ast.walk(node)
+
+
 def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
     """Every node except those under ``if TYPE_CHECKING:``."""
     for child in ast.iter_child_nodes(node):
@@ -106,11 +116,12 @@ def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:
         yield from _walk_runtime(child)
 
 
-def imports_of(module: str) -> dict[str, int]:
+def imports_of(module: str, *, type_checking: bool = False) -> dict[str, int]:
     """The tensorpool modules ``module`` imports, with the line of the first import of each.
 
     ``from pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg``.
-    External packages are reported under their top-level name (``pyaeron``).
+    External packages are reported under their top-level name (``pyaeron``). ``type_checking``:
+    count the imports under ``if TYPE_CHECKING:`` too.
     """
     path = MODULES[module]
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -121,7 +132,7 @@ def imports_of(module: str) -> dict[str, int]:
         if name != module:
             found.setdefault(name, line)
 
-    for node in _walk_runtime(tree):
+    for node in (_walk_all if type_checking else _walk_runtime)(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("tensorpool."):
@@ -146,6 +157,62 @@ def imports_of(module: str) -> dict[str, int]:
 
 
 GRAPH: dict[str, dict[str, int]] = {m: imports_of(m) for m in sorted(MODULES)}
+#: The same with the ``TYPE_CHECKING`` edges: what a core's source names, run or not.
+FULL_GRAPH: dict[str, dict[str, int]] = {
+    m: imports_of(m, type_checking=True) for m in sorted(MODULES)
+}
+
+#: The sans-IO cores (docs/architecture.md, "How code is shaped"; issue #28 point 2).
+CORES = (
+    "tensorpool.client.lease",
+    "tensorpool.client.producer_core",
+    "tensorpool.client.consumer_core",
+    "tensorpool.driver.core",
+)
+#: What no core may reach, even transitively: Aeron and the transport layer over it (its
+#: context, its clock), sockets, and clock modules (a core is handed ``now_ns``). A module
+#: name ending in ``.`` stands for every module under it.
+CORE_FORBIDDEN = ("pyaeron", "socket", "time", "datetime", "tensorpool.transport.")
+
+
+def _packages_of(module: str) -> list[str]:
+    """The packages whose ``__init__`` runs before ``module``: ``tensorpool.shm`` for
+    ``tensorpool.shm.uri``."""
+    pieces = module.split(".")
+    return [p for p in (".".join(pieces[:i]) for i in range(1, len(pieces))) if p in MODULES]
+
+
+def reach(root: str, graph: dict[str, dict[str, int]]) -> dict[str, str]:
+    """Every module ``root`` imports transitively, each with the module that first imports it
+    (breadth first, so the chain back to ``root`` is a shortest one)."""
+    found: dict[str, str] = {}
+    todo = [root]
+    while todo:
+        module = todo.pop(0)
+        for target in [*graph.get(module, {}), *_packages_of(module)]:
+            if target != root and target not in found:
+                found[target] = module
+                if target in graph:
+                    todo.append(target)
+    return found
+
+
+def core_io_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each forbidden module a core reaches, with the chain of imports that reaches it."""
+    out: list[str] = []
+    for core in CORES:
+        found = reach(core, graph)
+        for target in sorted(found):
+            if not any(
+                target == bad or (bad.endswith(".") and target.startswith(bad))
+                for bad in CORE_FORBIDDEN
+            ):
+                continue
+            chain = [target]
+            while chain[-1] != core:
+                chain.append(found[chain[-1]])
+            out.append(" <- ".join(chain))
+    return out
 
 
 def part(module: str) -> str:
@@ -277,3 +344,38 @@ def test_14_1_the_checker_sees_a_cycle() -> None:
     graph = {m: dict(t) for m, t in GRAPH.items()}
     graph["tensorpool.spark_source.source"]["tensorpool.spark_source.pulse"] = 1
     assert any("tensorpool.spark_source.pulse" in c for c in cycles(graph))
+
+
+def test_28_2_cores_reach_no_io_transitively() -> None:
+    """#28 point 2: LeaseMachine (client/lease.py), ProducerCore, ConsumerCore and the
+    DriverCore, with every module they import (``TYPE_CHECKING`` edges and package
+    ``__init__`` files included), reach no pyaeron, socket, transport layer or clock module.
+    On the code before #28 the cores reached pyaeron through client/driver_client.py ->
+    transport/context.py, and a clock through announce.py's ``time.time_ns`` default."""
+    assert core_io_violations(FULL_GRAPH) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        # a type-only import of the Aeron context two hops below a core
+        ("tensorpool.client.announce", "tensorpool.transport.context"),
+        ("tensorpool.shm.uri", "pyaeron"),  # through the shm package a core imports
+        ("tensorpool.client.rate_gate", "time"),
+        ("tensorpool.driver.leases", "socket"),
+    ],
+)
+def test_28_2_the_core_checker_sees_an_indirect_import(module: str, target: str) -> None:
+    """#28 point 2: the transitive check bites: an import of I/O added anywhere below a core
+    is reported with the chain that reaches it."""
+    graph = {m: dict(t) for m, t in FULL_GRAPH.items()}
+    graph[module][target] = 1
+    problems = core_io_violations(graph)
+    assert any(p.startswith(f"{target} <- {module} <- ") for p in problems), problems
+
+
+def test_28_2_the_full_graph_keeps_type_checking_edges() -> None:
+    """#28 point 2: the core check reads ``if TYPE_CHECKING:`` imports, which the layering
+    rules above leave out (gpu names shm types only for the type checker)."""
+    assert "tensorpool.shm.batch" not in GRAPH["tensorpool.gpu.delivery"]
+    assert "tensorpool.shm.batch" in FULL_GRAPH["tensorpool.gpu.delivery"]

@@ -11,6 +11,7 @@ SEC = 1_000_000_000
 
 
 def _tracker(**kw: object) -> AnnounceTracker:
+    kw.setdefault("realtime_clock", lambda: 1_000 * SEC)  # the fake clock
     return AnnounceTracker(stream_id=7, freshness_ns=3 * SEC, **kw)  # type: ignore[arg-type]
 
 

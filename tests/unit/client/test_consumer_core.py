@@ -20,6 +20,7 @@ from tensorpool.client.consumer_core import (
     READ,
     REMAP,
     RESYNC,
+    REVOKED,
     SEQ_IMPLAUSIBLE,
     SEQ_REGRESSION,
     SEQ_STALE,
@@ -34,7 +35,7 @@ from tensorpool.client.consumer_core import (
     SendQos,
     Unmap,
 )
-from tensorpool.client.driver_client import (
+from tensorpool.client.lease import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
     Attached,
@@ -85,7 +86,11 @@ def _announce(
 
 
 def _core(**kw: object) -> ConsumerCore:
-    args: dict[str, object] = dict(freshness_ns=3 * SEC, qos_period_ns=SEC)
+    args: dict[str, object] = dict(
+        freshness_ns=3 * SEC,
+        qos_period_ns=SEC,
+        realtime_clock=lambda: T0,  # the fake clock
+    )
     args.update(kw)
     return ConsumerCore(STREAM, 11, **args)  # type: ignore[arg-type]
 
@@ -158,8 +163,7 @@ def test_s15_14_pid_change_unmaps_and_waits_for_a_new_epoch() -> None:
 def test_s10_1_1_realtime_synced_announce_never_gets_the_join_time_rule() -> None:
     """§10.1.1: REALTIME_SYNCED "MUST NOT apply the join-time drop rule": an announce whose
     timestamp is below the (monotonic) join time still maps when it is fresh in realtime."""
-    core = _core()
-    core._tracker._realtime = lambda: T0  # type: ignore[attr-defined]  # the fake clock
+    core = _core(realtime_clock=lambda: T0)
     ann = _announce(1, ts=T0 - SEC, clock=CLOCK_REALTIME_SYNCED)
     assert isinstance(core.on_announce(ann, T0 + 50 * SEC, T0 + 50 * SEC), MapEpoch)
     # the MONOTONIC twin of the same numbers is a replay and is dropped
@@ -353,6 +357,57 @@ def test_14_2_forged_producer_revoke_is_contradicted_by_the_next_announce_of_the
     again = core.on_announce(_announce(5, ts=T0 + SEC), None, T0 + SEC)
     assert isinstance(again, MapEpoch) and again.layout.epoch == 5
     assert core.stats.control["producer_revoke_contradicted"] == 1
+
+
+def test_28_4_frames_lost_to_a_forged_revoke_are_revoked_gaps_not_before_join() -> None:
+    """#28 point 4: a forged producer revoke unmaps until the next announce of the epoch
+    contradicts it; the frames committed meanwhile (their descriptors queued below the new join
+    head) were lost to the revoke: ``revoked`` drops counted in ``drops_gap`` and the QoS gap,
+    not ``before_join``. Frames before the first join stay ``before_join``."""
+    core = _core(driver_mode=True)
+    action = core.on_announce(_announce(5, ts=T0), None, T0)
+    assert isinstance(action, MapEpoch)
+    core.on_mapped(action.layout, 3, T0)  # joined at head 3
+    for seq in range(3):
+        assert _feed(core, seq) == SKIP
+    for seq in range(3, 10):
+        assert _feed(core, seq) == READ
+    assert core.on_lease_event(ProducerRevoked(STREAM, T0 + 10)) == Unmap("producer_revoked")
+    again = core.on_announce(_announce(5, ts=T0 + SEC), None, T0 + SEC)
+    assert isinstance(again, MapEpoch)
+    core.on_mapped(again.layout, 76, T0 + SEC)  # the producer got to 76 meanwhile
+    for seq in range(10, 76):  # the queued descriptors of the frames nobody read
+        assert _feed(core, seq, slot=seq + NSLOTS) == SKIP
+    assert _feed(core, 76) == READ and _feed(core, 77) == READ
+    assert core.drops[REVOKED] == 66 and core.drops_gap == 66
+    assert core.drops[BEFORE_JOIN] == 3  # only the frames before the first join
+    (qos,) = [a for a in core.tick(T0 + 2 * SEC) if isinstance(a, SendQos)]
+    assert qos.drops_gap == 66 and qos.last_seq_seen == 77
+    # the window closed with the first frame of the new mapping: a later join is a join
+    core.unmapped("close")
+    core.on_mapped(again.layout, 200, T0 + 2 * SEC)
+    assert _feed(core, 150, slot=150 + NSLOTS) == SKIP
+    assert core.drops[BEFORE_JOIN] == 4 and core.drops[REVOKED] == 66
+
+
+def test_28_4_frames_of_the_revoked_epoch_after_a_real_revoke_are_revoked_gaps() -> None:
+    """#28 point 4: after a real revoke the consumer maps the bumped epoch; the old epoch's
+    frames it never read (descriptors still queued) are ``revoked`` gaps, each seq once (a
+    replayed descriptor is an ordinary ``epoch_mismatch``), until the new epoch's first frame."""
+    core = _mapped(epoch=5, driver_mode=True)
+    for seq in range(4):
+        assert _feed(core, seq) == READ
+    assert core.on_lease_event(ProducerRevoked(STREAM)) == Unmap("producer_revoked")
+    bumped = core.on_announce(_announce(6), None, T0)
+    assert isinstance(bumped, MapEpoch)
+    core.on_mapped(bumped.layout, -1, T0)
+    for seq in (4, 5, 6, 6):
+        assert core.on_descriptor(STREAM, 5, seq, T0) == SKIP
+    assert core.drops[REVOKED] == 3 and core.drops_gap == 3
+    assert core.drops[EPOCH_MISMATCH] == 1
+    assert _feed(core, 0) == READ
+    assert core.on_descriptor(STREAM, 5, 7, T0) == SKIP  # after the new epoch's first frame
+    assert core.drops[EPOCH_MISMATCH] == 2 and core.drops_gap == 3
 
 
 def test_14_2_producer_revoke_stamped_in_the_future_is_ignored() -> None:

@@ -21,7 +21,7 @@ from tensorpool.client.consumer_core import (
     SendQos,
     Unmap,
 )
-from tensorpool.client.driver_client import LeaseLost, ProducerRevoked
+from tensorpool.client.lease import LeaseLost, ProducerRevoked
 from tensorpool.counters import Reason
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tensorpool.client.driver_client import (
+from tensorpool.client.lease import (
     ROLE_CONSUMER,
     ROLE_PRODUCER,
     Attached,
     AttachFailed,
     AttachPhase,
+    IllegalTransition,
+    LeaseEvent,
     LeaseLost,
     LeaseMachine,
     LeaseTimings,
@@ -20,6 +22,7 @@ from tensorpool.client.driver_client import (
     SendKeepalive,
     is_transient_refusal,
 )
+from tensorpool.client.lease import TRANSITIONS as TABLE
 from tensorpool.specs import CodecError
 from tensorpool.specs.generated import driver as dp
 
@@ -467,3 +470,139 @@ def test_s4_8_a_lease_the_driver_holds_for_us_unknown_is_released_and_retried() 
     assert m.tick(10 * MS + T.busy_retry_ns - 1) == []
     (again,) = m.tick(10 * MS + T.busy_retry_ns)
     assert isinstance(again, SendAttach)
+
+
+# --- issue #28 point 3: one transition table ------------------------------------------------
+
+P, E = AttachPhase, LeaseEvent
+#: The machine of client/lease.py's docstring (§4.12.1 with #14 §2's confirmation and §4.8's
+#: late grants), written out independently of the code: the oracle for TRANSITIONS.
+EXPECTED = {
+    (P.UNATTACHED, E.ATTACH): P.ATTACHING,
+    (P.ATTACHING, E.GRANTED): P.ATTACHED,
+    (P.ATTACHING, E.ATTACH_FAILED): P.BACKOFF,
+    (P.ATTACHED, E.NOTICE): P.CONFIRMING,
+    (P.ATTACHED, E.LEASE_LOST): P.BACKOFF,
+    (P.ATTACHED, E.DETACH): P.DETACHING,
+    (P.CONFIRMING, E.NOTICE_DENIED): P.ATTACHED,
+    (P.CONFIRMING, E.PROBE_GRANTED): P.ATTACHING,
+    (P.CONFIRMING, E.LEASE_LOST): P.BACKOFF,
+    (P.CONFIRMING, E.DETACH): P.DETACHING,
+    (P.DETACHING, E.DETACH_DONE): P.CLOSED,
+    (P.DETACHING, E.LEASE_LOST): P.BACKOFF,
+    (P.BACKOFF, E.ATTACH): P.ATTACHING,
+    (P.BACKOFF, E.GRANTED): P.ATTACHED,
+    **{(state, E.CLOSE): P.CLOSED for state in P},
+}
+
+
+def test_28_3_the_table_is_the_documented_machine() -> None:
+    """#28 point 3: the attach states and transitions are declared once, as drawn."""
+    assert TABLE == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("state", "event"),
+    [(s, e) for s in AttachPhase for e in LeaseEvent],
+    ids=[f"{s.name}-{e.name}" for s in AttachPhase for e in LeaseEvent],
+)
+def test_28_3_every_state_event_pair_moves_as_the_table_says_or_raises(
+    state: AttachPhase, event: LeaseEvent
+) -> None:
+    """#28 point 3: every (state, event) pair: a legal one moves to the state the table
+    names, an illegal one raises and leaves the state as it was."""
+    m = LeaseMachine(5, ROLE_PRODUCER, 42, timings=T, correlation_seed=100)
+    m._state = state  # white box: put the machine in each state directly
+    if (state, event) in EXPECTED:
+        m._fire(event)
+        assert m.state is EXPECTED[state, event]
+    else:
+        with pytest.raises(IllegalTransition, match=f"{event.name} is not allowed in {state.name}"):
+            m._fire(event)
+        assert m.state is state
+
+
+class _Recording(LeaseMachine):
+    """Records the events the machine fires, to check each change of state against them."""
+
+    def __init__(self) -> None:
+        super().__init__(5, ROLE_CONSUMER, 42, timings=T, correlation_seed=100)
+        self.fired: list[LeaseEvent] = []
+
+    def _fire(self, event: LeaseEvent) -> None:
+        self.fired.append(event)
+        super()._fire(event)
+
+
+def _machine_in(state: AttachPhase) -> _Recording:
+    """A machine brought to ``state`` through its public inputs only."""
+    m = _Recording()
+    if state is P.CLOSED:
+        m.detach(0)  # nothing held: closed at once
+    elif state is not P.UNATTACHED:
+        (req,) = m.attach(0)
+        if state is P.BACKOFF:
+            m.on_attach_response(_refusal(req.correlation_id, "no such stream"), 0)
+        elif state is not P.ATTACHING:
+            m.on_attach_response(_response(req.correlation_id), 0)
+            if state is P.CONFIRMING:
+                m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), 0)  # type: ignore[arg-type]
+            elif state is P.DETACHING:
+                m.detach(0)
+    assert m.state is state
+    m.fired.clear()
+    return m
+
+
+def _detach_answer(corr: int) -> dp.ShmDetachResponseDecoder:
+    buf = bytearray(64)
+    dp.ShmDetachResponseEncoder.encode(buf, 0, correlation_id=corr, code=0, error_message="")
+    return dp.ShmDetachResponseDecoder().wrap(buf)
+
+
+#: Every public input of the machine, applied at 1 ms (or, for ``tick``, past every deadline).
+INPUTS = {
+    "attach": lambda m: m.attach(MS),
+    "detach": lambda m: m.detach(MS),
+    "close": lambda m: m.close(),
+    "tick_late": lambda m: m.tick(100 * 1_000 * MS),
+    "grant": lambda m: m.on_attach_response(_response(m.pending_correlation_id or 0), MS),
+    "refusal": lambda m: m.on_attach_response(
+        _refusal(m.pending_correlation_id or 0, "no such stream"), MS
+    ),
+    "held_ours": lambda m: m.on_attach_response(_held(m.pending_correlation_id or 0, 77), MS),
+    "detach_answer": lambda m: m.on_detach_response(
+        _detach_answer(m.pending_correlation_id or 0), MS
+    ),
+    "revoke_ours": lambda m: m.on_lease_revoked(_revoked(77, ROLE_CONSUMER), MS),
+    "driver_shutdown": lambda m: m.on_driver_shutdown(MS),
+    "driver_silent": lambda m: m.on_driver_silent(MS),
+    "transport_reset": lambda m: m.on_transport_reset(MS),
+    "keepalive_failed": lambda m: m.on_keepalive_failed(MS),
+}
+
+
+@pytest.mark.parametrize("state", list(AttachPhase), ids=[s.name for s in AttachPhase])
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_28_3_every_input_moves_the_machine_only_through_the_table(
+    state: AttachPhase, name: str
+) -> None:
+    """#28 point 3: whatever input arrives in whatever state, the state the machine ends in
+    is the one its fired events lead to through the table: no state is written around it,
+    and no input (a driver message, a timer, the owner's command) reaches an illegal pair."""
+    m = _machine_in(state)
+    INPUTS[name](m)
+    expected = state
+    for event in m.fired:
+        expected = EXPECTED[expected, event]
+    assert m.state is expected, (state, m.fired, m.state)
+
+
+def test_28_3_the_state_cannot_be_written_from_outside() -> None:
+    """#28 point 3: the owner (DriverClient.close) ends the machine with the CLOSE event;
+    writing the state directly is refused."""
+    m, _ = _attached()
+    with pytest.raises(AttributeError):
+        m.state = AttachPhase.CLOSED  # type: ignore[misc]
+    m.close()
+    assert m.state is AttachPhase.CLOSED and m.pending_correlation_id is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tensorpool.client.announce import AnnouncedPool, StreamLayout
-from tensorpool.client.driver_client import Attached, AttachFailed, LeaseLost
+from tensorpool.client.lease import Attached, AttachFailed, LeaseLost
 from tensorpool.client.producer_core import (
     AttachWait,
     MapLease,
