@@ -14,8 +14,12 @@ same ones (issue #13.1):
    ``dir_delete_on_start`` says (measured with pyaeron 0.1.0: a sentinel file in the directory
    is gone after ``MediaDriver(dir_delete_on_start=False)``). So before a driver is started,
    :func:`classify_media_driver_dir` must find the directory absent, empty, or holding nothing
-   but an Aeron layout (:data:`AERON_FILES`, :data:`AERON_SUBDIRS` with ``*.logbuffer`` files);
-   anything else is :attr:`DirState.FOREIGN` and refused. On shutdown only Aeron's own files are
+   but an Aeron layout, recognised by content, not by names (#30: ``echo precious > d/cnc.dat``
+   was taken for Aeron's and deleted): a ``cnc.dat`` that is an Aeron CnC file
+   (:func:`is_aeron_cnc`: CnC major version 0, non-zero, its five buffer lengths positive and
+   within the file), and beside it only ``loss-report.dat`` and :data:`AERON_SUBDIRS` holding
+   ``*.logbuffer`` files of at least three minimum terms; anything else is
+   :attr:`DirState.FOREIGN` and refused. On shutdown only Aeron's own files are
    removed (:func:`remove_aeron_files`), and the directory itself only if this process created
    it. The check and the driver's start are not atomic: a file dropped into the directory in
    between is lost; that window is a few milliseconds and only the operator's own tools race it.
@@ -29,17 +33,21 @@ from __future__ import annotations
 import enum
 import os
 import stat
+import struct
 from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
     "AERON_FILES",
     "AERON_SUBDIRS",
+    "CNC_FILE",
+    "CNC_METADATA",
     "DirState",
     "UnsafeDirectory",
     "check_creatable_dir",
     "check_media_driver_dir",
     "classify_media_driver_dir",
+    "is_aeron_cnc",
     "make_dirs",
     "missing_dirs",
     "remove_aeron_files",
@@ -48,8 +56,21 @@ __all__ = [
     "world_writable_reason",
 ]
 
-AERON_FILES: Final = frozenset({"cnc.dat", "loss-report.dat"})
+CNC_FILE: Final = "cnc.dat"
+AERON_FILES: Final = frozenset({CNC_FILE, "loss-report.dat"})
 """Files an Aeron media driver creates at the top of its directory."""
+
+CNC_METADATA: Final = struct.Struct("<6iqqq")
+"""Aeron's CnC metadata (``aeron_cnc_metadata_t``, CnC version 0.2+): ``cnc_version``, the
+to-driver, to-clients, counters-metadata, counters-values and error-log buffer lengths (int32),
+then ``client_liveness_timeout``, ``start_timestamp`` and ``pid`` (int64)."""
+
+CNC_MAJOR_VERSION: Final = 0
+"""The CnC major version of the Aeron this project runs (``cnc_version`` is Aeron's semantic
+version, ``major << 16 | minor << 8 | patch``; 0.2.0 today)."""
+
+MIN_LOGBUFFER_BYTES: Final = 3 * 64 * 1024
+"""A log buffer holds three terms of at least 64 KiB (Aeron's minimum term length)."""
 
 AERON_SUBDIRS: Final = frozenset({"publications", "images"})
 """Sub-directories an Aeron media driver creates; they hold only ``*.logbuffer`` files."""
@@ -163,8 +184,41 @@ def check_creatable_dir(path: str, what: str) -> str:
     return path
 
 
+def is_aeron_cnc(path: str) -> bool:
+    """Whether ``path`` is an Aeron CnC file (not followed if a link): a regular file whose
+    metadata has CnC major version :data:`CNC_MAJOR_VERSION` (non-zero: a driver writes the
+    version last) and five positive buffer lengths that fit in the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, CNC_METADATA.size, 0) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if len(head) < CNC_METADATA.size:
+        return False
+    version, *lengths = CNC_METADATA.unpack(head)[:6]
+    return (
+        version > 0
+        and version >> 16 == CNC_MAJOR_VERSION
+        and all(n > 0 for n in lengths)
+        and CNC_METADATA.size + sum(lengths) <= st.st_size
+    )
+
+
 def _foreign_entry(path: str) -> str | None:
-    """The first entry of ``path`` that is not part of an Aeron layout, or None."""
+    """The first entry of ``path`` that is not part of an Aeron layout, or None. Names prove
+    nothing: without an Aeron ``cnc.dat`` every entry is foreign."""
+    cnc = os.path.join(path, CNC_FILE)
+    if not is_aeron_cnc(cnc):
+        if os.path.lexists(cnc):
+            return cnc
+        with os.scandir(path) as entries:
+            return next((entry.path for entry in entries), None)
     with os.scandir(path) as entries:
         for entry in entries:
             full = entry.path
@@ -179,6 +233,7 @@ def _foreign_entry(path: str) -> str | None:
                         if not (
                             item.name.endswith(LOGBUFFER_SUFFIX)
                             and item.is_file(follow_symlinks=False)
+                            and item.stat(follow_symlinks=False).st_size >= MIN_LOGBUFFER_BYTES
                         ):
                             return item.path
             else:
@@ -217,10 +272,16 @@ def check_media_driver_dir(path: str, what: str = "media driver directory") -> D
     check_creatable_dir(path, what)
     state, culprit = classify_media_driver_dir(path)
     if state is DirState.FOREIGN:
-        detail = "it is not a directory" if culprit == path else f"it holds {culprit}"
+        if culprit == path:
+            detail = "it is not a directory"
+        elif culprit == os.path.join(path, CNC_FILE):
+            detail = f"it holds {culprit}, which is not an Aeron CnC file"
+        else:
+            detail = f"it holds {culprit}"
         raise UnsafeDirectory(
             f"{what}: refusing {path}: {detail}; a media driver directory must be absent, "
-            "empty, or hold only Aeron's files (cnc.dat, loss-report.dat, publications/, images/)"
+            "empty, or hold only an Aeron media driver's files (cnc.dat, loss-report.dat, "
+            "publications/, images/)"
         )
     return state
 

@@ -10,9 +10,10 @@ no pid-liveness heuristic (pid reuse) is involved; a live one is refused unless 
 producer is told to take over.
 
 The file records the holder (pid, stream, start time) for the refusal message. It is
-removed on a clean release *while still locked*; a process that locked a file which was
-meanwhile unlinked (or replaced) notices by comparing inodes and locks again, so unlinking
-cannot let two producers hold "the same" lock.
+removed on a clean release *while still locked*, and so when recording the holder fails (a
+full tmpfs: ``ENOSPC``), with the directories the attempt created (#30); a process that
+locked a file which was meanwhile unlinked (or replaced) notices by comparing inodes and locks
+again, so unlinking cannot let two producers hold "the same" lock.
 """
 
 from __future__ import annotations
@@ -71,34 +72,48 @@ class StreamLock:
     ) -> StreamLock:
         """Lock ``path`` (creating its directory and file as needed) or raise StreamBusy."""
         created: list[str] = []
-        for _ in range(100):  # another process unlinking between open and flock: retry
-            created += make_dirs(os.path.dirname(path), dir_mode)
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode)
-            except FileNotFoundError:  # a releasing producer removed the empty directory
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    remove_empty_dirs(created)
-                    raise StreamBusy(stream_id, path, _read_owner(path)) from None
-                raise
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # locked an inode its holder has just removed
-                os.close(fd)
-                continue
-            os.fchmod(fd, file_mode)
-            text = f"pid={os.getpid()} stream={stream_id} since_unix_ns={time.time_ns()}\n"
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, text.encode("ascii"), 0)
-            return cls(path, fd, tuple(created))
-        remove_empty_dirs(created)
-        raise OSError(errno.EAGAIN, f"cannot lock {path}: it keeps being replaced")
+        try:
+            for _ in range(100):  # another process unlinking between open and flock: retry
+                created += make_dirs(os.path.dirname(path), dir_mode)
+                try:
+                    fd = os.open(
+                        path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, file_mode
+                    )
+                except FileNotFoundError:  # a releasing producer removed the empty directory
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    os.close(fd)
+                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                        raise StreamBusy(stream_id, path, _read_owner(path)) from None
+                    raise
+                try:
+                    same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                except FileNotFoundError:
+                    same = False
+                if not same:  # locked an inode its holder has just removed
+                    os.close(fd)
+                    continue
+                lock = cls(path, fd, tuple(created))
+                try:
+                    lock._record_holder(stream_id, file_mode)
+                except BaseException:  # e.g. ENOSPC on a full tmpfs: leave no lock file
+                    lock.release()
+                    raise
+                return lock
+            raise OSError(errno.EAGAIN, f"cannot lock {path}: it keeps being replaced")
+        except BaseException:  # refused or failed: no directory of ours is left either
+            remove_empty_dirs(created)
+            raise
+
+    def _record_holder(self, stream_id: int, file_mode: int) -> None:
+        """Write who holds the lock (for a refused successor's message)."""
+        assert self._fd is not None
+        os.fchmod(self._fd, file_mode)
+        text = f"pid={os.getpid()} stream={stream_id} since_unix_ns={time.time_ns()}\n"
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text.encode("ascii"), 0)
 
     @property
     def held(self) -> bool:

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,12 @@ import time
 from pathlib import Path
 
 from tensorpool.cli import UserError
-from tensorpool.transport.process import child_env, stop_process
+from tensorpool.transport.process import (
+    child_env,
+    stamp_as_creator,
+    stamped_creator_gone,
+    stop_process,
+)
 
 CAMERA_STREAM = 10000
 VIEW_STREAM = 20000
@@ -151,25 +157,58 @@ def _wait_driver(config: str, proc: subprocess.Popen[bytes], timeout_s: float) -
     raise UserError(f"the SHM driver did not come up within {timeout_s:g} s")
 
 
-#: Written first into a demo's working directory: the pid of the demo that made it. A demo that
-#: was killed cannot remove its directory; the next demo does, once that pid is gone.
+#: Written first into a demo's working directory: the pid of the demo that made it, the file
+#: stamped with its creator stamp (:func:`~tensorpool.transport.process.creator_stamp`). A demo
+#: that was killed cannot remove its directory; the next demo does, once it proves that demo gone.
 OWNER_FILE = "demo.pid"
+
+
+def claim_demo_dir(work: Path) -> None:
+    """Mark ``work`` as this demo's: :data:`OWNER_FILE` with our pid, stamped as ours."""
+    owner = work / OWNER_FILE
+    owner.write_text(str(os.getpid()))
+    try:
+        stamp_as_creator(str(owner))
+    except OSError as exc:  # unprovable: a later demo leaves it (safe side)
+        print(f"demo: {owner} not stamped, remove {work} by hand if killed: {exc}", flush=True)
+
+
+def _dead_demo_dir(path: Path) -> bool:
+    """Whether ``path`` is provably the working directory of a demo that is gone: the same
+    proof the wake-semaphore sweep requires (:func:`~tensorpool.transport.wakeup
+    .remove_if_abandoned`). A real directory (not a link) of our uid holding a regular
+    :data:`OWNER_FILE` of our uid (not followed if a link) that names a positive pid, stamped
+    by a process of our pid namespace that has exited (or whose pid now belongs to a process
+    started at another tick). Anything unreadable or unproven is kept."""
+    uid = os.getuid()
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            return False
+        fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            own = os.fstat(fd)
+            text = os.read(fd, 16).decode("ascii")
+        finally:
+            os.close(fd)
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not stat.S_ISREG(own.st_mode) or own.st_uid != uid or not text.isdigit():
+        return False
+    return stamped_creator_gone(int(text), own.st_mtime_ns)
 
 
 def remove_dead_demos(root: str) -> list[str]:
     """Remove working directories of earlier demos that were killed (their processes stopped
-    by themselves: :func:`~tensorpool.transport.process.exit_with_parent`). Only directories
-    named like a demo's and holding an :data:`OWNER_FILE` whose pid is no longer alive."""
-    from tensorpool.transport.process import pid_running
-
+    by themselves: :func:`~tensorpool.transport.process.exit_with_parent`): only directories
+    named like a demo's that :func:`_dead_demo_dir` proves abandoned. Returns those really
+    removed."""
     removed = []
     for path in sorted(Path(root).glob("tensorpool-demo-*")):
-        try:
-            pid = int((path / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue  # not provably a demo's: leave it
-        if not pid_running(pid):
-            shutil.rmtree(path, ignore_errors=True)
+        if not _dead_demo_dir(path):
+            continue  # not provably a dead demo's: leave it
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
             removed.append(str(path))
     return removed
 
@@ -179,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     for stale in remove_dead_demos(root):
         print(f"demo: removed {stale}, left by a demo that was killed", flush=True)
     work = Path(tempfile.mkdtemp(prefix="tensorpool-demo-", dir=root))
-    (work / OWNER_FILE).write_text(str(os.getpid()))
+    claim_demo_dir(work)
     aeron, shm = work / "aeron", work / "shm"
     fields = {
         "aeron": aeron,

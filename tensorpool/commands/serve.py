@@ -68,15 +68,17 @@ def _read(path: str, what: str) -> bytes:
         raise UserError(f"{what}: cannot read {path}: {exc.strerror}") from None
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def read_token(token_file: str | None, env: str) -> str | None:
+    """The token of ``--token-file`` (stripped; an empty file is an error), else of the
+    environment variable ``env``, else None (no token required)."""
     from tensorpool.cli import UserError
 
-    if args.token_file:
-        token = _read(args.token_file, "--token-file").decode(errors="replace").strip()
+    if token_file:
+        token = _read(token_file, "--token-file").decode(errors="replace").strip()
         if not token:
-            raise UserError(f"--token-file: {args.token_file} is empty")
+            raise UserError(f"--token-file: {token_file} is empty")
         return token
-    return os.environ.get(ENV_TOKEN) or None
+    return os.environ.get(env) or None
 
 
 def _port_problem(host: str, port: int) -> str | None:
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     streams = tuple(sorted(set(args.stream_id)))
     if any(not 1 <= s <= 2**31 - 1 for s in streams):
         raise UserError("--stream-id: ids must be in 1..2147483647")
-    token = _token(args)
+    token = read_token(args.token_file, ENV_TOKEN)
     tls = (
         [(_read(args.tls_cert, "--tls-cert"), _read(args.tls_key, "--tls-key"))]
         if args.tls_cert

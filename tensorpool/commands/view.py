@@ -1,7 +1,8 @@
 """`tensorpool view`: watch a stream's newest frame live in a browser (#19.3).
 
     tensorpool view --stream-id 1                      # http://127.0.0.1:8470/
-    tensorpool view --driver --stream-id 10000 --colormap viridis --bind 0.0.0.0:8470
+    tensorpool view --driver --stream-id 10000 --colormap viridis --bind 0.0.0.0:8470 \
+        --allow-host camA.lab --token-file /etc/tensorpool/view.token
 
 A rate-limited consumer (``--max-rate-hz``, default 30) and a small HTTP server with one page;
 see :mod:`tensorpool.observe.view`.
@@ -27,6 +28,8 @@ from tensorpool.observe.render import COLORMAPS, FORMATS
 from tensorpool.transport.process import StopSignals
 
 DEFAULT_BIND = "127.0.0.1:8470"
+#: the viewer's token when ``--token-file`` is not given
+ENV_TOKEN = "TENSORPOOL_VIEW_TOKEN"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +46,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--colormap", choices=COLORMAPS, default="gray", help="for 2-D frames")
     p.add_argument("--format", choices=FORMATS, default="jpeg", help="image encoding")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this Host name (repeatable; localhost names and IP "
+        "addresses always work; others get 421)",
+    )
+    p.add_argument(
+        "--token-file",
+        help=f"require the token in this file on every request (or env {ENV_TOKEN}); the "
+        "printed URL carries it",
+    )
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
@@ -50,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
+    from tensorpool.commands.serve import read_token
     from tensorpool.observe.view import FrameStore, Kept, ViewServer
     from tensorpool.transport.idle import idle_strategy
 
@@ -58,9 +75,17 @@ def run(args: argparse.Namespace) -> int:
     bind = parse_bind(args.bind)
     if isinstance(bind, str):
         raise UserError(f"--bind {bind}")
+    token = read_token(args.token_file, ENV_TOKEN)
     store = FrameStore(args.stream_id, args.format, args.colormap)
     try:  # first: a taken port is the likeliest mistake, and it needs nothing else
-        server = ViewServer(bind[0], bind[1], store, args.max_rate_hz)
+        server = ViewServer(
+            bind[0],
+            bind[1],
+            store,
+            args.max_rate_hz,
+            allow_hosts=tuple(args.allow_host),
+            token=token,
+        )
     except OSError as exc:
         raise UserError(f"--bind {args.bind}: cannot listen: {exc.strerror or exc}") from None
     try:
@@ -126,5 +151,9 @@ def run(args: argparse.Namespace) -> int:
         server.close()
         consumer.close()
         ctx.close()
-        print(f"view: stream {args.stream_id}: {consumer.stats.frames} frames", file=sys.stderr)
+        print(
+            f"view: stream {args.stream_id}: {consumer.stats.frames} frames; requests refused: "
+            f"{server.hosts.refused} for their Host, {server.token_refused} for the token",
+            file=sys.stderr,
+        )
     return 0

@@ -11,6 +11,11 @@ main thread. Reads of ints are atomic under the GIL; a snapshot that iterates a 
 grows meanwhile can raise ``RuntimeError``, which :class:`_SnapshotCollector` absorbs by
 reading again (it is rare: reason dicts are pre-seeded). A scrape never blocks or slows the agent.
 
+Who may scrape (#30): only requests whose ``Host`` names this endpoint are answered
+(:class:`~tensorpool.observe.hostcheck.HostCheck`; others get 421 and are counted in
+``tensorpool_http_host_refused_total``), so a web page cannot read the statistics through DNS
+rebinding.
+
 Names follow Prometheus conventions: ``tensorpool_`` prefix, base units in the name
 (``_bytes``, ``_seconds``), ``_total`` for counters. The list is in docs/observe.md.
 """
@@ -18,21 +23,26 @@ Names follow Prometheus conventions: ``tensorpool_`` prefix, base units in the n
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from tensorpool.config_util import parse_bind
 from tensorpool.counters import LatencyHistogram
+from tensorpool.observe.hostcheck import HostCheck
 
 if TYPE_CHECKING:
     from tensorpool.bridge.app import BridgeApp
@@ -440,9 +450,15 @@ class MetricsServer:
     def __init__(self, host: str, port: int, collectors: Iterable[Collector]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
+        self.hosts = HostCheck(host)
+        self.registry.register(_HostRefusals(self.hosts))
         for c in collectors:
             self.registry.register(c)
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = _serve(host, port, self.hosts, make_wsgi_app(self.registry))
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="tp-metrics", daemon=True
+        )
+        self._thread.start()
         self.host = host
         self.port = int(self._server.server_address[1])
 
@@ -464,6 +480,46 @@ class MetricsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _HostRefusals(Collector):
+    def __init__(self, hosts: HostCheck) -> None:
+        self.hosts = hosts
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(
+            "tensorpool_http_host_refused",
+            "requests refused (421) because their Host header did not name this endpoint",
+        )
+        fam.add_metric([], self.hosts.refused)
+        yield fam
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape is not an event
+
+
+def _serve(host: str, port: int, hosts: HostCheck, app: Any) -> ThreadingWSGIServer:
+    """prometheus_client's WSGI app behind the ``Host`` check, on ``host:port``."""
+
+    def checked(environ: dict[str, Any], start_response: Any) -> Any:
+        header = environ.get("HTTP_HOST")
+        if not hosts.allows(header):
+            body = HostCheck.refusal(header)
+            start_response(
+                "421 Misdirected Request",
+                [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        return app(environ, start_response)
+
+    class Server(ThreadingWSGIServer):
+        daemon_threads = True
+
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    Server.address_family = info[0][0]
+    return make_server(info[0][4][0], port, checked, Server, handler_class=_Quiet)
 
 
 def start_metrics(bind: str, collectors: Iterable[Collector] = ()) -> MetricsServer | None:

@@ -7,11 +7,19 @@ image has loaded, at most at the consumer's rate. An image is encoded only when 
 and only once per frame (cached by seq), so the viewer costs the producer nothing (it is a
 consumer: the ring is lossy, nobody waits for it) and costs itself one copy per kept frame
 plus one encode per displayed frame. With no browser connected it only copies.
+
+Who may look (#30): a request is answered only when its ``Host`` names this viewer
+(:class:`~tensorpool.observe.hostcheck.HostCheck`: localhost names, IP literals, the bound name,
+``--allow-host``), else ``421`` (``host_refused``), so a web page cannot read frames through DNS
+rebinding. With a token (``--token-file`` / ``TENSORPOOL_VIEW_TOKEN``) every request must also
+carry it (``?token=`` -- the printed URL has it and the page passes it on -- or
+``Authorization: Bearer``), else ``403`` (``token_refused``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
 import threading
@@ -20,9 +28,11 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 import numpy as np
 
+from tensorpool.observe.hostcheck import HostCheck
 from tensorpool.observe.render import encode
 
 log = logging.getLogger("tensorpool.observe.view")
@@ -103,12 +113,12 @@ img {{ image-rendering: pixelated; max-width: 100%; border:1px solid #333; }}
 <img id="frame" alt="newest frame of stream {stream_id}">
 <script>
 const img = document.getElementById("frame"), info = document.getElementById("info");
-const minGapMs = {min_gap_ms};
+const minGapMs = {min_gap_ms}, auth = "{auth}";
 let lastSeq = -1, shown = 0;
 async function next() {{
   const t0 = performance.now();
   try {{
-    const r = await fetch("/frame?after=" + lastSeq, {{cache: "no-store"}});
+    const r = await fetch("/frame?after=" + lastSeq + auth, {{cache: "no-store"}});
     if (r.status === 200) {{
       const d = JSON.parse(r.headers.get("X-Tensorpool-Frame"));
       const url = URL.createObjectURL(await r.blob());
@@ -141,7 +151,19 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
+        host = self.headers.get("Host")
+        if not self.server.hosts.allows(host):
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, "text/plain", HostCheck.refusal(host))
+            return
+        if not self._authorized(query):
+            self.server.token_refused += 1
+            self._send(
+                HTTPStatus.FORBIDDEN,
+                "text/plain",
+                b"tensorpool view: this viewer needs its token (open the URL it printed)\n",
+            )
+            return
         if path == "/":
             self._send(HTTPStatus.OK, "text/html; charset=utf-8", self.server.page)
         elif path == "/frame":
@@ -154,10 +176,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, ctype, data, {"X-Tensorpool-Frame": json.dumps(info)})
         elif path == "/stats.json":
             got = self.server.store.image()
-            body = json.dumps(got[1] if got else {"stream_id": self.server.store.stream_id})
+            info = got[1] if got else {"stream_id": self.server.store.stream_id}
+            refused = {"host_refused": self.server.hosts.refused}
+            body = json.dumps({**info, **refused, "token_refused": self.server.token_refused})
             self._send(HTTPStatus.OK, "application/json", body.encode())
         else:
             self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found\n")
+
+    def _authorized(self, query: str) -> bool:
+        token = self.server.token
+        if token is None:
+            return True
+        given = parse_qs(query).get("token", [""])[-1].encode()
+        scheme, _, bearer = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer":
+            given = given or bearer.encode()
+        return hmac.compare_digest(given, token.encode())
 
     def _send(
         self, status: HTTPStatus, ctype: str, body: bytes, extra: dict[str, str] | None = None
@@ -178,18 +212,32 @@ class ViewServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, host: str, port: int, store: FrameStore, max_rate_hz: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        store: FrameStore,
+        max_rate_hz: int,
+        *,
+        allow_hosts: tuple[str, ...] = (),
+        token: str | None = None,
+    ) -> None:
         super().__init__((host, port), _Handler)
         self.store = store
+        self.hosts = HostCheck(host, allow_hosts)
+        self.token = token
+        self.token_refused = 0
+        self._auth = "" if token is None else "&token=" + quote(token, safe="")
         gap = int(1000 / max_rate_hz) if max_rate_hz > 0 else 0
-        self.page = PAGE.format(stream_id=store.stream_id, min_gap_ms=gap).encode()
+        page = PAGE.format(stream_id=store.stream_id, min_gap_ms=gap, auth=self._auth)
+        self.page = page.encode()
         self._thread = threading.Thread(target=self.serve_forever, name="tp-view", daemon=True)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         host = f"[{host}]" if ":" in str(host) else host
-        return f"http://{host}:{port}/"
+        return f"http://{host}:{port}/" + ("?" + self._auth[1:] if self._auth else "")
 
     def start(self) -> ViewServer:
         self._thread.start()

@@ -4,9 +4,15 @@ Inputs are the decoded :class:`~tensorpool.spark_source.remote.Ticket`, the serv
 current epoch and a fresh ring scan; the output is a :class:`GetPlan`. Nothing here touches
 files, Flight or clocks, so each rule is a unit test.
 
-* A ticket for another epoch than the one announced now reads nothing: its regions are gone as
-  far as this server knows, and every frame is lost (``regions_gone``), as a local read of an
-  unmappable epoch reports it.
+* A ticket names at most as many frames as the ring of its stream holds (``nslots``, the
+  largest this server has seen announced for it): a plan names frames it found together in one
+  ring, so anything wider was not planned from this server and is refused (:class:`BadTicket`).
+  Every frame a ticket can make the server count as lost is thus one that ring could hold: a
+  client cannot inflate the loss counters or the ledger beyond that per call, nor name a ring
+  the server never saw (refused), nor an epoch newer than the one announced now (refused).
+* A ticket for an older epoch than the one announced now (or while nothing is announced) reads
+  nothing: its regions are gone as far as this server knows, and every frame is lost
+  (``regions_gone``), as a local read of an unmappable epoch reports it.
 * Frames below the ring's oldest committed seq were overwritten: one loss range, however wide
   (a ticket "far outside the ring" costs one line of metadata, not a loop over its seqs).
 * A ticket whose range ends past the ring's head asks for frames that were never published:
@@ -52,8 +58,23 @@ class GetPlan:
         return self.end > self.first and (self.runs is None or len(self.runs) > 0)
 
 
-def plan_get(ticket: Ticket, epoch: int | None, st: RingState | None) -> GetPlan:
-    """The plan for ``ticket`` given the stream's current ``epoch`` and ring ``st``."""
+def plan_get(
+    ticket: Ticket, epoch: int | None, st: RingState | None, nslots: int | None
+) -> GetPlan:
+    """The plan for ``ticket`` given the stream's current ``epoch`` and ring ``st``, and the
+    most slots a ring of the stream has had here (``nslots``; None: never announced here)."""
+    sid = ticket.stream_id
+    if nslots is None:
+        raise BadTicket(f"stream {sid} has not been announced to this server; nothing to read")
+    if ticket.frames > nslots:
+        raise BadTicket(
+            f"the ticket names {ticket.frames} frames of stream {sid}, whose ring holds "
+            f"{nslots}; plan tickets from this server's scan"
+        )
+    if epoch is not None and ticket.epoch > epoch:
+        raise BadTicket(
+            f"stream {sid} epoch {ticket.epoch} was never announced (the epoch now is {epoch})"
+        )
     runs = ticket.runs_array()
     if epoch is None or st is None or ticket.epoch != epoch:
         return GetPlan(lost=_all(ticket, runs, REGION_UNAVAILABLE))

@@ -24,7 +24,10 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
 
 Failures are Flight errors with one clear message (bad ticket, stream not served, bad or
 missing token); the server never dies on them. Every refusal and every lost frame is counted
-(:attr:`TensorPoolFlightServer.counters`).
+(:attr:`TensorPoolFlightServer.counters`). A request is bounded before it is parsed (size,
+JSON depth, stream ids per scan: :func:`~tensorpool.spark_source.remote.load_request`), and
+anything that still goes wrong in a handler is logged here and answered with one line
+(``internal_error``): a client never sees the server's traceback or its file paths.
 
 Threads: Flight runs handlers on a gRPC thread pool, and the mapping cache and Arrow buffer
 pool of ``mapped_rings`` are per process and not thread-safe: one lock covers every mapping,
@@ -33,6 +36,7 @@ scan and batch build; batches are sent outside it.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -141,18 +145,43 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self.ledger = LossLedger(self.counters)
         self._ledger_lock = threading.Lock()  # apart from _lock: a take never waits on a read
+        #: the most slots each stream's ring has had here: what bounds a ticket (plan_get)
+        self._slots: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def _answering(self, call: str) -> Iterator[None]:
+        """Flight errors pass as raised; anything else is this server's own failure: logged
+        with its traceback here, counted (``internal_error``), and answered with one line."""
+        try:
+            yield
+        except flight.FlightError:
+            raise
+        except Exception:
+            self.counters["internal_error"] += 1
+            log.exception("tensorpool serve: %s failed", call)
+            raise flight.FlightInternalError(
+                f"tensorpool serve: {call} failed (the server's log says why)"
+            ) from None
+
+    def _refuse(self, counter: str, message: str) -> flight.FlightServerError:
+        self.counters[counter] += 1
+        return flight.FlightServerError(f"tensorpool serve: {message}")
 
     # --- what a stream is now -------------------------------------------------------------------
     def _served(self, sid: int) -> None:
         if sid not in self.streams:
-            self.counters["stream_not_served"] += 1
-            raise flight.FlightServerError(
-                f"tensorpool serve: stream {sid} is not served here (serves {list(self.streams)})"
+            raise self._refuse(
+                "stream_not_served",
+                f"stream {sid} is not served here (serves {list(self.streams)})",
             )
 
     def _spec(self, sid: int) -> mapped_rings.RegionSpec | None:
         layout = self.directory.layouts().get(sid)
-        return None if layout is None else mapped_rings.RegionSpec.from_layout(layout)
+        if layout is None:
+            return None
+        spec = mapped_rings.RegionSpec.from_layout(layout)
+        self._slots[sid] = max(self._slots.get(sid, 0), spec.nslots)
+        return spec
 
     def _summary_and_scan(
         self, sid: int
@@ -213,25 +242,25 @@ class TensorPoolFlightServer(flight.FlightServerBase):
     def list_flights(self, context: Any, criteria: bytes) -> Iterator[flight.FlightInfo]:
         for sid in self.streams:
             try:
-                yield self._info(sid)
+                info = self._info(sid)
             except Exception:  # one stream's trouble must not hide the others
+                self.counters["internal_error"] += 1
                 log.exception("tensorpool serve: describing stream %d failed", sid)
+                continue
+            yield info
 
     def get_flight_info(
         self, context: Any, descriptor: flight.FlightDescriptor
     ) -> flight.FlightInfo:
         path = descriptor.path or []
-        try:
-            sid = int(path[0]) if len(path) == 1 else -1
-        except ValueError:
-            sid = -1
-        if sid < 0:
-            self.counters["bad_descriptor"] += 1
-            raise flight.FlightServerError(
-                "tensorpool serve: describe a stream by its id, as a one-element path ['1']"
+        if len(path) != 1 or not path[0].isdigit() or len(path[0]) > 10:
+            raise self._refuse(
+                "bad_descriptor", "describe a stream by its id, as a one-element path ['1']"
             )
+        sid = int(path[0])
         self._served(sid)
-        return self._info(sid)
+        with self._answering("get_flight_info"):
+            return self._info(sid)
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [
@@ -241,28 +270,27 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         ]
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+        with self._answering(f"action {action.type[:40]!r}"):
+            return self._action(action)
+
+    def _action(self, action: flight.Action) -> Iterator[bytes]:
         if action.type == ACTION_STATS:
             return iter([json.dumps(dict(self.counters), sort_keys=True).encode()])
-        if action.type == remote.ACTION_LOSSES:
-            try:
-                key = remote.decode_losses_request(action.body.to_pybytes())
-            except remote.TicketError as exc:
-                self.counters["bad_action"] += 1
-                raise flight.FlightServerError(f"tensorpool serve: {exc}") from None
-            with self._ledger_lock:
-                taken = self.ledger.take(key, time.monotonic_ns())
-            return iter([remote.encode_losses(taken)])
-        if action.type != remote.ACTION_SCAN:
-            self.counters["bad_action"] += 1
-            raise flight.FlightServerError(f"tensorpool serve: unknown action {action.type!r}")
+        decode = {
+            remote.ACTION_LOSSES: remote.decode_losses_request,
+            remote.ACTION_SCAN: remote.decode_scan_request,
+        }.get(action.type)
+        if decode is None:
+            raise self._refuse("bad_action", f"unknown action {action.type[:40]!r}")
         try:
-            doc = json.loads(action.body.to_pybytes())
-            sids = [int(s) for s in doc["streams"]]
-        except (ValueError, KeyError, TypeError):
-            self.counters["bad_action"] += 1
-            raise flight.FlightServerError(
-                "tensorpool serve: scan needs a JSON body {'streams': [ids]}"
-            ) from None
+            request = decode(action.body.to_pybytes())
+        except remote.TicketError as exc:
+            raise self._refuse("bad_action", str(exc)) from None
+        if isinstance(request, str):  # the losses key
+            with self._ledger_lock:
+                taken = self.ledger.take(request, time.monotonic_ns())
+            return iter([remote.encode_losses(taken)])
+        sids = request
         for sid in sids:
             self._served(sid)
         out = []
@@ -280,11 +308,14 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         return iter(out)
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        with self._answering("do_get"):
+            return self._get(ticket)
+
+    def _get(self, ticket: flight.Ticket) -> flight.FlightDataStream:
         try:
             t = remote.decode_ticket(ticket.ticket)
         except remote.TicketError as exc:
-            self.counters["bad_ticket"] += 1
-            raise flight.FlightServerError(f"tensorpool serve: bad ticket: {exc}") from None
+            raise self._refuse("bad_ticket", f"bad ticket: {exc}") from None
         self._served(t.stream_id)
         spec = self._spec(t.stream_id)
         st = None
@@ -296,10 +327,11 @@ class TensorPoolFlightServer(flight.FlightServerBase):
                 log.warning("tensorpool serve: stream %d not mappable: %s", t.stream_id, exc)
                 spec = None
         try:
-            plan = plan_get(t, None if spec is None else spec.epoch, st)
+            plan = plan_get(
+                t, None if spec is None else spec.epoch, st, self._slots.get(t.stream_id)
+            )
         except BadTicket as exc:
-            self.counters["bad_ticket"] += 1
-            raise flight.FlightServerError(f"tensorpool serve: bad ticket: {exc}") from None
+            raise self._refuse("bad_ticket", f"bad ticket: {exc}") from None
         self.counters["gets"] += 1
         schema = SCHEMAS[t.include_meta]
         return flight.GeneratorStream(schema, self._stream(t, spec, plan, schema))
@@ -345,6 +377,12 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         except GeneratorExit:
             self.counters["client_gone"] += 1
             raise
+        except Exception:
+            self.counters["internal_error"] += 1
+            log.exception("tensorpool serve: reading stream %d failed", t.stream_id)
+            raise flight.FlightInternalError(
+                f"tensorpool serve: reading stream {t.stream_id} failed (the server's log says why)"
+            ) from None
         finally:
             self.counters["frames"] += frames
             self.counters["frames_lost"] += loss.frames

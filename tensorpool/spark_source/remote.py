@@ -74,6 +74,15 @@ SUMMARY_KEY: Final = b"tensorpool"
 #: in practice) plus the frames lost before it; anything beyond is a malformed ticket.
 MAX_TICKET_SPAN: Final = 1 << 40
 MAX_TICKET_RUNS: Final = 1 << 20
+#: the longest request body (ticket, scan or losses) the server parses: a ticket's runs for a
+#: ring of 2^16 gapped slots are well under 1 MiB; more is refused before it is parsed
+MAX_REQUEST_BYTES: Final = 4 << 20
+#: the deepest JSON nesting of any request (a ticket's runs: object, list, pair)
+MAX_REQUEST_DEPTH: Final = 4
+#: the most stream ids one scan may name (duplicates are scanned once)
+MAX_SCAN_STREAMS: Final = 1024
+#: stream ids as announced: a uint32 without the two values Aeron reserves
+MAX_STREAM_ID: Final = 2**32 - 2
 DEFAULT_PORT: Final = 8815
 #: seconds a planning call (scan) may take before the driver gives up on a host
 CALL_TIMEOUT_S: Final = 10.0
@@ -82,7 +91,7 @@ RETRY_S: Final = 15.0
 
 
 class TicketError(ValueError):
-    """A ``do_get`` ticket is not a tensorpool ticket (the message says why)."""
+    """A ``do_get`` ticket or an action body is malformed (the message names the field)."""
 
 
 class RemoteUnavailableError(RuntimeError):
@@ -123,25 +132,60 @@ class Ticket:
             doc["loss"] = self.loss_key
         return json.dumps(doc, separators=(",", ":")).encode()
 
+    @property
+    def frames(self) -> int:
+        """How many seqs the ticket names: what a read of it may deliver or report lost."""
+        return self.end - self.first if self.runs is None else sum(b - a for a, b in self.runs)
+
     def runs_array(self) -> np.ndarray | None:
         if self.runs is None:
             return None
         return np.asarray(self.runs, np.int64).reshape(-1, 2)
 
 
+def _is_int(v: object, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _shown(v: object) -> str:
+    """``repr`` of a client's value, cut short: an error message never echoes a whole body."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int_field(doc: dict, name: str, lo: int, hi: int) -> int:
     v = doc.get(name)
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise TicketError(f"ticket field {name!r} must be an integer in {lo}..{hi}, got {v!r}")
-    return v
+    if not _is_int(v, lo, hi):
+        raise TicketError(
+            f"ticket field {name!r} must be an integer in {lo}..{hi}, got {_shown(v)}"
+        )
+    return v  # type: ignore[return-value]
+
+
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPENS: Final = np.frombuffer(b"[{", np.uint8)
+_CLOSES: Final = np.frombuffer(b"]}", np.uint8)
+
+
+def load_request(raw: bytes, what: str) -> Any:
+    """``raw`` parsed as JSON, within :data:`MAX_REQUEST_BYTES` and :data:`MAX_REQUEST_DEPTH`
+    (checked before parsing: the parser recurses once per level, and a client must not choose
+    the server's stack depth); :class:`TicketError` names ``what`` is wrong."""
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise TicketError(f"{what} is {len(raw)} bytes; at most {MAX_REQUEST_BYTES} are read")
+    chars = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
+    step = np.isin(chars, _OPENS).astype(np.int64) - np.isin(chars, _CLOSES)
+    if step.size and int(np.cumsum(step).max()) > MAX_REQUEST_DEPTH:
+        raise TicketError(f"{what} nests JSON deeper than {MAX_REQUEST_DEPTH} levels")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TicketError(f"{what} is not JSON ({exc})") from None
 
 
 def decode_ticket(raw: bytes) -> Ticket:
     """Parse and validate a ticket; :class:`TicketError` names the first problem."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise TicketError(f"ticket is not JSON ({exc})") from None
+    doc = load_request(raw, "ticket")
     if not isinstance(doc, dict):
         raise TicketError("ticket must be a JSON object")
     if doc.get("v") != 1:
@@ -149,7 +193,7 @@ def decode_ticket(raw: bytes) -> Ticket:
     unknown = sorted(set(doc) - {"v", "stream", "epoch", "first", "end", "meta", "runs", "loss"})
     if unknown:
         raise TicketError(f"ticket has unknown field(s) {unknown}")
-    sid = _int_field(doc, "stream", 1, 2**32 - 2)
+    sid = _int_field(doc, "stream", 1, MAX_STREAM_ID)
     epoch = _int_field(doc, "epoch", 0, 2**63 - 1)
     first = _int_field(doc, "first", 0, 2**63 - 1)
     end = _int_field(doc, "end", first, 2**63 - 1)
@@ -173,7 +217,8 @@ def decode_ticket(raw: bytes) -> Ticket:
                 or not prev <= r[0] < r[1] <= end
             ):
                 raise TicketError(
-                    f"ticket run {r!r} is not an ascending [a, b) pair inside {first}..{end}"
+                    f"ticket field 'runs': {_shown(r)} is not an ascending [a, b) pair inside "
+                    f"{first}..{end}"
                 )
             out.append((r[0], r[1]))
             prev = r[1]
@@ -202,13 +247,36 @@ def encode_losses_request(key: str) -> bytes:
 
 def decode_losses_request(raw: bytes) -> str:
     """The key of a ``losses`` action body; :class:`TicketError` says what is wrong."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise TicketError("the losses action needs a JSON body {'key': loss key}") from None
+    doc = load_request(raw, "the losses action's body")
     if not isinstance(doc, dict) or set(doc) != {"key"}:
         raise TicketError("the losses action needs a JSON body {'key': loss key}")
     return check_loss_key(doc["key"])
+
+
+def encode_scan_request(streams: list[int]) -> bytes:
+    return json.dumps({"streams": streams}).encode()
+
+
+def decode_scan_request(raw: bytes) -> tuple[int, ...]:
+    """The stream ids of a ``scan`` action body, each once, in the order first named;
+    :class:`TicketError` names what is wrong (at most :data:`MAX_SCAN_STREAMS` ids)."""
+    doc = load_request(raw, "the scan action's body")
+    if not isinstance(doc, dict) or set(doc) != {"streams"}:
+        raise TicketError("the scan action needs a JSON body {'streams': [stream ids]}")
+    ids = doc["streams"]
+    if not isinstance(ids, list):
+        raise TicketError(f"scan field 'streams' must be a list of stream ids, got {_shown(ids)}")
+    if len(ids) > MAX_SCAN_STREAMS:
+        raise TicketError(
+            f"scan field 'streams' names {len(ids)} ids; at most {MAX_SCAN_STREAMS} per scan"
+        )
+    for sid in ids:
+        if not _is_int(sid, 1, MAX_STREAM_ID):
+            raise TicketError(
+                f"scan field 'streams' holds {_shown(sid)}, not a stream id "
+                f"(an integer in 1..{MAX_STREAM_ID})"
+            )
+    return tuple(dict.fromkeys(ids))
 
 
 def encode_losses(taken: list[tuple[int, int, int]]) -> bytes:
@@ -545,7 +613,7 @@ def scan_host(
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    body = json.dumps({"streams": streams}).encode()
+    body = encode_scan_request(streams)
     retry = _Retry(address, access)
     while True:
         try:
@@ -842,9 +910,12 @@ __all__ = [
     "TicketError",
     "decode_loss",
     "decode_losses",
+    "decode_scan_request",
     "decode_ticket",
     "encode_loss",
+    "encode_scan_request",
     "fetch",
+    "load_request",
     "parse_hosts",
     "read_partition",
     "scan_streams",

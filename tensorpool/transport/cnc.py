@@ -14,11 +14,10 @@ fields, then ``client_liveness_timeout``, ``start_timestamp`` and ``pid`` as int
 from __future__ import annotations
 
 import os
-import struct
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
-CNC_FILE: Final = "cnc.dat"
-_META: Final = struct.Struct("<6iqqq")
+from tensorpool.fsafety import CNC_FILE
+from tensorpool.fsafety import CNC_METADATA as _META
 
 
 class CncIdentity(NamedTuple):

@@ -51,6 +51,60 @@ def _stat_fields(pid: int) -> list[bytes]:
     return data[data.rindex(b")") + 2 :].split()
 
 
+_NS_PER_S: Final = 1_000_000_000
+
+
+def creator_stamp(pid_namespace: int, start_ticks: int) -> int:
+    """The mtime (ns) a process stamps on a file it made, to prove later that it made it: its
+    pid namespace's inode as the seconds, its start time (ticks, modulo 1e9) as the
+    nanoseconds. Who made the file is then provable without a clock: same pid namespace as
+    the one asking (else its pids mean nothing here), and a process now holding that pid is
+    the creator only if it started at the same tick (``/proc/<pid>/stat``, boot-relative,
+    immune to wall-clock steps)."""
+    return pid_namespace * _NS_PER_S + start_ticks % _NS_PER_S
+
+
+_PIDNS: list[int] = [0, 0]
+"""``[pid, inode]``: this process's pid namespace, read once per process (``setns`` moves
+only children; the pid key makes a forked child read its own)."""
+
+
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace."""
+    pid = os.getpid()
+    if _PIDNS[0] != pid:
+        _PIDNS[1] = os.stat("/proc/self/ns/pid").st_ino
+        _PIDNS[0] = pid
+    return _PIDNS[1]
+
+
+def stamp_as_creator(path: str) -> None:
+    """Stamp ``path`` with this process's :func:`creator_stamp` (not following a symlink);
+    OSError when ``/proc`` cannot say who we are or the stamp cannot be set."""
+    me = proc_stat(os.getpid())
+    if me is None:
+        raise OSError(f"/proc/{os.getpid()}/stat unreadable")
+    ns = creator_stamp(pid_namespace(), me[1])
+    os.utime(path, ns=(ns, ns), follow_symlinks=False)
+
+
+def stamped_creator_gone(pid: int, mtime_ns: int) -> bool:
+    """True only when ``mtime_ns`` is a :func:`creator_stamp` of this pid namespace and the
+    process that stamped it under ``pid`` provably exited: the pid is dead or a zombie with
+    no thread left (a zombie holds no mappings; another user's live process is never ours to
+    judge), or it now belongs to a process that started at another tick (the pid was
+    reused). A pid that is not a plain positive pid proves nothing (``0`` and ``-1`` name
+    process groups, not a process), nor does a stamp of another pid namespace."""
+    if pid <= 0 or mtime_ns // _NS_PER_S != pid_namespace():
+        return False
+    if not pid_running(pid):
+        return True
+    proc = proc_stat(pid)
+    if proc is None:
+        return False  # exited meanwhile (the next look sees it) or unreadable: keep
+    return proc[1] % _NS_PER_S != mtime_ns % _NS_PER_S
+
+
 def pid_running(pid: int) -> bool:
     """Whether process ``pid`` of this pid namespace runs: it exists (another user's counts)
     and has not exited. A zombie (exited, not reaped yet) is gone -- unless other threads of it
@@ -190,9 +244,13 @@ __all__ = [
     "PARENT_ENV",
     "StopSignals",
     "child_env",
+    "creator_stamp",
     "exit_with_parent",
+    "pid_namespace",
     "pid_running",
     "proc_stat",
+    "stamp_as_creator",
+    "stamped_creator_gone",
     "stop_process",
     "watch_parent",
 ]

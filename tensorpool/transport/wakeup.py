@@ -17,8 +17,9 @@ Model:
   and as an idle strategy blocks on it for at most ``max_wait_ns`` when a duty cycle found no
   work, so control-plane duties (announces, QoS, keepalives) still run at least that often.
   ``close()`` unlinks it: only the creator deletes it (it can prove it made it). It stamps
-  the file's mtime with its pid namespace and process start tick (:func:`_creator_stamp`), so
-  that after a SIGKILL a sweeper can prove the file's creator is gone.
+  the file's mtime with its pid namespace and process start tick
+  (:func:`.process.creator_stamp`), so that after a SIGKILL a sweeper can prove the file's
+  creator is gone.
 * :class:`WakePoster` (producer side) finds the semaphores of its stream by listing
   ``/dev/shm`` (glibc keeps a named semaphore ``/x`` as ``/dev/shm/sem.x``) every
   ``rescan_ns`` and posts each one after a descriptor went out. It posts only while a
@@ -66,7 +67,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tensorpool.config_util import check_path_component
-from tensorpool.transport.process import pid_running, proc_stat
+from tensorpool.transport.process import stamp_as_creator, stamped_creator_gone
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,6 @@ stream id, pid, token), ASCII only, matched with ``fullmatch``: the first proof 
 removes a file (:func:`remove_if_abandoned`)."""
 SEM_FILE_SIZE: Final = 32
 """``sizeof(sem_t)`` on 64-bit glibc: what ``sem_open`` writes into ``/dev/shm/sem.<name>``."""
-_NS_PER_S: Final = 1_000_000_000
 
 
 def wake_prefix(namespace: str, stream_id: int) -> str:
@@ -116,41 +116,6 @@ def _posix_ipc() -> Any:
     return posix_ipc
 
 
-def _creator_stamp(pid_namespace: int, start_ticks: int) -> int:
-    """The mtime (ns) a creator stamps on its semaphore file: its pid namespace's inode as
-    the seconds, its start time (ticks, modulo 1e9) as the nanoseconds. Who made the file is
-    then provable without a clock: same pid namespace as the sweeper (else its pids mean
-    nothing here), and a process now holding that pid is the creator only if it started at
-    the same tick (``/proc/<pid>/stat``, boot-relative, immune to wall-clock steps)."""
-    return pid_namespace * _NS_PER_S + start_ticks % _NS_PER_S
-
-
-_PIDNS: list[int] = [0, 0]
-"""``[pid, inode]``: this process's pid namespace, read once per process (``setns`` moves
-only children; the pid key makes a forked child read its own)."""
-
-
-def _pid_namespace() -> int:
-    pid = os.getpid()
-    if _PIDNS[0] != pid:
-        _PIDNS[1] = os.stat("/proc/self/ns/pid").st_ino
-        _PIDNS[0] = pid
-    return _PIDNS[1]
-
-
-def _creator_gone(pid: int, mtime_ns: int) -> bool:
-    """True only when the process that stamped ``mtime_ns`` under ``pid`` provably exited:
-    the pid is dead or a zombie with no thread left (a zombie holds no mappings; another
-    user's live process is never ours to judge), or it now belongs to a process that started
-    at another tick (the pid was reused)."""
-    if not pid_running(pid):
-        return True
-    proc = proc_stat(pid)
-    if proc is None:
-        return False  # exited meanwhile (the next sweep sees it) or unreadable: keep
-    return proc[1] % _NS_PER_S != mtime_ns % _NS_PER_S
-
-
 def remove_if_abandoned(entry: str) -> bool:
     """Unlink ``/dev/shm/<entry>`` if every proof holds that a dead tensorpool consumer made
     it; True if this call removed it.
@@ -159,8 +124,8 @@ def remove_if_abandoned(entry: str) -> bool:
     exactly the layout :class:`SemaphoreIdleStrategy` writes (:data:`_NAME_RE`, a valid
     namespace, a uint32 stream id); the entry is a regular file (not followed if a link) owned
     by this uid, mode within 0600, ``sizeof(sem_t)`` bytes; its mtime is the creator stamp
-    (:func:`_creator_stamp`) of this pid namespace; and the pid is dead, or a zombie, or now a
-    process that started at another tick (pid reused). A file of another pid namespace, of
+    (:func:`.process.creator_stamp`) of this pid namespace; and the pid is dead, or a zombie,
+    or now a process that started at another tick (pid reused). A file of another pid namespace, of
     another user, of an older tensorpool (no stamp) or not stamped yet (the instant between
     ``sem_open`` and the stamp) is kept. A concurrent unlink (the creator closing, another
     sweeper) is not an error.
@@ -178,8 +143,7 @@ def remove_if_abandoned(entry: str) -> bool:
         or st.st_uid != os.getuid()
         or stat.S_IMODE(st.st_mode) & ~0o600
         or st.st_size != SEM_FILE_SIZE
-        or st.st_mtime_ns // _NS_PER_S != _pid_namespace()
-        or not _creator_gone(int(m[3]), st.st_mtime_ns)
+        or not stamped_creator_gone(int(m[3]), st.st_mtime_ns)
     ):
         return False
     try:
@@ -261,13 +225,10 @@ class SemaphoreIdleStrategy:
 
     def _stamp(self) -> None:
         """Stamp the file so that a sweeper can prove, after a SIGKILL, that its creator is
-        gone (:func:`_creator_stamp`). Without the stamp the file is never swept (safe side)."""
-        me = proc_stat(os.getpid())
+        gone (:func:`.process.creator_stamp`). Without the stamp the file is never swept (safe
+        side)."""
         try:
-            if me is None:
-                raise OSError("/proc/self/stat unreadable")
-            ns = _creator_stamp(_pid_namespace(), me[1])
-            os.utime(self.path, ns=(ns, ns))
+            stamp_as_creator(str(self.path))
         except OSError as exc:
             log.warning("%s: not stamped, a sweep will never remove it: %s", self.path, exc)
 

@@ -109,6 +109,26 @@ def test_cli_media_driver_refuses_a_directory_with_foreign_files(work: Path, ent
 
 
 @pytest.mark.parametrize("entry", sorted(CLI_ENTRY_POINTS))
+@pytest.mark.parametrize("name", ["cnc.dat", "publications/notes.logbuffer"])
+def test_30_a_file_named_like_aerons_is_not_taken_for_aerons(
+    work: Path, entry: str, name: str
+) -> None:
+    """#30: `mkdir d; echo precious > d/cnc.dat; tensorpool mediadriver --dir d` deleted the
+    user's file (likewise `publications/notes.logbuffer`): an Aeron directory is recognised by
+    its CnC file's content, not by names. Refused with one line, nothing touched."""
+    d = work / "named-like-aeron"
+    (d / name).parent.mkdir(parents=True)
+    (d / name).write_text("precious\n")
+    before = snapshot(d)
+    done = subprocess.run(
+        [*CLI_ENTRY_POINTS[entry], str(d)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    one_line_refusal(done.stderr, d)
+    assert snapshot(d) == before and (d / name).read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("entry", sorted(CLI_ENTRY_POINTS))
 def test_cli_media_driver_leaves_a_pre_existing_empty_directory(work: Path, entry: str) -> None:
     """#13.1: an empty directory that existed before start still exists after stop, with its
     mode; only the files the driver made are gone."""

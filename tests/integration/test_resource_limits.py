@@ -6,6 +6,7 @@ subprocesses, a real media driver, real region files truncated by a real `trunca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +89,28 @@ def test_standalone_ring_larger_than_tmpfs_is_one_line_not_sigbus(
     # nothing of the stream is left: the tmpfs is as empty as before, not a directory remains
     assert os.listdir(small_tmpfs) == []
     assert _used_bytes(small_tmpfs) == 0
+
+
+def _fill(path: str) -> str:
+    """Fill the file system at ``path`` to the last byte (a file of its own)."""
+    filler = os.path.join(path, "filler")
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    assert os.statvfs(path).f_bavail == 0
+    return filler
+
+
+def test_30_a_full_tmpfs_leaves_no_stream_lock(small_tmpfs: str, aeron_tmp: str) -> None:
+    """#30: on a tmpfs with no byte free a producer cannot even record who holds the stream
+    lock; the start fails with one line and leaves nothing (``stream-1.producer.lock`` and its
+    namespace directory were left behind)."""
+    filler = _fill(small_tmpfs)
+    res = _produce(aeron_tmp, small_tmpfs, "--shape", "4", "--count", "1")
+    assert res.returncode == 2, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    left = sorted(str(p.relative_to(small_tmpfs)) for p in Path(small_tmpfs).rglob("*"))
+    assert left == [os.path.basename(filler)], left
 
 
 def test_fallocate_enospc_removes_the_file(small_tmpfs: str) -> None:

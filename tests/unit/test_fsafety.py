@@ -14,10 +14,12 @@ from tensorpool.client.settings import ClientSettings
 from tensorpool.config_util import ConfigError
 from tensorpool.driver.config import load_driver_config, parse_driver_config
 from tensorpool.fsafety import (
+    CNC_METADATA,
     DirState,
     UnsafeDirectory,
     check_media_driver_dir,
     classify_media_driver_dir,
+    is_aeron_cnc,
     remove_aeron_files,
     unsafe_root_reason,
 )
@@ -118,6 +120,46 @@ def test_classifier_refuses_files_links_and_impostors(tmp_path: Path) -> None:
     odd = tmp_path / "odd"
     (odd / "cnc.dat").mkdir(parents=True)
     assert classify_media_driver_dir(str(odd))[0] is DirState.FOREIGN
+
+
+def test_30_aeron_is_recognised_by_the_cnc_files_content(tmp_path: Path) -> None:
+    """#30: a directory is Aeron's only with an Aeron CnC file in it (major version 0,
+    non-zero, buffer lengths that fit the file); a user's files named like Aeron's are
+    FOREIGN, and so is a log buffer too small to be one beside a real CnC file."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "cnc.dat").write_text("precious\n")
+    assert classify_media_driver_dir(str(d)) == (DirState.FOREIGN, str(d / "cnc.dat"))
+    with pytest.raises(UnsafeDirectory, match=r"cnc\.dat, which is not an Aeron CnC file"):
+        check_media_driver_dir(str(d), "--dir")
+    assert (d / "cnc.dat").read_text() == "precious\n"
+    (d / "cnc.dat").unlink()
+    (d / "publications").mkdir()
+    (d / "publications" / "notes.logbuffer").write_text("precious")
+    assert classify_media_driver_dir(str(d)) == (DirState.FOREIGN, str(d / "publications"))
+    (d / "loss-report.dat").write_text("x")
+    (d / "publications").rename(tmp_path / "pubs")
+    assert classify_media_driver_dir(str(d)) == (DirState.FOREIGN, str(d / "loss-report.dat"))
+
+    real = tmp_path / "real"
+    real.mkdir()
+    real_aeron_layout(real)
+    cnc = (real / "cnc.dat").read_bytes()
+    assert is_aeron_cnc(str(real / "cnc.dat"))
+    small = real / "publications" / "notes.logbuffer"
+    small.write_text("precious")
+    assert classify_media_driver_dir(str(real)) == (DirState.FOREIGN, str(small))
+    small.unlink()
+    for bad in (
+        (0x10200).to_bytes(4, "little") + cnc[4:],  # CnC major version 1
+        bytes(4) + cnc[4:],  # version not written yet
+        cnc[:4] + (0).to_bytes(4, "little") + cnc[8:],  # a buffer of no length
+        cnc[: CNC_METADATA.size + 100],  # buffers that do not fit the file
+    ):
+        (real / "cnc.dat").write_bytes(bad)
+        assert classify_media_driver_dir(str(real)) == (DirState.FOREIGN, str(real / "cnc.dat"))
+    (real / "cnc.dat").write_bytes(cnc)
+    assert classify_media_driver_dir(str(real)) == (DirState.AERON, None)
 
 
 def test_check_media_driver_dir_names_the_option_and_path(tmp_path: Path) -> None:

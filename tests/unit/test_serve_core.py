@@ -73,36 +73,56 @@ def test_18_4_a_ticket_spanning_more_than_any_ring_is_malformed() -> None:
 
 
 def test_18_1_plan_reads_what_the_ring_holds() -> None:
-    plan = plan_get(Ticket(1, 3, 10, 20), 3, ring(0, 30))
+    plan = plan_get(Ticket(1, 3, 10, 20), 3, ring(0, 30), 64)
     assert (plan.lost, plan.first, plan.end, plan.runs) == ([], 10, 20, None)
 
 
-def test_18_1_overwritten_frames_are_one_loss_range_however_far() -> None:
+def test_18_1_overwritten_frames_are_one_loss_range() -> None:
     """Frames below the ring's oldest are lost (one range), the rest is read."""
-    plan = plan_get(Ticket(1, 3, 0, 100), 3, ring(60, 124))
-    assert plan.lost == [(0, 60, OVERWRITTEN_REASON)]
+    plan = plan_get(Ticket(1, 3, 40, 100), 3, ring(60, 124), 64)
+    assert plan.lost == [(40, 60, OVERWRITTEN_REASON)]
     assert (plan.first, plan.end) == (60, 100)
-    plan = plan_get(Ticket(1, 3, 0, 10**15), 3, ring(10**15 - 64, 10**15))
-    assert plan.lost == [(0, 10**15 - 64, OVERWRITTEN_REASON)]
+    top = 10**15
+    plan = plan_get(Ticket(1, 3, top - 64, top), 3, ring(top - 10, top), 64)
+    assert plan.lost == [(top - 64, top - 10, OVERWRITTEN_REASON)]
+
+
+def test_27_3_a_ticket_is_bounded_by_the_ring_it_names() -> None:
+    """#27.3: a ticket names at most the frames its stream's ring holds, so no ticket makes
+    the server count more loss than one ring's worth; a ring never announced here, or an epoch
+    newer than the one announced now, is refused too (the server never saw those frames)."""
+    with pytest.raises(BadTicket, match="names 65 frames of stream 1, whose ring holds 64"):
+        plan_get(Ticket(1, 3, 0, 65), 3, ring(60, 124), 64)
+    with pytest.raises(BadTicket, match="names 1048576 frames"):
+        plan_get(Ticket(1, 2, 0, 1 << 20), 3, ring(60, 124), 64)  # another epoch, too
+    with pytest.raises(BadTicket, match="names 1048576 frames"):
+        plan_get(Ticket(1, 2, 0, 1 << 20), None, None, 64)  # nothing announced now
+    # runs name fewer frames than their span: a relay's sparse seqs
+    plan = plan_get(Ticket(1, 2, 0, 1 << 20, ((0, 32), ((1 << 20) - 32, 1 << 20))), 3, None, 64)
+    assert sum(b - a for a, b, _ in plan.lost) == 64
+    with pytest.raises(BadTicket, match="not been announced"):
+        plan_get(Ticket(1, 3, 0, 1), None, None, None)
+    with pytest.raises(BadTicket, match="epoch 4 was never announced"):
+        plan_get(Ticket(1, 4, 0, 1), 3, ring(0, 30), 64)
 
 
 def test_18_1_planned_runs_are_clipped_at_the_oldest_frame() -> None:
     runs = ((0, 5), (8, 70), (80, 90))
-    plan = plan_get(Ticket(1, 3, 0, 90, runs), 3, ring(60, 124))
+    plan = plan_get(Ticket(1, 3, 0, 90, runs), 3, ring(60, 124), 90)
     assert plan.lost == [(0, 5, OVERWRITTEN_REASON), (8, 60, OVERWRITTEN_REASON)]
     assert plan.runs is not None and plan.runs.tolist() == [[60, 70], [80, 90]]
 
 
 def test_18_4_a_range_past_the_head_is_refused() -> None:
     with pytest.raises(BadTicket, match="newest frame is seq 29"):
-        plan_get(Ticket(1, 3, 10, 31), 3, ring(0, 30))
+        plan_get(Ticket(1, 3, 10, 31), 3, ring(0, 30), 64)
 
 
 def test_18_1_another_epoch_or_no_producer_is_all_lost() -> None:
     for epoch, st in ((4, ring(0, 30)), (None, None)):
-        plan = plan_get(Ticket(1, 3, 10, 20), epoch, st)
+        plan = plan_get(Ticket(1, 3, 10, 20), epoch, st, 64)
         assert plan.lost == [(10, 20, REGION_UNAVAILABLE)] and not plan.reads
-    plan = plan_get(Ticket(1, 3, 10, 20, ((10, 12), (15, 20))), 4, ring(0, 30))
+    plan = plan_get(Ticket(1, 3, 10, 20, ((10, 12), (15, 20))), 4, ring(0, 30), 64)
     assert plan.lost == [(10, 12, REGION_UNAVAILABLE), (15, 20, REGION_UNAVAILABLE)]
 
 

@@ -195,15 +195,16 @@ def test_18_4_stream_not_served(served: Served) -> None:
 
 
 def test_18_4_range_far_outside_the_ring(served: Served) -> None:
-    """#18.4: frames long overwritten come back as one loss range (not one message per seq,
-    however wide the range), the ring's frames are read; a range past the head is refused; a
-    ticket for another epoch reads nothing and reports all of it lost. With a query's loss key
-    the server also counts them for that query's driver (the 'losses' action takes them once);
-    a malformed key is refused."""
+    """#18.4: frames overwritten come back as one loss range (not one message per seq), the
+    ring's frames are read; a range past the head is refused; a ticket for an older epoch
+    reads nothing and reports all of it lost. With a query's loss key the server also counts
+    them for that query's driver (the 'losses' action takes them once); a malformed key is
+    refused."""
     served.next_seq = served.prod.produce(3 * NSLOTS)
     snap = served.snapshot()
     oldest, head, epoch = snap.state.oldest, snap.state.head, snap.spec.epoch
-    assert oldest > 0
+    assert oldest > 0 and epoch >= 1
+    first = head - NSLOTS
     ranges: list[tuple[int, int, str]] = []
 
     class Rec:
@@ -214,19 +215,20 @@ def test_18_4_range_far_outside_the_ring(served: Served) -> None:
             ranges.append((a, b, why))
 
     key, other = remote.new_loss_key(), remote.new_loss_key()
-    ticket = remote.Ticket(SID, epoch, 0, head, None, True, key)
+    served.next_seq = served.prod.produce(5)  # the ring moves on: 5 frames of it overwritten
+    ticket = remote.Ticket(SID, epoch, first, head, None, True, key)
     batches = list(remote.fetch(served.address, served.access, ticket, Rec()))
-    assert ranges == [(0, oldest, "seq_mismatch")]
-    assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(oldest, head))
+    assert ranges == [(first, first + 5, "seq_mismatch")]
+    assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(first + 5, head))
     with pytest.raises(flight.FlightServerError, match="newest frame is seq"):
-        _read(served, remote.Ticket(SID, epoch, head, head + 10**12))
+        _read(served, remote.Ticket(SID, epoch, served.next_seq, served.next_seq + 10))
     ranges.clear()
-    ticket = remote.Ticket(SID, epoch + 7, 0, 10**12, None, True, key)
+    ticket = remote.Ticket(SID, epoch - 1, 0, NSLOTS, None, True, key)
     list(remote.fetch(served.address, served.access, ticket, Rec()))
-    assert ranges == [(0, 10**12, "region_unavailable")]
+    assert ranges == [(0, NSLOTS, "region_unavailable")]
     assert remote.take_losses(served.address, other, served.access) == []
     got = remote.take_losses(served.address, key, served.access)
-    assert sorted(got) == [(SID, epoch, oldest), (SID, epoch + 7, 10**12)]
+    assert sorted(got) == [(SID, epoch - 1, NSLOTS), (SID, epoch, 5)]
     assert remote.take_losses(served.address, key, served.access) == []  # taken once
     with pytest.raises(flight.FlightServerError, match="loss key"):
         list(
@@ -384,3 +386,101 @@ def test_18_1_driver_mode(tmp_path: Any) -> None:
                 prod.close()
             daemon.stop()
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _stats(s: Served) -> dict[str, int]:
+    import json
+
+    out = list(s.client().do_action(flight.Action("stats", b""), s.access.call_options()))
+    return json.loads(out[0].body.to_pybytes())
+
+
+def _refused(s: Served, call: Any, counter: str, match: str) -> str:
+    """``call`` is refused with one line matching ``match`` (no traceback, no server path),
+    counted under ``counter``, and the server still serves."""
+    before = _stats(s).get(counter, 0)
+    with pytest.raises(flight.FlightServerError, match=match) as err:
+        call()
+    text = str(err.value)
+    assert "Traceback" not in text and ".py" not in text and "\n" not in text.strip(), text
+    assert _stats(s).get(counter, 0) == before + 1
+    _alive(s)
+    return text
+
+
+def _do_get(s: Served, raw: bytes) -> Any:
+    return lambda: s.client().do_get(flight.Ticket(raw), s.access.call_options()).read_all()
+
+
+def _action(s: Served, kind: str, body: bytes) -> Any:
+    return lambda: list(s.client().do_action(flight.Action(kind, body), s.access.call_options()))
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"[" * 100_000, "ticket nests JSON deeper than 4 levels"),
+        (b'{"v": 1, "a": ' + b"{" * 10 + b"}" * 10 + b"}", "ticket nests JSON deeper"),
+        (
+            b'{"v": 1, "stream": 181, "epoch": 1, "first": 0, "end": 2, "runs": [[0, 1e400]]}',
+            "field 'runs'",
+        ),
+        (b" " * (remote.MAX_REQUEST_BYTES + 1), "ticket is 4194305 bytes; at most 4194304"),
+    ],
+)
+def test_27_3_malformed_tickets_get_one_line_and_are_counted(
+    served: Served, raw: bytes, why: str
+) -> None:
+    """#27.3: a ticket nested 100,000 deep (RecursionError before), with non-finite numbers
+    (OverflowError before) or over the size bound is refused with one line naming the field,
+    never a traceback, and counted under ``bad_ticket``."""
+    _refused(served, _do_get(served, raw), "bad_ticket", f"bad ticket: .*{why}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "why"),
+    [
+        ("scan", b"[" * 100_000, "scan action's body nests JSON deeper"),
+        ("scan", b'{"streams": [Infinity]}', r"'streams' holds inf, not a stream id"),
+        ("scan", b'{"streams": [1e400]}', r"'streams' holds inf, not a stream id"),
+        ("scan", b'{"streams": [181.0]}', r"'streams' holds 181.0, not a stream id"),
+        ("scan", b'{"streams": 181}', r"'streams' must be a list"),
+        ("scan", b'{"stream": [181]}', r"needs a JSON body"),
+        ("scan", b"x" * (remote.MAX_REQUEST_BYTES + 1), "at most 4194304"),
+        ("losses", b"{" * 100_000, "losses action's body nests JSON deeper"),
+    ],
+)
+def test_27_3_malformed_actions_get_one_line_and_are_counted(
+    served: Served, kind: str, body: bytes, why: str
+) -> None:
+    """#27.3: the same for action bodies, counted under ``bad_action``."""
+    _refused(served, _action(served, kind, body), "bad_action", why)
+
+
+def test_27_3_a_scan_names_a_bounded_number_of_streams_each_scanned_once(served: Served) -> None:
+    """#27.3: 60,000 stream ids (29 s of server CPU before) are refused at once, naming the
+    bound; ids named twice are scanned once."""
+    body = remote.encode_scan_request([SID] * 60_000)
+    _refused(served, _action(served, "scan", body), "bad_action", "names 60000 ids; at most 1024")
+    body = remote.encode_scan_request([SID, BIG] * (remote.MAX_SCAN_STREAMS // 2))
+    scans = _stats(served).get("scans", 0)
+    assert len(_action(served, "scan", body)()) == 2  # one table per distinct stream
+    assert _stats(served)["scans"] == scans + 1
+
+
+def test_27_3_a_ticket_cannot_count_more_loss_than_its_ring_holds(served: Served) -> None:
+    """#27.3: a ticket for a wrong epoch spanning 2^20 seqs with a loss key added 1,048,576 to
+    ``frames_lost`` and to the ledger in one call; now a ticket naming more frames than the
+    stream's ring holds is refused and nothing is counted lost; so is an epoch never
+    announced."""
+    snap = served.snapshot()
+    key = remote.new_loss_key()
+    lost = _stats(served).get("frames_lost", 0)
+    for ticket, why in (
+        (remote.Ticket(SID, snap.spec.epoch - 1, 0, 1 << 20, None, True, key), "names 1048576"),
+        (remote.Ticket(SID, snap.spec.epoch, 0, NSLOTS + 1, None, True, key), "names 65 frames"),
+        (remote.Ticket(SID, snap.spec.epoch + 7, 0, 1, None, True, key), "never announced"),
+    ):
+        _refused(served, _do_get(served, ticket.encode()), "bad_ticket", why)
+    assert _stats(served).get("frames_lost", 0) == lost
+    assert remote.take_losses(served.address, key, served.access) == []

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tensorpool.transport.process import creator_stamp as _creator_stamp
+from tensorpool.transport.process import pid_namespace as _pid_namespace
 from tensorpool.transport.process import proc_stat
 from tensorpool.transport.wakeup import (
     SEM_DIR,
     SEM_FILE_SIZE,
     SemaphoreIdleStrategy,
     WakePoster,
-    _creator_stamp,
-    _pid_namespace,
     remove_if_abandoned,
     sweep_abandoned,
 )
