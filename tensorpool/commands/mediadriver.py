@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from tensorpool.fsafety import UnsafeDirectory, check_media_driver_dir
     from tensorpool.transport.config import TransportConfig
     from tensorpool.transport.mediadriver import MediaDriverError, run_media_driver
@@ -37,7 +39,14 @@ def run(args: argparse.Namespace) -> int:
             mtu_length=args.mtu,
         )
         print(f"media driver serving {args.dir} (Ctrl-C to stop)", flush=True)
-        run_media_driver(args.dir, config)
+        # #26.4: right after a kill -9 of the previous one, wait for it to go stale
+        run_media_driver(
+            args.dir,
+            config,
+            on_wait=lambda why: print(
+                f"tensorpool mediadriver: {why}", file=sys.stderr, flush=True
+            ),
+        )
     except (MediaDriverError, ValueError) as exc:
         raise UserError(str(exc)) from None
     return 0
