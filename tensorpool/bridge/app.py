@@ -55,9 +55,8 @@ class BridgeApp:
         pass
 
     def do_work(self) -> int:
-        # a receiver with no destination yet holds no lease client that would do this:
-        # notice a restarted media driver and re-create the bridge's publications (#13.2)
-        work = int(self.ctx.maintain())
+        # a restarted media driver is the runner's business (#26.1: it keeps ``ctx``)
+        work = 0
         if self.receiver is not None:
             work += self.receiver.do_work()
         if self.sender is not None:

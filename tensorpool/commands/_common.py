@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tensorpool.cli import UserError
 from tensorpool.client.settings import ClientSettings
@@ -14,6 +16,14 @@ from tensorpool.endpoints import (
     default_shm_base_dir,
 )
 from tensorpool.fsafety import unsafe_root_reason
+
+if TYPE_CHECKING:
+    from threading import Lock, RLock
+
+    from tensorpool.transport.agent import Agent, AgentRunner
+    from tensorpool.transport.context import AeronContext
+    from tensorpool.transport.idle import IdleStrategy
+    from tensorpool.transport.process import StopSignals
 
 ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
 ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
@@ -138,3 +148,58 @@ def add_metrics_argument(p: argparse.ArgumentParser, *, config_key: str | None =
         help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
         f"127.0.0.1{where})",
     )
+
+
+def run_agent(
+    agent: Agent,
+    *,
+    ctx: AeronContext | None,
+    context_lock: Lock | RLock | None = None,
+    idle: IdleStrategy | None = None,
+    stop: StopSignals | None = None,
+    report: Callable[[bool], object] | None = None,
+    report_interval_s: float = 0.0,
+    duration_s: float = 0.0,
+    metrics_bind: str | None = None,
+    collectors: Sequence[object] = (),
+    fatal: tuple[type[Exception], ...] = (),
+) -> AgentRunner:
+    """Run a long-running command's agent under the one runner (#26.1) until a stop signal,
+    ``duration_s``, or the agent ends; returns the finished runner.
+
+    Every command goes through here, so none can forget a duty-cycle service: the runner keeps
+    ``ctx``'s media driver (reconnecting after a restart), idles, stops on SIGTERM/SIGINT
+    (``stop``: signals the command installed earlier, e.g. before a long attach), watches the
+    parent, reports, and the metrics server (``metrics_bind``) serves ``collectors`` plus the
+    runner's own health (``tensorpool_media_driver_connected``).
+    """
+    from tensorpool.transport.agent import AgentRunner
+    from tensorpool.transport.process import StopSignals
+
+    runner = AgentRunner(
+        agent,
+        idle,
+        context=ctx,
+        context_lock=context_lock,
+        stop_signals=stop if stop is not None else StopSignals(),
+        watch_parent=True,
+        report=report,
+        report_interval_s=report_interval_s,
+        duration_s=duration_s,
+        fatal=fatal,
+    )
+    metrics = None
+    if metrics_bind:
+        from tensorpool.observe.metrics import RunnerCollector, start_metrics
+
+        try:
+            metrics = start_metrics(metrics_bind, [*collectors, RunnerCollector(runner.health)])  # type: ignore[list-item]
+        except ValueError as exc:
+            agent.on_close()
+            raise UserError(str(exc)) from None
+    try:
+        runner.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return runner

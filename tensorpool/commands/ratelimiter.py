@@ -20,11 +20,10 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument
+from tensorpool.commands._common import add_metrics_argument, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from tensorpool.client.producer import AttachError
+    from tensorpool.observe.metrics import RateLimiterCollector
     from tensorpool.ratelimiter.agent import PoolFitError, RateLimiterAgent
     from tensorpool.transport.context import AeronContext
     from tensorpool.transport.mediadriver import MediaDriverError
@@ -107,49 +107,36 @@ def run(args: argparse.Namespace) -> int:
     except MediaDriverError as exc:
         print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
         return 1
-    stop = StopSignals().install()
+    stop = StopSignals().install()  # before the attach, which can take --attach-timeout
     try:
         try:
             agent = RateLimiterAgent(config, ctx, attach_timeout_s=args.attach_timeout)
         except AttachError as exc:
             print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
             return 1
-        idle = agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000)
-        metrics = _start_metrics(args, config, agent)
         _emit(args, "started", **agent.snapshot())
-        t0 = time.monotonic()
-        next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")
+
+        def report(final: bool) -> None:
+            _emit(args, "stopped" if final else "stats", **agent.snapshot())
+
         try:
-            while not stop.requested:
-                idle.idle(agent.do_work())
-                now = time.monotonic()
-                if now >= next_stats:
-                    next_stats = now + args.stats_interval
-                    _emit(args, "stats", **agent.snapshot())
-                if args.duration and now - t0 >= args.duration:
-                    break
-            _emit(args, "stopped", **agent.snapshot())
+            run_agent(
+                agent,
+                ctx=ctx,
+                idle=agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000),
+                stop=stop,
+                report=report,
+                report_interval_s=args.stats_interval,
+                duration_s=args.duration,
+                metrics_bind=config.metrics_bind
+                if args.metrics_bind is None
+                else args.metrics_bind,
+                collectors=[RateLimiterCollector(agent)],
+                fatal=(PoolFitError,),
+            )
         except PoolFitError as exc:  # a config mistake seen only once the layouts are known
             print(f"tensorpool ratelimiter: error: {config.source}: {exc}", file=sys.stderr)
             return 2
-        finally:
-            if metrics is not None:
-                metrics.close()
-            agent.close()
     finally:
         ctx.close()
     return 0
-
-
-def _start_metrics(args: argparse.Namespace, config: Any, agent: Any) -> Any:
-    """#19.1: the agent's own counters, read when Prometheus scrapes."""
-    bind = config.metrics_bind if args.metrics_bind is None else args.metrics_bind
-    if not bind:
-        return None
-    from tensorpool.observe.metrics import RateLimiterCollector, start_metrics
-
-    try:
-        return start_metrics(bind, [RateLimiterCollector(agent)])
-    except ValueError as exc:
-        agent.close()
-        raise UserError(str(exc)) from None

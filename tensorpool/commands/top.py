@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands._common import run_agent
 from tensorpool.commands.inspect import (
     HEADER_RING_FILENAME,
     InspectError,
@@ -250,16 +251,29 @@ class QosListener:
             self._ctx.add_subscription(args.control_channel, args.control_stream_id, on_control),
         ]
 
+    role_name = "top"
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        """Take the QoS and announce messages that have come (the runner's duty cycle)."""
+        return sum(sub.poll() for sub in self._subs)
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
+
     def poll_for(self, seconds: float) -> None:
-        """Sleep ``seconds`` while taking QoS messages as they come."""
-        end = time.monotonic() + seconds
-        while True:
-            for sub in self._subs:
-                sub.poll()
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, 0.02))
+        """Take QoS messages for ``seconds`` (``--once``): a short-lived run of the runner."""
+        from tensorpool.transport.agent import AgentRunner
+        from tensorpool.transport.idle import idle_strategy
+
+        idle = idle_strategy("backoff", max_park_ns=20_000_000)
+        AgentRunner(self, idle, context=self._ctx, duration_s=seconds).run()
 
     def close(self) -> None:
         for sub in self._subs:
@@ -331,12 +345,25 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.live import Live
 
-        end = time.monotonic() + args.duration if args.duration > 0 else float("inf")
+        from tensorpool.transport.idle import idle_strategy
+
         with Live(console=Console(), auto_refresh=False, screen=False) as live:
-            while not stop.requested and time.monotonic() < end:
-                qos.poll_for(args.interval)
-                out, memo, driver = snapshot(memo)
-                live.update(render(out, driver, title, qos.note), refresh=True)
+
+            def report(final: bool) -> None:
+                nonlocal memo
+                if not final:
+                    out, memo, driver = snapshot(memo)
+                    live.update(render(out, driver, title, qos.note), refresh=True)
+
+            run_agent(
+                qos,
+                ctx=qos.context,
+                idle=idle_strategy("backoff", max_park_ns=20_000_000),
+                stop=stop,
+                report=report,
+                report_interval_s=args.interval,
+                duration_s=args.duration,
+            )
     except KeyboardInterrupt:
         pass
     finally:

@@ -275,11 +275,11 @@ def run_driver(
             first_lease_id=seed,
             embedded_media_driver=config.driver.embedded_media_driver,
         )
-        if on_agent is not None:
-            on_agent(agent)
         # #26.1: the runner keeps the media driver (an external one can be restarted under us)
         runner = AgentRunner(agent, options.idle or default_idle_strategy(), context=ctx)
         agent.runner_health = runner.health
+        if on_agent is not None:
+            on_agent(agent)
         on_main_thread = threading.current_thread() is threading.main_thread()
         if options.install_signal_handlers and on_main_thread:
             signals_seen = 0

@@ -30,12 +30,14 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from tensorpool.transport.clock import NanoClock, now_ns
-from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy, IdleStrategy
 from tensorpool.transport.process import StopSignals, exit_with_parent
+
+if TYPE_CHECKING:  # the runner only calls it: importing pyaeron stays the caller's choice
+    from tensorpool.transport.context import AeronContext
 
 log = logging.getLogger(__name__)
 
@@ -71,29 +73,38 @@ class AgentRunner:
         *,
         error_handler: ErrorHandler | None = None,
         context: AeronContext | None = None,
+        context_lock: threading.Lock | threading.RLock | None = None,
         stop_signals: StopSignals | None = None,
         watch_parent: bool = False,
         report: Callable[[bool], object] | None = None,
         report_interval_s: float = 0.0,
         duration_s: float = 0.0,
+        fatal: tuple[type[Exception], ...] = (),
         clock: NanoClock = now_ns,
     ) -> None:
         """``context``: the Aeron context whose media driver this runner keeps (checked every
         100 ms, reconnected after a loss). ``stop_signals``: installed by :meth:`run` on the
         main thread (SIGTERM/SIGINT end the loop; restored after). ``watch_parent``: stop when
         the process that started this one for itself is gone (``exit_with_parent``).
+        ``context_lock``: held while the context is checked (a reconnect re-creates the
+        subscriptions other threads poll under that lock); a cycle that cannot take it at
+        once skips the check.
         ``report(final)`` runs every ``report_interval_s`` (0: never) on the agent's thread
         with ``final=False``, and once with ``final=True`` when the loop ends; ``duration_s``
-        > 0 ends the loop after that long."""
+        > 0 ends the loop after that long. ``fatal``: exception types from ``do_work`` that end
+        the loop and propagate (a configuration mistake seen only at run time) instead of being
+        counted."""
         self.agent = agent
         self.idle_strategy: IdleStrategy = idle if idle is not None else BackoffIdleStrategy()
         self._error_handler = error_handler
         self.context = context
+        self._context_lock = context_lock
         self.stop_signals = stop_signals
         self._watch_parent = watch_parent
         self._report = report
         self._report_ns = int(report_interval_s * 1e9) if report_interval_s > 0 else 0
         self._duration_ns = int(duration_s * 1e9) if duration_s > 0 else 0
+        self._fatal = fatal
         self._clock = clock
         self.started_ns: int | None = None
         self._running = False
@@ -168,7 +179,7 @@ class AgentRunner:
         self._done.clear()
         agent = self.agent
         signals = self.stop_signals
-        if signals is not None:
+        if signals is not None and not signals.installed:
             signals.install()
         if self._watch_parent:
             exit_with_parent()  # through SIGTERM, so the stop signals above end the loop
@@ -204,13 +215,15 @@ class AgentRunner:
             while not self._stop_requested and not (signals is not None and signals.requested):
                 now = clock()
                 # the media driver first: after a reconnect the agent works on live resources
-                work = int(ctx.maintain(now)) if ctx is not None else 0
+                work = int(self._maintain(ctx, now)) if ctx is not None else 0
                 try:
                     work += do_work()
                 except AgentTermination:
                     self.terminated_by_agent = True
                     break
                 except Exception as exc:
+                    if isinstance(exc, self._fatal):
+                        raise
                     self._on_error(exc)
                 self.duty_cycles += 1
                 self.total_work += work
@@ -223,6 +236,17 @@ class AgentRunner:
         finally:
             if report is not None:
                 report(True)  # the final one, also after a stop signal or an error
+
+    def _maintain(self, ctx: AeronContext, now: int) -> bool:
+        lock = self._context_lock
+        if lock is None:
+            return ctx.maintain(now)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return ctx.maintain(now)
+        finally:
+            lock.release()
 
     def start(self, *, name: str | None = None, daemon: bool = True) -> Self:
         """Run on a new thread (named after the role). Call :meth:`stop` to end it."""
