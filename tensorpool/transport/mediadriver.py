@@ -47,8 +47,10 @@ from tensorpool.fsafety import (
     missing_dirs,
     remove_aeron_files,
 )
+from tensorpool.transport.agent import AgentRunner, AgentTermination
 from tensorpool.transport.cnc import read_cnc_identity
 from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.idle import SleepingIdleStrategy
 from tensorpool.transport.process import (
     StopSignals,
     child_env,
@@ -294,9 +296,13 @@ def run_media_driver(
     try:
         driver = start_media_driver_after_crash(aeron_dir, config, on_wait=on_wait)
         log.info("media driver serving %s", driver.dir)
-        # time.sleep, not Event.wait: a signal interrupts it, and the handler takes no lock
-        while not signals.requested and not (stop is not None and stop.is_set()):
-            time.sleep(0.05)
+        # #26.1: the one runner; time.sleep, not Event.wait: a signal interrupts it, and the
+        # handler takes no lock
+        AgentRunner(
+            _ServeUntilStopped(stop),
+            SleepingIdleStrategy(50_000_000),
+            stop_signals=signals if handle_signals else None,
+        ).run()
     finally:
         if driver is not None:
             close_media_driver(driver)
@@ -304,6 +310,26 @@ def run_media_driver(
             _remove_created(aeron_dir, list(parent_created))
         signals.restore()
         log.info("media driver for %s stopped", aeron_dir)
+
+
+class _ServeUntilStopped:
+    """The media driver's process has nothing to do but be there until told to stop."""
+
+    role_name = "tensorpool-mediadriver"
+
+    def __init__(self, stop: threading.Event | None) -> None:
+        self._stop = stop
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        if self._stop is not None and self._stop.is_set():
+            raise AgentTermination
+        return 0
 
 
 def wait_until_active(
