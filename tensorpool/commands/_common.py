@@ -186,7 +186,7 @@ def run_agent(
         report=report,
         report_interval_s=report_interval_s,
         duration_s=duration_s,
-        fatal=fatal,
+        fatal=(UserError, *fatal),  # a command's own one-line error ends it (exit 2)
     )
     metrics = None
     if metrics_bind:

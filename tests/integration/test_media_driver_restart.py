@@ -121,3 +121,171 @@ def test_26_4_mediadriver_started_right_after_kill9_waits_and_starts(work: str) 
         assert second.proc.poll() is None
     finally:
         second.stop()
+
+
+def _rl_toml(work: str, aeron_dir: str, base: str) -> str:
+    path = os.path.join(work, "rl.toml")
+    Path(path).write_text(
+        f"""
+[rate_limiter]
+instance_id = "rl-mdr"
+descriptor_channel = "aeron:ipc?term-length=1m"
+descriptor_stream_id = 2100
+max_rate_hz = 20
+
+[[mappings]]
+source_stream_id = {SRC}
+dest_stream_id = {RL_DEST}
+profile = "small"
+
+[driver]
+aeron_dir = "{aeron_dir}"
+control_channel = "{CONTROL_CHANNEL}"
+config = "{os.path.join(work, "driver.toml")}"
+
+[shm]
+base_dir = "{base}"
+"""
+    )
+    return path
+
+
+def _bridge_toml(work: str, aeron_dir: str, base: str, role: str, ports: list[int]) -> str:
+    path = os.path.join(work, f"bridge-{role}.toml")
+    p_payload, p_control, p_meta = ports
+    Path(path).write_text(
+        f"""
+[bridge]
+instance_id = "bridge-{role}"
+role = "{role}"
+payload_channel = "aeron:udp?endpoint=127.0.0.1:{p_payload}"
+payload_stream_id = 3000
+control_channel = "aeron:udp?endpoint=127.0.0.1:{p_control}"
+control_stream_id = 3001
+metadata_channel = "aeron:udp?endpoint=127.0.0.1:{p_meta}"
+metadata_stream_id = 3002
+assembly_timeout_ms = 5000
+
+[local]
+aeron_dir = "{aeron_dir}"
+driver_mode = true
+shm_base_dir = "{base}"
+allowed_base_dirs = ["{base}"]
+announce_period_ms = 200
+
+[[mappings]]
+source_stream_id = {SRC}
+dest_stream_id = {BRIDGE_DEST}
+profile = "small"
+source_control_stream_id = 1201
+dest_control_stream_id = 2201
+"""
+    )
+    return path
+
+
+SRC, RL_DEST, BRIDGE_DEST = 10000, 10001, 10002
+
+
+def test_26_2_every_daemon_survives_external_media_driver_kill9_and_restart(work: str) -> None:
+    """#26.2 for the daemons besides the SHM driver, all at once on one external media driver:
+    ``produce --driver``, ``consume --driver``, the rate limiter (source -> its destination's
+    consumer), both ends of a bridge (sender and receiver processes, UDP on loopback, into a
+    local destination's consumer) and ``serve --driver`` (a Flight client sees the stream live).
+    After kill -9 of the media driver and a new one 2 s later, each client gets new frames
+    without any daemon being restarted. Prints the recovery time of each (new media driver
+    start -> first new frame at that client) for docs/operator.md."""
+    from netports import free_port, free_udp_ports
+
+    from tensorpool.spark_source import remote
+
+    aeron_dir = os.path.join(work, "aeron")
+    base = os.path.join(work, "shm")
+    Path(work, "driver.toml").write_text(
+        driver_toml(
+            base,
+            aeron_dir,
+            # leases that outlive a loaded 2-core host's stalls with nine processes on it
+            policies={"lease_keepalive_interval_ms": 500, "lease_expiry_grace_intervals": 10},
+        )
+    )
+    started: list[Cli] = [start_media_driver(work, aeron_dir, "md1")]
+    daemon = DriverProcess(
+        os.path.join(work, "driver.toml"), base, os.path.join(work, "driver.log")
+    )
+    shm = ["--aeron-dir", aeron_dir, "--shm-base-dir", base, "--driver"]
+    report = ["--json", "--report-interval", "0.2"]
+    port = free_port()
+    access = remote.FlightAccess(retry_s=0)
+
+    def served_head() -> int:
+        try:
+            snap = remote.scan_host(f"127.0.0.1:{port}", [SRC], access)[SRC]
+        except Exception:  # the server answers, or it is not there yet
+            return -1
+        return -1 if snap is None or not snap.live else int(snap.state.head)
+
+    try:
+        daemon.start().wait_ready()
+
+        def start(name: str, *args: str) -> Cli:
+            proc = Cli(work, name, *args)
+            started.append(proc)
+            return proc
+
+        start(
+            "produce", "produce", *shm, "--stream-id", str(SRC), "--rate", "100", "--shape", "64",
+            *report,
+        )  # fmt: skip
+        rl = start("rl", "ratelimiter", "--config", _rl_toml(work, aeron_dir, base), "--json")
+        ports = free_udp_ports(3)
+        rx = start(
+            "rx", "bridge", "--config", _bridge_toml(work, aeron_dir, base, "receiver", ports)
+        )
+        tx = start("tx", "bridge", "--config", _bridge_toml(work, aeron_dir, base, "sender", ports))
+        start("serve", "serve", *shm, "--stream-id", str(SRC), "--port", str(port))
+        clients = {
+            "consume --driver": start("c-src", "consume", *shm, "--stream-id", str(SRC), *report),
+            "ratelimiter": start(
+                "c-rl",
+                "consume",
+                *shm,
+                "--stream-id",
+                str(RL_DEST),
+                *report,
+                "--descriptor-stream-id",
+                "2100",
+            ),
+            "bridge": start("c-br", "consume", *shm, "--stream-id", str(BRIDGE_DEST), *report),
+        }
+
+        def everyone() -> str:
+            return "\n".join(f"== {c.out}\n{c.text()}" for c in started) + daemon.log_text()[-2000:]
+
+        for proc in clients.values():
+            wait_for(lambda p=proc: frames(p) >= 5, 90, everyone)
+        wait_for(lambda: served_head() > 0, 60, everyone)
+
+        started[0].kill9()
+        time.sleep(2)
+        before = {name: frames(proc) for name, proc in clients.items()}
+        head = served_head()
+        t0 = time.monotonic()
+        started.append(start_media_driver(work, aeron_dir, "md2"))
+        recovered: dict[str, float] = {}
+        deadline = time.monotonic() + 120
+        while len(recovered) < len(clients) + 1 and time.monotonic() < deadline:
+            for name, proc in clients.items():
+                if name not in recovered and frames(proc) > before[name] + 2:
+                    recovered[name] = time.monotonic() - t0
+            if "serve --driver" not in recovered and served_head() > max(head, 0) + 2:
+                recovered["serve --driver"] = time.monotonic() - t0
+            time.sleep(0.05)
+        print("recovery (new media driver start -> first new frame at the client):", recovered)
+        assert len(recovered) == len(clients) + 1, (recovered, everyone())
+        for proc in (rl, rx, tx):  # none was restarted
+            assert proc.proc.poll() is None, proc.text()
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+        daemon.stop()
