@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         last = _report(
             consumer, lat, min(n_lat, lat.size), last, args.json, final=final,
             interval=1.0 if final else interval, idle=idle, device=args.device,
+            connected=not ctx.media_driver_lost,
         )  # fmt: skip
         if not final:
             n_lat = 0
@@ -244,6 +245,7 @@ def _report(
     interval: float = 1.0,
     idle: object = None,
     device: str | None = None,
+    connected: bool = True,
 ) -> tuple[int, int, int, int]:
     import numpy as np
 
@@ -266,6 +268,9 @@ def _report(
         "latency_us_p99": None if p99 is None else round(p99, 1),
         # --idle semaphore: empty polls that ended by the producer's post, not the timeout
         "idle_wakeups": getattr(idle, "wakeups", None),
+        # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
+        "media_driver_connected": connected,
+        "mapped": consumer.is_mapped,
         "final": final,
     }
     if device is not None:  # --device: the rates are into GPU memory, rows checked after the copy

@@ -27,6 +27,7 @@ from tensorpool.transport.process import StopSignals
 
 if TYPE_CHECKING:
     from tensorpool.client.producer import Producer
+    from tensorpool.transport.context import AeronContext
 
 PATTERNS = ("moving", "ramp", "noise", "stamp")
 _INT32_MAX = 2**31 - 1
@@ -247,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         hist.observe_ns(attach_ns)
     from tensorpool.observe.metrics import ProducerCollector
 
-    agent = ProduceAgent(producer, pattern, args)
+    agent = ProduceAgent(producer, pattern, args, ctx)
     try:
         if meta:
             producer.set_metadata(meta)
@@ -297,8 +298,10 @@ class ProduceAgent:
 
     role_name = "produce"
 
-    def __init__(self, p: Producer, pattern: Pattern, args: argparse.Namespace) -> None:
-        self.p, self.pattern, self.args = p, pattern, args
+    def __init__(
+        self, p: Producer, pattern: Pattern, args: argparse.Namespace, ctx: AeronContext
+    ) -> None:
+        self.p, self.pattern, self.args, self.ctx = p, pattern, args, ctx
         self.period = 1.0 / args.rate if args.rate > 0 else 0.0
         self.start = time.monotonic()
         self.sent = 0
@@ -355,6 +358,9 @@ class ProduceAgent:
             "descriptors_not_sent": st.descriptors_not_sent,
             "drops": st.drops.snapshot(),
             "consumers": p.has_consumers,
+            # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
+            "media_driver_connected": not self.ctx.media_driver_lost,
+            "attached": p.attached,
         }
         self._last = (st.frames, st.bytes)
         if args.json:

@@ -116,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         _emit(args, "started", **agent.snapshot())
 
-        def report(final: bool) -> None:
-            _emit(args, "stopped" if final else "stats", **agent.snapshot())
+        def report(final: bool) -> None:  # #26.3: with the media driver's health
+            health = ctx.media_driver_health(ctx.clock())
+            _emit(args, "stopped" if final else "stats", **agent.snapshot(), media_driver=health)
 
         try:
             run_agent(

@@ -10,10 +10,12 @@ and publications stayed bound to the dead media driver, and driver-mode clients 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,8 +68,23 @@ def test_26_2_shm_driver_survives_external_media_driver_kill9_and_restart(work: 
     daemon = DriverProcess(
         os.path.join(work, "driver.toml"), base, os.path.join(work, "driver.log")
     )
+    from netports import free_port
+
+    from tensorpool.observe.metrics import scrape_values
+
+    port = free_port()
+
+    def connected() -> float | None:  # the driver's tensorpool_media_driver_connected gauge
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                values = scrape_values(r.read().decode())
+        except OSError:
+            return None
+        hits = [v for k, v in values.items() if k.startswith("tensorpool_media_driver_connected")]
+        return hits[0] if hits else None
+
     try:
-        daemon.start().wait_ready()
+        daemon.start("--metrics-bind", str(port)).wait_ready()
         args = _client_args(aeron_dir, base, control)
         producer = Cli(work, "produce", "produce", *args, "--rate", "100", "--shape", "64")
         consumer = Cli(work, "consume", "consume", *args)
@@ -87,6 +104,15 @@ def test_26_2_shm_driver_survives_external_media_driver_kill9_and_restart(work: 
             return False
 
         wait_for(says_lost, 30, lambda: cli("driver", "status", "--status-file", status).stdout)
+        doc = json.loads(lost["out"])
+        md_health = doc["runtime"]["media_driver"]
+        assert md_health["connected"] is False and md_health["lost_for_s"] >= 0
+        assert doc["liveness"]["verdict"] == "media_driver_lost"
+        assert connected() == 0.0  # the Prometheus gauge says so too
+        # the driver-mode client's report says its media driver is lost
+        wait_for(
+            lambda: consumer.lines()[-1].get("media_driver_connected") is False, 30, consumer.text
+        )
         time.sleep(2)
         before = frames(consumer)
         t0 = time.monotonic()
@@ -100,6 +126,7 @@ def test_26_2_shm_driver_survives_external_media_driver_kill9_and_restart(work: 
         assert daemon.proc is not None and daemon.proc.poll() is None  # never restarted
         r = cli("driver", "status", "--status-file", status)
         assert r.returncode == 0, r.stdout
+        assert connected() == 1.0
     finally:
         for proc in reversed(started):
             proc.stop()
