@@ -203,3 +203,63 @@ def run_agent(
         if metrics is not None:
             metrics.close()
     return runner
+
+
+#: One command-line vocabulary (#26.7): for each concept several commands share, the one flag
+#: every command spells it with, the old spellings that keep working for one release (with a
+#: one-line deprecation notice on stderr), and a pattern that finds any spelling of the concept
+#: (tests/unit/commands/test_cli_vocabulary.py checks every command's flags against this table).
+VOCABULARY: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "report_interval": (
+        "--report-interval",
+        ("--status-interval", "--stats-interval", "--interval"),
+        r"interval",
+    ),
+    "idle_max_park_us": ("--idle-max-park-us", ("--max-park-us",), r"max-park|park-us"),
+    "metrics_bind": ("--metrics-bind", (), r"metrics"),
+    "aeron_dir": ("--aeron-dir", ("--dir",), r"aeron|^--dir$"),
+    "attach_timeout": ("--attach-timeout", (), r"attach"),
+}
+
+
+class _DeprecatedSpelling(argparse.Action):
+    """An old spelling of a flag: stores into the new one's ``dest`` and says so once."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kw: object) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kw)  # type: ignore[arg-type]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import sys
+
+        print(
+            f"tensorpool: {option_string} is deprecated and will be removed; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_flag(
+    p: argparse.ArgumentParser, concept: str, *, old: tuple[str, ...] = (), **kwargs: object
+) -> None:
+    """Add ``concept``'s flag (:data:`VOCABULARY`), and ``old``: the spellings this command
+    used before #26.7, kept as hidden aliases that print a deprecation notice."""
+    new, known, _ = VOCABULARY[concept]
+    p.add_argument(new, dest=concept, **kwargs)  # type: ignore[arg-type]
+    for spelling in old:
+        assert spelling in known, f"{spelling}: not an old spelling of {new} in VOCABULARY"
+        p.add_argument(
+            spelling,
+            dest=concept,
+            action=_DeprecatedSpelling,
+            new=new,
+            type=kwargs.get("type"),  # type: ignore[arg-type]
+            help=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+        )

@@ -24,7 +24,7 @@ import re
 import sys
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument, run_agent
+from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
@@ -38,8 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"bridge TOML file (env {ENV_CONFIG})",
     )
     p.add_argument("--json", action="store_true", help="status as one JSON object per mapping")
-    p.add_argument(
-        "--status-interval",
+    add_flag(
+        p,
+        "report_interval",
+        old=("--status-interval",),
         type=float,
         default=1.0,
         help="seconds between status lines (0: only the final one)",
@@ -59,8 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fastest in Python) or try_claim per chunk (no staging copy)",
     )
     add_metrics_argument(p, config_key="bridge.metrics_bind")
-    p.add_argument(
-        "--max-park-us",
+    add_flag(
+        p,
+        "idle_max_park_us",
+        old=("--max-park-us",),
         type=int,
         default=200,
         help="longest backoff park, microseconds (latency vs idle CPU)",
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     except pyaeron.AeronError as exc:  # e.g. a UDP endpoint another process has bound
         raise UserError(aeron_error_line(exc, config.bridge, args.config)) from None
     if args.idle == "backoff":
-        idle = idle_strategy("backoff", max_park_ns=max(args.max_park_us, 1) * 1000)
+        idle = idle_strategy("backoff", max_park_ns=max(args.idle_max_park_us, 1) * 1000)
     else:
         idle = idle_strategy(args.idle.replace("-", "_"))
     meter = RateMeter()
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         idle=idle,
         stop=stop,
         report=report,
-        report_interval_s=args.status_interval,
+        report_interval_s=args.report_interval,
         duration_s=args.duration,
         metrics_bind=config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind,
         collectors=[BridgeCollector(app)],

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument, run_agent
+from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
@@ -36,23 +36,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--check", action="store_true", help="validate the config, print it, exit")
     p.add_argument("--json", action="store_true", help="print JSON lines (started/stats/stopped)")
-    p.add_argument(
-        "--stats-interval",
+    add_flag(
+        p,
+        "report_interval",
+        old=("--stats-interval",),
         type=float,
         default=5.0,
         help="seconds between stats reports (0 = only at exit; default %(default)s)",
     )
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = run)")
-    p.add_argument(
-        "--idle-max-park-us",
+    add_flag(
+        p,
+        "idle_max_park_us",
         type=int,
         default=1000,
         help="longest backoff park while a slot is open or a mapping is unlimited, "
         "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
     add_metrics_argument(p, config_key="rate_limiter.metrics_bind")
-    p.add_argument(
-        "--attach-timeout",
+    add_flag(
+        p,
+        "attach_timeout",
         type=float,
         default=30.0,
         help="seconds to wait for each destination lease, including waiting out a crashed "
@@ -88,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.idle_max_park_us <= 0:
         raise UserError("--idle-max-park-us must be > 0")
-    if args.stats_interval < 0:
-        raise UserError("--stats-interval must be >= 0")
+    if args.report_interval < 0:
+        raise UserError("--report-interval must be >= 0")
     logging.getLogger("tensorpool").setLevel(
         min(logging.getLogger().getEffectiveLevel(), logging.INFO)
     )
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 idle=agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000),
                 stop=stop,
                 report=report,
-                report_interval_s=args.stats_interval,
+                report_interval_s=args.report_interval,
                 duration_s=args.duration,
                 metrics_bind=config.metrics_bind
                 if args.metrics_bind is None

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import run_agent
+from tensorpool.commands._common import add_flag, run_agent
 from tensorpool.commands.inspect import (
     HEADER_RING_FILENAME,
     InspectError,
@@ -45,8 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="base directory of SHM regions (default %(default)s)",
     )
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="(default %(default)s)")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    p.add_argument("--once", action="store_true", help="one snapshot (rates over --interval)")
+    add_flag(
+        p, "report_interval", old=("--interval",), type=float, default=1.0,
+        help="seconds between refreshes",
+    )  # fmt: skip
+    p.add_argument(
+        "--once", action="store_true", help="one snapshot (rates over --report-interval)"
+    )
     p.add_argument("--json", action="store_true", help="with --once: print JSON")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
     d = Endpoints()
@@ -296,8 +301,8 @@ def read_driver(base: str, namespace: str) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     from tensorpool.observe.top import render, rows
 
-    if not args.interval > 0:
-        raise UserError(f"--interval must be > 0, got {args.interval}")
+    if not args.report_interval > 0:
+        raise UserError(f"--report-interval must be > 0, got {args.report_interval}")
     if args.json and not args.once:
         raise UserError("--json needs --once (a live table is for people)")
     base = os.path.abspath(args.shm_base_dir)
@@ -323,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         _, memo, _ = snapshot(None)
         if args.once:
-            qos.poll_for(max(args.interval, 1.2 if qos.note == "" and not args.no_qos else 0))
+            qos.poll_for(
+                max(args.report_interval, 1.2 if qos.note == "" and not args.no_qos else 0)
+            )
             out, _, driver = snapshot(memo)
             if args.json:
                 doc = {
@@ -361,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
                 idle=idle_strategy("backoff", max_park_ns=20_000_000),
                 stop=stop,
                 report=report,
-                report_interval_s=args.interval,
+                report_interval_s=args.report_interval,
                 duration_s=args.duration,
             )
     except KeyboardInterrupt:

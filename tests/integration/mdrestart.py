@@ -71,7 +71,7 @@ def wait_for(pred: Callable[[], object], timeout: float, what: Callable[[], str]
 
 
 def start_media_driver(work: str, aeron_dir: str, name: str, timeout: float = 30) -> Cli:
-    md = Cli(work, name, "mediadriver", "--dir", aeron_dir)
+    md = Cli(work, name, "mediadriver", "--aeron-dir", aeron_dir)
 
     def serving() -> bool:  # this process's driver, not a killed predecessor's cnc.dat
         identity = read_cnc_identity(aeron_dir)

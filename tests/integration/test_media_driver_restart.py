@@ -1,7 +1,7 @@
 """#26.1, #26.2, #26.4: daemons on an *external* media driver survive its ``kill -9`` and a new
 one on the same directory, without being restarted themselves.
 
-The operator's setup from docs/operator.md: ``tensorpool mediadriver --dir D`` first, then the
+The operator's setup from docs/operator.md: ``tensorpool mediadriver --aeron-dir D`` first, then the
 SHM driver with ``embedded_media_driver = false`` and clients joining D. Before #26 the SHM
 driver never called ``AeronContext.maintain()``: after the restart its control subscription
 and publications stayed bound to the dead media driver, and driver-mode clients got no lease
