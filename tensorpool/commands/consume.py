@@ -197,27 +197,18 @@ def run(args: argparse.Namespace) -> int:
         if not final:
             n_lat = 0
 
-    class ConsumeAgent:
-        role_name = "consume"
-
-        def on_start(self) -> None:
-            pass
-
-        def do_work(self) -> int:
-            got = step()
-            if args.count and consumer.stats.frames >= args.count:
-                raise AgentTermination
-            return got
-
-        def on_close(self) -> None:
-            pass
+    def work() -> int:
+        got = step()
+        if args.count and consumer.stats.frames >= args.count:
+            raise AgentTermination
+        return got
 
     from tensorpool.observe.metrics import ConsumerCollector
-    from tensorpool.transport.agent import AgentTermination
+    from tensorpool.transport.agent import AgentTermination, WorkAgent
 
     try:
         run_agent(
-            ConsumeAgent(),
+            WorkAgent("consume", work),
             ctx=ctx,
             idle=idle,
             stop=stop,

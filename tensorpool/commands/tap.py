@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from tensorpool.commands._common import add_transport_args, run_agent
 from tensorpool.endpoints import Endpoints
-from tensorpool.transport.agent import AgentTermination
+from tensorpool.transport.agent import AgentTermination, WorkAgent
 from tensorpool.transport.process import StopSignals
 
 HEX_PREVIEW_BYTES: Final = 64
@@ -274,34 +274,27 @@ def run(args: argparse.Namespace) -> int:
     stop = StopSignals((signal.SIGTERM,)).install()
     out = sys.stdout
 
-    class TapAgent:
-        role_name = "tap"
-        remaining = args.count
+    remaining = args.count
 
-        def on_start(self) -> None:
-            pass
-
-        def on_close(self) -> None:
-            pass
-
-        def do_work(self) -> int:
-            work = sum(sub.poll() for sub in subs)
-            if pending:
-                lines = pending if self.remaining is None else pending[: self.remaining]
-                out.write("\n".join(lines) + "\n")
-                out.flush()
-                pending.clear()
-                if self.remaining is not None:
-                    self.remaining -= len(lines)
-                    if self.remaining <= 0:
-                        raise AgentTermination
-            return work
+    def work() -> int:
+        nonlocal remaining
+        n = sum(sub.poll() for sub in subs)
+        if pending:
+            lines = pending if remaining is None else pending[:remaining]
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+            pending.clear()
+            if remaining is not None:
+                remaining -= len(lines)
+                if remaining <= 0:
+                    raise AgentTermination
+        return n
 
     try:
         with ctx:
             subs = [_subscribe(ctx, args.channel, sid, on_message) for sid in stream_ids]
             run_agent(
-                TapAgent(),
+                WorkAgent("tap", work),
                 ctx=ctx,
                 idle=BackoffIdleStrategy(),
                 stop=stop,

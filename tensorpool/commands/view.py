@@ -52,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
     from tensorpool.observe.view import FrameStore, Kept, ViewServer
+    from tensorpool.transport.agent import WorkAgent
     from tensorpool.transport.idle import idle_strategy
 
     if args.max_rate_hz <= 0:
@@ -120,21 +121,9 @@ def run(args: argparse.Namespace) -> int:
         )
         last_t, last_frames, last_seq = now, frames, seq
 
-    class ViewAgent:
-        role_name = "view"
-
-        def on_start(self) -> None:
-            pass
-
-        def do_work(self) -> int:
-            return consumer.poll(handler, 16)
-
-        def on_close(self) -> None:
-            pass
-
     try:
         run_agent(
-            ViewAgent(),
+            WorkAgent("view", lambda: consumer.poll(handler, 16)),
             ctx=ctx,
             idle=idle,
             stop=stop,

@@ -296,6 +296,20 @@ class AgentRunner:
         self.close()
 
 
+class WorkAgent:
+    """An agent that is only a duty cycle: a command's loop body, given as a function."""
+
+    def __init__(self, role_name: str, do_work: Callable[[], int]) -> None:
+        self.role_name = role_name
+        self.do_work = do_work
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+
 class CompositeAgent:
     """Several agents on one duty cycle; the work count is their sum.
 

@@ -47,7 +47,7 @@ from tensorpool.fsafety import (
     missing_dirs,
     remove_aeron_files,
 )
-from tensorpool.transport.agent import AgentRunner, AgentTermination
+from tensorpool.transport.agent import AgentRunner, AgentTermination, WorkAgent
 from tensorpool.transport.cnc import read_cnc_identity
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.idle import SleepingIdleStrategy
@@ -299,7 +299,7 @@ def run_media_driver(
         # #26.1: the one runner; time.sleep, not Event.wait: a signal interrupts it, and the
         # handler takes no lock
         AgentRunner(
-            _ServeUntilStopped(stop),
+            WorkAgent("tensorpool-mediadriver", lambda: _until(stop)),
             SleepingIdleStrategy(50_000_000),
             stop_signals=signals if handle_signals else None,
         ).run()
@@ -312,24 +312,11 @@ def run_media_driver(
         log.info("media driver for %s stopped", aeron_dir)
 
 
-class _ServeUntilStopped:
+def _until(stop: threading.Event | None) -> int:
     """The media driver's process has nothing to do but be there until told to stop."""
-
-    role_name = "tensorpool-mediadriver"
-
-    def __init__(self, stop: threading.Event | None) -> None:
-        self._stop = stop
-
-    def on_start(self) -> None:
-        pass
-
-    def on_close(self) -> None:
-        pass
-
-    def do_work(self) -> int:
-        if self._stop is not None and self._stop.is_set():
-            raise AgentTermination
-        return 0
+    if stop is not None and stop.is_set():
+        raise AgentTermination
+    return 0
 
 
 def wait_until_active(
