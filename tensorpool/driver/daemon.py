@@ -16,7 +16,9 @@ Start-up, in this order so that a failure leaves as little behind as possible:
    driver is taken over once its heartbeat has gone stale; one holding anything but Aeron's
    files is refused before step 2, see :mod:`tensorpool.fsafety`); otherwise the driver joins the
    external media driver at ``driver.aeron_dir``;
-5. the agent runs on the main thread under a backoff idle strategy.
+5. the agent runs on the main thread under the one runner (``AgentRunner``): a backoff idle
+   strategy, and the media driver kept -- an external one restarted in the same directory is
+   reconnected to (#26.1); the runner's health goes into the status file as ``runtime``.
 
 Signals: the first SIGINT/SIGTERM starts the graceful drain (§4.13: final announces,
 ``ShmDriverShutdown`` after ``policies.shutdown_timeout_ms``, every lease invalidated); a second
