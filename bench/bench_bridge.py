@@ -373,7 +373,7 @@ def run_profile(name: str, a: argparse.Namespace) -> dict[str, Any]:
         consumer = spawn("consumer B", [*me, "--worker", "consumer", "--aeron-dir", md_b.dir,
                                         "--shm-base-dir", base_b], log)  # fmt: skip
         procs.append(consumer)
-        bridge_args = ["--json", "--status-interval", "1"]
+        bridge_args = ["--json", "--report-interval", "1"]
         rx_run, tx_run = ["-m", "tensorpool"], ["-m", "tensorpool"]
         if a.cprofile:  # whole bridge processes under cProfile, CPU time (written at exit)
             os.makedirs(a.cprofile, exist_ok=True)

@@ -4,7 +4,7 @@
    and with `--metrics-bind` on both (scraped every 0.5 s meanwhile, 30x Prometheus' usual
    rate): producer frames/s and consumer frames/s, median of the repeats.
 2. A 640x480 uint16 camera at 100 Hz; `tensorpool view` with a client fetching `/frame` at
-   30 Hz, then `tensorpool top --interval 0.033`: each one's CPU (utime+stime over wall time,
+   30 Hz, then `tensorpool top --report-interval 0.033`: each one's CPU (utime+stime over wall time,
    from /proc), and the producer's CPU with and without them.
 
     python -m bench observe [-- --seconds 4 --repeats 3]
@@ -312,7 +312,7 @@ def _viewer(a: argparse.Namespace, dirs: list[str]) -> None:
     t.join()
     stop_process(view)
     top = subprocess.Popen(
-        _tp("top", *dirs, "--interval", "0.033", "--duration", str(a.seconds + 3)),
+        _tp("top", *dirs, "--report-interval", "0.033", "--duration", str(a.seconds + 3)),
         stdout=subprocess.DEVNULL,
     )
     time.sleep(1.5)
@@ -322,7 +322,7 @@ def _viewer(a: argparse.Namespace, dirs: list[str]) -> None:
     stop_process(cam)
     print(f"| view, no browser (consumer at 30 Hz) | {v_idle:.1%} |")
     print(f"| view, one browser fetching at 30 Hz (JPEG) | {v_cpu:.1%} |")
-    print(f"| top --interval 0.033 (30 Hz) | {t_cpu:.1%} |")
+    print(f"| top --report-interval 0.033 (30 Hz) | {t_cpu:.1%} |")
     print(f"| producer while top runs | {p_cpu:.1%} |")
 
 

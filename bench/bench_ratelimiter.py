@@ -239,7 +239,7 @@ class Bench:
             "ratelimiter",
             "--config",
             path,
-            "--stats-interval",
+            "--report-interval",
             "0",
         )
 

@@ -55,9 +55,8 @@ class BridgeApp:
         pass
 
     def do_work(self) -> int:
-        # a receiver with no destination yet holds no lease client that would do this:
-        # notice a restarted media driver and re-create the bridge's publications (#13.2)
-        work = int(self.ctx.maintain())
+        # a restarted media driver is the runner's business (#26.1: it keeps ``ctx``)
+        work = 0
         if self.receiver is not None:
             work += self.receiver.do_work()
         if self.sender is not None:
@@ -73,8 +72,10 @@ class BridgeApp:
             rows.extend(self.sender.status())
         if self.receiver is not None:
             rows.extend(self.receiver.status())
+        connected = not self.ctx.media_driver_lost  # #26.3
         for row in rows:
             row["instance_id"] = self.config.bridge.instance_id
+            row["media_driver_connected"] = connected
         return rows
 
     def close(self) -> None:
@@ -123,6 +124,8 @@ def format_status_line(row: dict[str, Any]) -> str:
         f"{row.get('fps', 0.0):.1f} frames/s {row.get('mb_s', 0.0):.2f} MB/s "
         f"frames {row['frames']}"
     )
+    if not row.get("media_driver_connected", True):
+        head += " MEDIA DRIVER LOST"
     if row["role"] == "sender":
         drops = dict(row["drops"])
         if row.get("source_drops_gap"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tensorpool.cli import UserError
 from tensorpool.client.settings import ClientSettings
@@ -14,6 +16,15 @@ from tensorpool.endpoints import (
     default_shm_base_dir,
 )
 from tensorpool.fsafety import unsafe_root_reason
+
+if TYPE_CHECKING:
+    from threading import Lock, RLock
+
+    from tensorpool.observe.metrics import MetricsServer
+    from tensorpool.transport.agent import Agent, AgentRunner
+    from tensorpool.transport.context import AeronContext
+    from tensorpool.transport.idle import IdleStrategy
+    from tensorpool.transport.process import StopSignals
 
 ENV_AERON_DIR = "TENSORPOOL_AERON_DIR"
 ENV_SHM_BASE_DIR = "TENSORPOOL_SHM_BASE_DIR"
@@ -138,3 +149,125 @@ def add_metrics_argument(p: argparse.ArgumentParser, *, config_key: str | None =
         help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT binds "
         f"127.0.0.1{where})",
     )
+
+
+def run_agent(
+    agent: Agent,
+    *,
+    ctx: AeronContext | None,
+    context_lock: Lock | RLock | None = None,
+    idle: IdleStrategy | None = None,
+    stop: StopSignals | None = None,
+    report: Callable[[bool], object] | None = None,
+    report_interval_s: float = 0.0,
+    duration_s: float = 0.0,
+    metrics_bind: str | None = None,
+    metrics_server: MetricsServer | None = None,
+    collectors: Sequence[object] = (),
+    fatal: tuple[type[Exception], ...] = (),
+) -> AgentRunner:
+    """Run a long-running command's agent under the one runner (#26.1) until a stop signal,
+    ``duration_s``, or the agent ends; returns the finished runner.
+
+    Every command goes through here, so none can forget a duty-cycle service: the runner keeps
+    ``ctx``'s media driver (reconnecting after a restart), idles, stops on SIGTERM/SIGINT
+    (``stop``: signals the command installed earlier, e.g. before a long attach), watches the
+    parent, reports, and the metrics server (``metrics_bind``) serves ``collectors`` plus the
+    runner's own health (``tensorpool_media_driver_connected``). A command that must refuse a
+    taken port before it creates anything (#26.6) binds first and passes ``metrics_server``.
+    """
+    from tensorpool.transport.agent import AgentRunner
+    from tensorpool.transport.process import StopSignals
+
+    runner = AgentRunner(
+        agent,
+        idle,
+        context=ctx,
+        context_lock=context_lock,
+        stop_signals=stop if stop is not None else StopSignals(),
+        watch_parent=True,
+        report=report,
+        report_interval_s=report_interval_s,
+        duration_s=duration_s,
+        fatal=(UserError, *fatal),  # a command's own one-line error ends it (exit 2)
+    )
+    metrics = metrics_server
+    if metrics is not None:
+        from tensorpool.observe.metrics import RunnerCollector
+
+        for collector in (*collectors, RunnerCollector(runner.health)):
+            metrics.add(collector)  # type: ignore[arg-type]
+    elif metrics_bind:
+        from tensorpool.observe.metrics import RunnerCollector, start_metrics
+
+        try:
+            metrics = start_metrics(metrics_bind, [*collectors, RunnerCollector(runner.health)])  # type: ignore[list-item]
+        except ValueError as exc:
+            agent.on_close()
+            raise UserError(str(exc)) from None
+    try:
+        runner.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return runner
+
+
+#: One command-line vocabulary (#26.7): for each concept several commands share, the one flag
+#: every command spells it with, the old spellings that keep working for one release (with a
+#: one-line deprecation notice on stderr), and a pattern that finds any spelling of the concept
+#: (tests/unit/commands/test_cli_vocabulary.py checks every command's flags against this table).
+VOCABULARY: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "report_interval": (
+        "--report-interval",
+        ("--status-interval", "--stats-interval", "--interval"),
+        r"interval",
+    ),
+    "idle_max_park_us": ("--idle-max-park-us", ("--max-park-us",), r"max-park|park-us"),
+    "metrics_bind": ("--metrics-bind", (), r"metrics"),
+    "aeron_dir": ("--aeron-dir", ("--dir",), r"aeron|^--dir$"),
+    "attach_timeout": ("--attach-timeout", (), r"attach"),
+}
+
+
+class _DeprecatedSpelling(argparse.Action):
+    """An old spelling of a flag: stores into the new one's ``dest`` and says so once."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kw: object) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kw)  # type: ignore[arg-type]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import sys
+
+        print(
+            f"tensorpool: {option_string} is deprecated and will be removed; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_flag(
+    p: argparse.ArgumentParser, concept: str, *, old: tuple[str, ...] = (), **kwargs: object
+) -> None:
+    """Add ``concept``'s flag (:data:`VOCABULARY`), and ``old``: the spellings this command
+    used before #26.7, kept as hidden aliases that print a deprecation notice."""
+    new, known, _ = VOCABULARY[concept]
+    p.add_argument(new, dest=concept, **kwargs)  # type: ignore[arg-type]
+    for spelling in old:
+        assert spelling in known, f"{spelling}: not an old spelling of {new} in VOCABULARY"
+        p.add_argument(
+            spelling,
+            dest=concept,
+            action=_DeprecatedSpelling,
+            new=new,
+            type=kwargs.get("type"),  # type: ignore[arg-type]
+            help=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+        )

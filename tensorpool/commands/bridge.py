@@ -22,10 +22,9 @@ import logging
 import os
 import re
 import sys
-import time
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument
+from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
@@ -39,8 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"bridge TOML file (env {ENV_CONFIG})",
     )
     p.add_argument("--json", action="store_true", help="status as one JSON object per mapping")
-    p.add_argument(
-        "--status-interval",
+    add_flag(
+        p,
+        "report_interval",
+        old=("--status-interval",),
         type=float,
         default=1.0,
         help="seconds between status lines (0: only the final one)",
@@ -60,8 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fastest in Python) or try_claim per chunk (no staging copy)",
     )
     add_metrics_argument(p, config_key="bridge.metrics_bind")
-    p.add_argument(
-        "--max-park-us",
+    add_flag(
+        p,
+        "idle_max_park_us",
+        old=("--max-park-us",),
         type=int,
         default=200,
         help="longest backoff park, microseconds (latency vs idle CPU)",
@@ -73,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tensorpool.bridge.app import BridgeApp, RateMeter
     from tensorpool.bridge.config import ConfigError, load_bridge_config
+    from tensorpool.observe.metrics import BridgeCollector
     from tensorpool.transport.clock import now_ns
     from tensorpool.transport.idle import idle_strategy
     from tensorpool.transport.mediadriver import MediaDriverError
@@ -96,42 +100,28 @@ def run(args: argparse.Namespace) -> int:
     except pyaeron.AeronError as exc:  # e.g. a UDP endpoint another process has bound
         raise UserError(aeron_error_line(exc, config.bridge, args.config)) from None
     if args.idle == "backoff":
-        idle = idle_strategy("backoff", max_park_ns=max(args.max_park_us, 1) * 1000)
+        idle = idle_strategy("backoff", max_park_ns=max(args.idle_max_park_us, 1) * 1000)
     else:
         idle = idle_strategy(args.idle.replace("-", "_"))
-    bind = config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind
-    metrics = None
-    if bind:  # #19.1: the agents' own counters, read when Prometheus scrapes
-        from tensorpool.observe.metrics import BridgeCollector, start_metrics
-
-        try:
-            metrics = start_metrics(bind, [BridgeCollector(app)])
-        except ValueError as exc:
-            app.close()
-            raise UserError(str(exc)) from None
     meter = RateMeter()
     meter.update(app.status(), now_ns())
-    start = time.monotonic()
-    next_status = start + args.status_interval if args.status_interval > 0 else float("inf")
-    end = start + args.duration if args.duration > 0 else float("inf")
+
+    def report(final: bool) -> None:
+        _print(meter.update(app.status(), now_ns()), args.json, final=final)
+
     mode = ", ".join(f"{m.name} ({m.role.value})" for m in config.mappings)
     log.info("bridge %s running: %s", config.bridge.instance_id, mode)
-    try:
-        while not stop.requested:
-            idle.idle(app.do_work())
-            now = time.monotonic()
-            if now >= next_status:
-                next_status += args.status_interval
-                _print(meter.update(app.status(), now_ns()), args.json, final=False)
-            if now >= end:
-                break
-    finally:
-        try:  # a closed stdout (`| head`) must not skip closing the producers
-            _print(meter.update(app.status(), now_ns()), args.json, final=True)
-        finally:
-            if metrics is not None:
-                metrics.close()
-            app.close()
+    run_agent(
+        app,
+        ctx=app.ctx,
+        idle=idle,
+        stop=stop,
+        report=report,
+        report_interval_s=args.report_interval,
+        duration_s=args.duration,
+        metrics_bind=config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind,
+        collectors=[BridgeCollector(app)],
+    )
     return 0
 
 

@@ -6,7 +6,6 @@ import argparse
 import json
 import signal
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from tensorpool.commands._common import (
@@ -15,6 +14,7 @@ from tensorpool.commands._common import (
     add_shm_args,
     add_transport_args,
     client_settings,
+    run_agent,
     start_context,
 )
 from tensorpool.transport.process import StopSignals
@@ -127,16 +127,6 @@ def run(args: argparse.Namespace) -> int:
             consumer.close()
             ctx.close()
             raise UserError(f"--device: {exc}") from None
-    metrics = None
-    if args.metrics_bind:  # #19.1: read at scrape time, nothing added per frame
-        from tensorpool.observe.metrics import ConsumerCollector, start_metrics
-
-        try:
-            metrics = start_metrics(args.metrics_bind, [ConsumerCollector(consumer)])
-        except ValueError as exc:
-            consumer.close()
-            ctx.close()
-            raise UserError(str(exc)) from None
     if args.idle == "semaphore":  # owned by the consumer: consumer.close() unlinks it
         idle: IdleStrategy | SemaphoreIdleStrategy = consumer.wake_idle_strategy(max_wait_ns)
     else:
@@ -194,44 +184,45 @@ def run(args: argparse.Namespace) -> int:
     step = poll_batch if args.batch > 0 else poll_frames
     if args.device is not None:
         step = poll_device
-    start = time.monotonic()
-    end = start + args.duration if args.duration > 0 else float("inf")
     interval = args.report_interval if args.report_interval > 0 else 1.0
-    next_report = start + interval
     last = (0, 0, 0, 0)
+
+    def report(final: bool) -> None:
+        nonlocal last, n_lat
+        last = _report(
+            consumer, lat, min(n_lat, lat.size), last, args.json, final=final,
+            interval=1.0 if final else interval, idle=idle, device=args.device,
+            connected=not ctx.media_driver_lost,
+        )  # fmt: skip
+        if not final:
+            n_lat = 0
+
+    def work() -> int:
+        got = step()
+        if args.count and consumer.stats.frames >= args.count:
+            raise AgentTermination
+        return got
+
+    from tensorpool.observe.metrics import ConsumerCollector
+    from tensorpool.transport.agent import AgentTermination, WorkAgent
+
     try:
-        while not stop.requested:
-            got = step()
-            idle.idle(got)
-            now = time.monotonic()
-            if now >= end or (args.count and consumer.stats.frames >= args.count):
-                break
-            if now >= next_report:
-                next_report += interval
-                last = _report(
-                    consumer,
-                    lat,
-                    min(n_lat, lat.size),
-                    last,
-                    args.json,
-                    interval=interval,
-                    idle=idle,
-                    device=args.device,
-                )
-                n_lat = 0
+        run_agent(
+            WorkAgent("consume", work),
+            ctx=ctx,
+            idle=idle,
+            stop=stop,
+            report=report,
+            report_interval_s=interval,
+            duration_s=args.duration,
+            metrics_bind=args.metrics_bind,  # #19.1: read at scrape time, nothing per frame
+            collectors=[ConsumerCollector(consumer)],
+        )
     except KeyboardInterrupt:
         pass
-    finally:
-        try:  # a closed stdout (`| head`) must not skip closing the consumer
-            _report(
-                consumer, lat, min(n_lat, lat.size), last, args.json, final=True, idle=idle,
-                device=args.device,
-            )  # fmt: skip
-        finally:
-            if metrics is not None:
-                metrics.close()
-            consumer.close()
-            ctx.close()
+    finally:  # a closed stdout (`| head`) must not skip closing the consumer
+        consumer.close()
+        ctx.close()
     return 0
 
 
@@ -245,6 +236,7 @@ def _report(
     interval: float = 1.0,
     idle: object = None,
     device: str | None = None,
+    connected: bool = True,
 ) -> tuple[int, int, int, int]:
     import numpy as np
 
@@ -267,6 +259,9 @@ def _report(
         "latency_us_p99": None if p99 is None else round(p99, 1),
         # --idle semaphore: empty polls that ended by the producer's post, not the timeout
         "idle_wakeups": getattr(idle, "wakeups", None),
+        # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
+        "media_driver_connected": connected,
+        "mapped": consumer.is_mapped,
         "final": final,
     }
     if device is not None:  # --device: the rates are into GPU memory, rows checked after the copy

@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                         "ratelimiter",
                         "--config",
                         str(work / "ratelimiter.toml"),
-                        "--stats-interval",
+                        "--report-interval",
                         "0",
                     ),
                     stdin=subprocess.DEVNULL,

@@ -145,7 +145,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
     bind = config.driver.metrics_bind if args.metrics_bind is None else args.metrics_bind
     metrics = None
     if bind:  # #19.1: bound before anything is created, so a taken port changes nothing
-        from tensorpool.observe.metrics import DriverCollector, start_metrics
+        from tensorpool.observe.metrics import start_metrics
 
         try:
             metrics = start_metrics(bind)
@@ -155,13 +155,20 @@ def _run_daemon(args: argparse.Namespace) -> int:
         return run_driver(
             config,
             options,
-            on_agent=None if metrics is None else (lambda a: metrics.add(DriverCollector(a))),
+            on_agent=None if metrics is None else (lambda a: _add_collectors(metrics, a)),
         )
     except (ConfigError, DriverStartupError, LockHeld) as exc:
         raise UserError(str(exc)) from None
     finally:
         if metrics is not None:
             metrics.close()
+
+
+def _add_collectors(metrics: Any, agent: Any) -> None:
+    from tensorpool.observe.metrics import DriverCollector, RunnerCollector
+
+    metrics.add(DriverCollector(agent))
+    metrics.add(RunnerCollector(agent.runner_health))  # #26.3: media driver connected
 
 
 # --------------------------------------------------------------------------- status

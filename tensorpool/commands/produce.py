@@ -8,7 +8,6 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tensorpool.cli import UserError
@@ -18,13 +17,17 @@ from tensorpool.commands._common import (
     add_shm_args,
     add_transport_args,
     client_settings,
+    run_agent,
     start_context,
 )
 from tensorpool.config_util import parse_octal_mode
+from tensorpool.transport.agent import AgentTermination
+from tensorpool.transport.idle import idle_strategy
 from tensorpool.transport.process import StopSignals
 
 if TYPE_CHECKING:
     from tensorpool.client.producer import Producer
+    from tensorpool.transport.context import AeronContext
 
 PATTERNS = ("moving", "ramp", "noise", "stamp")
 _INT32_MAX = 2**31 - 1
@@ -254,23 +257,33 @@ def run(args: argparse.Namespace) -> int:
         if metrics is not None:
             metrics.close()
         raise UserError(f"cannot create SHM regions: {exc}") from None
-    try:
-        if metrics is not None:  # #19.1: read at scrape time, nothing added per frame
-            from tensorpool.counters import LatencyHistogram
-            from tensorpool.observe.metrics import ProducerCollector
+    hist = None
+    if args.driver:
+        from tensorpool.counters import LatencyHistogram
 
-            hist = LatencyHistogram() if args.driver else None
-            if hist is not None:
-                hist.observe_ns(attach_ns)
-            metrics.add(ProducerCollector(producer, hist))
+        hist = LatencyHistogram()
+        hist.observe_ns(attach_ns)
+    from tensorpool.observe.metrics import ProducerCollector
+
+    agent = ProduceAgent(producer, pattern, args, ctx)
+    try:
         if meta:
             producer.set_metadata(meta)
-        _loop(producer, pattern, args, lambda: stop.requested)
+        run_agent(
+            agent,
+            ctx=ctx,
+            # a paced producer waits for its next frame in parks of at most 1 ms
+            idle=idle_strategy("backoff", max_park_ns=1_000_000),
+            stop=stop,
+            report=agent.report,
+            report_interval_s=args.report_interval if args.report_interval > 0 else 1.0,
+            duration_s=args.duration,
+            metrics_server=metrics,  # #19.1: read at scrape time, nothing per frame
+            collectors=[ProducerCollector(producer, hist)],
+        )
     except KeyboardInterrupt:
         pass
     finally:
-        if metrics is not None:
-            metrics.close()
         producer.close()
         ctx.close()
     return 0
@@ -281,7 +294,6 @@ def _publish_one(p: Producer, pattern: Pattern, shape: tuple[int, ...]) -> int:
     if claim is None:
         if not p.attached:  # lease lost: the driver client reattaches in do_work
             p.do_work()
-            time.sleep(0.01)
             return 0
         raise UserError(f"frame of shape {shape} does not fit any pool")
     pattern.fill(claim.array, claim.seq)
@@ -298,69 +310,82 @@ def _publish_batch(p: Producer, pattern: Pattern, shape: tuple[int, ...], n: int
     return claim.n if p.commit_batch(claim) is not None else 0
 
 
-def _loop(
-    p: Producer, pattern: Pattern, args: argparse.Namespace, stopped: Callable[[], bool]
-) -> None:
-    period = 1.0 / args.rate if args.rate > 0 else 0.0
-    start = time.monotonic()
-    end = start + args.duration if args.duration > 0 else float("inf")
-    interval = args.report_interval if args.report_interval > 0 else 1.0
-    next_report = start + interval
-    last_frames = last_bytes = 0
-    sent = 0
-    p.do_work()
-    while not stopped():
-        now = time.monotonic()
-        if now >= end or (args.count and sent >= args.count):
-            break
-        if period:
-            due = start + sent * period  # deadline-based: no drift
-            if now < due:
-                p.do_work()
-                time.sleep(min(due - now, 0.002))
-                continue
+class ProduceAgent:
+    """Publishes synthetic frames at ``--rate`` (deadline-based: no drift) or flat out."""
+
+    role_name = "produce"
+
+    def __init__(
+        self, p: Producer, pattern: Pattern, args: argparse.Namespace, ctx: AeronContext
+    ) -> None:
+        self.p, self.pattern, self.args, self.ctx = p, pattern, args, ctx
+        self.period = 1.0 / args.rate if args.rate > 0 else 0.0
+        self.start = time.monotonic()
+        self.sent = 0
+        self._last = (0, 0)
+
+    def on_start(self) -> None:
+        self.start = time.monotonic()
+        self.p.do_work()
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        p, args = self.p, self.args
+        if args.count and self.sent >= args.count:
+            raise AgentTermination
+        if self.period and time.monotonic() < self.start + self.sent * self.period:
+            return p.do_work()  # not due yet: the runner idles
         if args.batch > 1:
-            n = args.batch if not args.count else min(args.batch, args.count - sent)
-            got = _publish_batch(p, pattern, args.shape, n)
+            n = args.batch if not args.count else min(args.batch, args.count - self.sent)
+            got = _publish_batch(p, self.pattern, args.shape, n)
             if got is None:
-                if not p.attached:
-                    p.do_work()
-                    time.sleep(0.01)
-                    continue
+                if not p.attached:  # lease lost: the driver client reattaches in do_work
+                    return p.do_work()
                 raise UserError(f"frame of shape {args.shape} does not fit any pool")
-            sent += got
+            self.sent += got
             p.do_work()
+            return got
+        got = _publish_one(p, self.pattern, args.shape)
+        self.sent += got
+        if not self.period and self.sent % 64 == 0:
+            p.do_work()
+        return got
+
+    def report(self, final: bool) -> None:
+        p, args = self.p, self.args
+        if args.quiet:
+            return
+        if final:
+            print(
+                f"produced {p.stats.frames} frames on stream {p.stream_id} epoch {p.epoch}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        interval = args.report_interval if args.report_interval > 0 else 1.0
+        st = p.stats
+        line = {
+            "stream_id": p.stream_id,
+            "epoch": p.epoch,
+            "frames": st.frames,
+            "fps": round((st.frames - self._last[0]) / interval, 1),
+            "mb_s": round((st.bytes - self._last[1]) / 1e6 / interval, 2),
+            "descriptors_not_sent": st.descriptors_not_sent,
+            "drops": st.drops.snapshot(),
+            "consumers": p.has_consumers,
+            # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
+            "media_driver_connected": not self.ctx.media_driver_lost,
+            "attached": p.attached,
+        }
+        self._last = (st.frames, st.bytes)
+        if args.json:
+            print(json.dumps(line), flush=True)
         else:
-            sent += _publish_one(p, pattern, args.shape)
-            if not period and sent % 64 == 0:
-                p.do_work()
-        if now >= next_report:
-            next_report += interval
-            st = p.stats
-            line = {
-                "stream_id": p.stream_id,
-                "epoch": p.epoch,
-                "frames": st.frames,
-                "fps": round((st.frames - last_frames) / interval, 1),
-                "mb_s": round((st.bytes - last_bytes) / 1e6 / interval, 2),
-                "descriptors_not_sent": st.descriptors_not_sent,
-                "drops": st.drops.snapshot(),
-                "consumers": p.has_consumers,
-            }
-            last_frames, last_bytes = st.frames, st.bytes
-            if not args.quiet:
-                if args.json:
-                    print(json.dumps(line), flush=True)
-                else:
-                    print(
-                        f"stream {line['stream_id']} epoch {line['epoch']}: "
-                        f"{line['fps']} frames/s {line['mb_s']} MB/s "
-                        f"total {line['frames']} not-sent {line['descriptors_not_sent']}",
-                        flush=True,
-                    )
-    if not args.quiet:
-        print(
-            f"produced {p.stats.frames} frames on stream {p.stream_id} epoch {p.epoch}",
-            file=sys.stderr,
-            flush=True,
-        )
+            print(
+                f"stream {line['stream_id']} epoch {line['epoch']}: "
+                f"{line['fps']} frames/s {line['mb_s']} MB/s "
+                f"total {line['frames']} not-sent {line['descriptors_not_sent']}",
+                flush=True,
+            )

@@ -20,11 +20,10 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument
+from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
@@ -37,23 +36,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--check", action="store_true", help="validate the config, print it, exit")
     p.add_argument("--json", action="store_true", help="print JSON lines (started/stats/stopped)")
-    p.add_argument(
-        "--stats-interval",
+    add_flag(
+        p,
+        "report_interval",
+        old=("--stats-interval",),
         type=float,
         default=5.0,
         help="seconds between stats reports (0 = only at exit; default %(default)s)",
     )
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (0 = run)")
-    p.add_argument(
-        "--idle-max-park-us",
+    add_flag(
+        p,
+        "idle_max_park_us",
         type=int,
         default=1000,
         help="longest backoff park while a slot is open or a mapping is unlimited, "
         "microseconds (default %(default)s); between slots the agent sleeps until the next one",
     )
     add_metrics_argument(p, config_key="rate_limiter.metrics_bind")
-    p.add_argument(
-        "--attach-timeout",
+    add_flag(
+        p,
+        "attach_timeout",
         type=float,
         default=30.0,
         help="seconds to wait for each destination lease, including waiting out a crashed "
@@ -89,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.idle_max_park_us <= 0:
         raise UserError("--idle-max-park-us must be > 0")
-    if args.stats_interval < 0:
-        raise UserError("--stats-interval must be >= 0")
+    if args.report_interval < 0:
+        raise UserError("--report-interval must be >= 0")
     logging.getLogger("tensorpool").setLevel(
         min(logging.getLogger().getEffectiveLevel(), logging.INFO)
     )
 
     from tensorpool.client.producer import AttachError
+    from tensorpool.observe.metrics import RateLimiterCollector
     from tensorpool.ratelimiter.agent import PoolFitError, RateLimiterAgent
     from tensorpool.transport.context import AeronContext
     from tensorpool.transport.mediadriver import MediaDriverError
@@ -107,49 +111,37 @@ def run(args: argparse.Namespace) -> int:
     except MediaDriverError as exc:
         print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
         return 1
-    stop = StopSignals().install()
+    stop = StopSignals().install()  # before the attach, which can take --attach-timeout
     try:
         try:
             agent = RateLimiterAgent(config, ctx, attach_timeout_s=args.attach_timeout)
         except AttachError as exc:
             print(f"tensorpool ratelimiter: error: {exc}", file=sys.stderr)
             return 1
-        idle = agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000)
-        metrics = _start_metrics(args, config, agent)
         _emit(args, "started", **agent.snapshot())
-        t0 = time.monotonic()
-        next_stats = t0 + args.stats_interval if args.stats_interval else float("inf")
+
+        def report(final: bool) -> None:  # #26.3: with the media driver's health
+            health = ctx.media_driver_health(ctx.clock())
+            _emit(args, "stopped" if final else "stats", **agent.snapshot(), media_driver=health)
+
         try:
-            while not stop.requested:
-                idle.idle(agent.do_work())
-                now = time.monotonic()
-                if now >= next_stats:
-                    next_stats = now + args.stats_interval
-                    _emit(args, "stats", **agent.snapshot())
-                if args.duration and now - t0 >= args.duration:
-                    break
-            _emit(args, "stopped", **agent.snapshot())
+            run_agent(
+                agent,
+                ctx=ctx,
+                idle=agent.idle_strategy(max_park_ns=args.idle_max_park_us * 1000),
+                stop=stop,
+                report=report,
+                report_interval_s=args.report_interval,
+                duration_s=args.duration,
+                metrics_bind=config.metrics_bind
+                if args.metrics_bind is None
+                else args.metrics_bind,
+                collectors=[RateLimiterCollector(agent)],
+                fatal=(PoolFitError,),
+            )
         except PoolFitError as exc:  # a config mistake seen only once the layouts are known
             print(f"tensorpool ratelimiter: error: {config.source}: {exc}", file=sys.stderr)
             return 2
-        finally:
-            if metrics is not None:
-                metrics.close()
-            agent.close()
     finally:
         ctx.close()
     return 0
-
-
-def _start_metrics(args: argparse.Namespace, config: Any, agent: Any) -> Any:
-    """#19.1: the agent's own counters, read when Prometheus scrapes."""
-    bind = config.metrics_bind if args.metrics_bind is None else args.metrics_bind
-    if not bind:
-        return None
-    from tensorpool.observe.metrics import RateLimiterCollector, start_metrics
-
-    try:
-        return start_metrics(bind, [RateLimiterCollector(agent)])
-    except ValueError as exc:
-        agent.close()
-        raise UserError(str(exc)) from None

@@ -14,7 +14,6 @@ import argparse
 import os
 import socket
 import sys
-import time
 
 from tensorpool.commands._common import (
     add_channel_args,
@@ -22,6 +21,7 @@ from tensorpool.commands._common import (
     add_shm_args,
     add_transport_args,
     client_settings,
+    run_agent,
 )
 
 ENV_TOKEN = "TENSORPOOL_SERVE_TOKEN"
@@ -120,14 +120,18 @@ def run(args: argparse.Namespace) -> int:
     if taken:  # #26.6: one line and nothing attached, instead of gRPC's own log lines
         raise UserError(taken)
 
+    from tensorpool.observe.metrics import ServeCollector
     from tensorpool.serve.server import TensorPoolFlightServer
     from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment
+    from tensorpool.transport.idle import SleepingIdleStrategy
     from tensorpool.transport.process import StopSignals
 
     stop = StopSignals().install()
-    att = open_attachment(streams, settings, driver=args.driver, intake_capacity=None)
+    # on this thread, under the one runner (#26.1); the Flight threads read it under its lock
+    att = open_attachment(
+        streams, settings, driver=args.driver, intake_capacity=None, background=False
+    )
     server = None
-    metrics = None
     try:
         if args.attach_timeout > 0:
             try:
@@ -148,24 +152,22 @@ def run(args: argparse.Namespace) -> int:
             )
         except Exception as exc:  # port in use, bad certificate, bad address
             raise UserError(f"cannot serve on {scheme}://{host}:{args.port}: {exc}") from None
-        if args.metrics_bind:  # #19.1: the server's own counters, read when scraped
-            from tensorpool.observe.metrics import ServeCollector, start_metrics
-
-            try:
-                metrics = start_metrics(args.metrics_bind, [ServeCollector(server)])
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
         print(
             f"tensorpool serve: streams {list(streams)} on {scheme}://{host}:{server.port}"
             + (" (token required)" if token else ""),
             flush=True,
         )
-        while not stop.requested:
-            time.sleep(0.1)
+        run_agent(
+            att,
+            ctx=att.context,
+            context_lock=att.lock,
+            idle=SleepingIdleStrategy(1_000_000),
+            stop=stop,
+            metrics_bind=args.metrics_bind,  # #19.1: the server's own counters, read when scraped
+            collectors=[ServeCollector(server)],
+        )
         return 0
     finally:
-        if metrics is not None:
-            metrics.close()
         if server is not None:
             server.shutdown()
             counts = dict(server.counters)

@@ -46,8 +46,9 @@ import sys
 from collections.abc import Buffer
 from typing import Any, Final
 
-from tensorpool.commands._common import add_transport_args
+from tensorpool.commands._common import add_transport_args, run_agent
 from tensorpool.endpoints import Endpoints
+from tensorpool.transport.agent import AgentTermination, WorkAgent
 from tensorpool.transport.process import StopSignals
 
 HEX_PREVIEW_BYTES: Final = 64
@@ -271,29 +272,34 @@ def run(args: argparse.Namespace) -> int:
         )
 
     stop = StopSignals((signal.SIGTERM,)).install()
-    remaining = args.count
     out = sys.stdout
+
+    remaining = args.count
+
+    def work() -> int:
+        nonlocal remaining
+        n = sum(sub.poll() for sub in subs)
+        if pending:
+            lines = pending if remaining is None else pending[:remaining]
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+            pending.clear()
+            if remaining is not None:
+                remaining -= len(lines)
+                if remaining <= 0:
+                    raise AgentTermination
+        return n
+
     try:
         with ctx:
             subs = [_subscribe(ctx, args.channel, sid, on_message) for sid in stream_ids]
-            deadline = None if args.duration is None else now_ns() + int(args.duration * 1e9)
-            idle = BackoffIdleStrategy()
-            while not stop.requested:
-                work = 0
-                for sub in subs:
-                    work += sub.poll()
-                if pending:
-                    lines = pending if remaining is None else pending[:remaining]
-                    out.write("\n".join(lines) + "\n")
-                    out.flush()
-                    pending.clear()
-                    if remaining is not None:
-                        remaining -= len(lines)
-                        if remaining <= 0:
-                            break
-                if deadline is not None and now_ns() >= deadline:
-                    break
-                idle.idle(work)
+            run_agent(
+                WorkAgent("tap", work),
+                ctx=ctx,
+                idle=BackoffIdleStrategy(),
+                stop=stop,
+                duration_s=args.duration or 0.0,
+            )
     except BrokenPipeError:
         _silence_stdout()
     finally:

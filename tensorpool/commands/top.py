@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands._common import add_flag, run_agent
 from tensorpool.commands.inspect import (
     HEADER_RING_FILENAME,
     InspectError,
@@ -44,8 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="base directory of SHM regions (default %(default)s)",
     )
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="(default %(default)s)")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    p.add_argument("--once", action="store_true", help="one snapshot (rates over --interval)")
+    add_flag(
+        p, "report_interval", old=("--interval",), type=float, default=1.0,
+        help="seconds between refreshes",
+    )  # fmt: skip
+    p.add_argument(
+        "--once", action="store_true", help="one snapshot (rates over --report-interval)"
+    )
     p.add_argument("--json", action="store_true", help="with --once: print JSON")
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
     d = Endpoints()
@@ -250,16 +256,29 @@ class QosListener:
             self._ctx.add_subscription(args.control_channel, args.control_stream_id, on_control),
         ]
 
+    role_name = "top"
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        """Take the QoS and announce messages that have come (the runner's duty cycle)."""
+        return sum(sub.poll() for sub in self._subs)
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
+
     def poll_for(self, seconds: float) -> None:
-        """Sleep ``seconds`` while taking QoS messages as they come."""
-        end = time.monotonic() + seconds
-        while True:
-            for sub in self._subs:
-                sub.poll()
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(left, 0.02))
+        """Take QoS messages for ``seconds`` (``--once``): a short-lived run of the runner."""
+        from tensorpool.transport.agent import AgentRunner
+        from tensorpool.transport.idle import idle_strategy
+
+        idle = idle_strategy("backoff", max_park_ns=20_000_000)
+        AgentRunner(self, idle, context=self._ctx, duration_s=seconds).run()
 
     def close(self) -> None:
         for sub in self._subs:
@@ -282,8 +301,8 @@ def read_driver(base: str, namespace: str) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     from tensorpool.observe.top import render, rows
 
-    if not args.interval > 0:
-        raise UserError(f"--interval must be > 0, got {args.interval}")
+    if not args.report_interval > 0:
+        raise UserError(f"--report-interval must be > 0, got {args.report_interval}")
     if args.json and not args.once:
         raise UserError("--json needs --once (a live table is for people)")
     base = os.path.abspath(args.shm_base_dir)
@@ -309,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         _, memo, _ = snapshot(None)
         if args.once:
-            qos.poll_for(max(args.interval, 1.2 if qos.note == "" and not args.no_qos else 0))
+            qos.poll_for(
+                max(args.report_interval, 1.2 if qos.note == "" and not args.no_qos else 0)
+            )
             out, _, driver = snapshot(memo)
             if args.json:
                 doc = {
@@ -331,12 +352,25 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.live import Live
 
-        end = time.monotonic() + args.duration if args.duration > 0 else float("inf")
+        from tensorpool.transport.idle import idle_strategy
+
         with Live(console=Console(), auto_refresh=False, screen=False) as live:
-            while not stop.requested and time.monotonic() < end:
-                qos.poll_for(args.interval)
-                out, memo, driver = snapshot(memo)
-                live.update(render(out, driver, title, qos.note), refresh=True)
+
+            def report(final: bool) -> None:
+                nonlocal memo
+                if not final:
+                    out, memo, driver = snapshot(memo)
+                    live.update(render(out, driver, title, qos.note), refresh=True)
+
+            run_agent(
+                qos,
+                ctx=qos.context,
+                idle=idle_strategy("backoff", max_park_ns=20_000_000),
+                stop=stop,
+                report=report,
+                report_interval_s=args.report_interval,
+                duration_s=args.duration,
+            )
     except KeyboardInterrupt:
         pass
     finally:

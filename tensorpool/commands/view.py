@@ -21,6 +21,7 @@ from tensorpool.commands._common import (
     add_shm_args,
     add_transport_args,
     client_settings,
+    run_agent,
     start_context,
 )
 from tensorpool.config_util import parse_bind
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
     from tensorpool.commands.serve import read_token
     from tensorpool.observe.view import FrameStore, Kept, ViewServer
+    from tensorpool.transport.agent import WorkAgent
     from tensorpool.transport.idle import idle_strategy
 
     if args.max_rate_hz <= 0:
@@ -120,31 +122,40 @@ def run(args: argparse.Namespace) -> int:
     # idle loop at a few hundred wakeups a second instead of a thousand
     idle = idle_strategy("backoff", max_park_ns=5_000_000)
     last_t, last_frames, last_seq = time.monotonic(), 0, 0
-    end = last_t + args.duration if args.duration > 0 else float("inf")
+
+    def report(final: bool) -> None:  # the page's numbers, once a second
+        nonlocal last_t, last_frames, last_seq
+        if final:
+            return
+        now = time.monotonic()
+        kept = store.newest()
+        seq = kept.seq if kept is not None else 0
+        frames = consumer.stats.frames
+        dt = max(now - last_t, 1e-9)
+        store.set_stats(
+            {
+                "fps": (frames - last_frames) / dt,
+                # how fast the producer's seq moves (its frame rate, unless it
+                # keeps another stream's seqs, as a rate limiter does)
+                "source_seq_per_s": (seq - last_seq) / dt if last_seq and seq else 0.0,
+                "frames": frames,
+                "drops_gap": consumer.drops_gap,
+                "drops_late": consumer.drops_late,
+                "drops": consumer.stats.drops.snapshot(),
+            }
+        )
+        last_t, last_frames, last_seq = now, frames, seq
+
     try:
-        while not stop.requested:
-            idle.idle(consumer.poll(handler, 16))
-            now = time.monotonic()
-            if now >= end:
-                break
-            if now - last_t >= 1.0:  # the page's numbers, once a second
-                kept = store.newest()
-                seq = kept.seq if kept is not None else 0
-                frames = consumer.stats.frames
-                dt = now - last_t
-                store.set_stats(
-                    {
-                        "fps": (frames - last_frames) / dt,
-                        # how fast the producer's seq moves (its frame rate, unless it
-                        # keeps another stream's seqs, as a rate limiter does)
-                        "source_seq_per_s": (seq - last_seq) / dt if last_seq and seq else 0.0,
-                        "frames": frames,
-                        "drops_gap": consumer.drops_gap,
-                        "drops_late": consumer.drops_late,
-                        "drops": consumer.stats.drops.snapshot(),
-                    }
-                )
-                last_t, last_frames, last_seq = now, frames, seq
+        run_agent(
+            WorkAgent("view", lambda: consumer.poll(handler, 16)),
+            ctx=ctx,
+            idle=idle,
+            stop=stop,
+            report=report,
+            report_interval_s=1.0,
+            duration_s=args.duration,
+        )
     except KeyboardInterrupt:
         pass
     finally:

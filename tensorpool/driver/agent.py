@@ -41,7 +41,7 @@ import os
 import struct
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tensorpool.counters import LatencyHistogram
@@ -193,6 +193,8 @@ class DriverAgent:
         self._control_pub: Publisher | None = None
         self._announce_pub: Publisher | None = None
         self._sub: Subscriber | None = None
+        self.runner_health: Callable[[], Mapping[str, object]] | None = None
+        """The runner's health record (#26.3), written into the status file as ``runtime``."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -741,6 +743,8 @@ class DriverAgent:
             agent_counters=self.counters,
             live_epochs=self.files.live_epochs(),
         )
+        if self.runner_health is not None:
+            doc["runtime"] = dict(self.runner_health())
         if final:
             doc["state"] = "STOPPED"
         try:

@@ -16,7 +16,9 @@ Start-up, in this order so that a failure leaves as little behind as possible:
    driver is taken over once its heartbeat has gone stale; one holding anything but Aeron's
    files is refused before step 2, see :mod:`tensorpool.fsafety`); otherwise the driver joins the
    external media driver at ``driver.aeron_dir``;
-5. the agent runs on the main thread under a backoff idle strategy.
+5. the agent runs on the main thread under the one runner (``AgentRunner``): a backoff idle
+   strategy, and the media driver kept -- an external one restarted in the same directory is
+   reconnected to (#26.1); the runner's health goes into the status file as ``runtime``.
 
 Signals: the first SIGINT/SIGTERM starts the graceful drain (§4.13: final announces,
 ``ShmDriverShutdown`` after ``policies.shutdown_timeout_ms``, every lease invalidated); a second
@@ -58,13 +60,12 @@ from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.idle import BackoffIdleStrategy, IdleStrategy
 from tensorpool.transport.mediadriver import (
-    ACTIVE_CHECK_TIMEOUT_MS,
+    TAKEOVER_WAIT_S,
     EmbeddedMediaDriver,
     MediaDriverError,
     close_media_driver,
-    held,
     serves,
-    start_media_driver,
+    start_media_driver_after_crash,
 )
 
 __all__ = [
@@ -133,7 +134,7 @@ class DaemonOptions:
     idle: IdleStrategy | None = None
     linger_ns: int = DEFAULT_LINGER_NS
     install_signal_handlers: bool = True
-    media_driver_takeover_s: float = 3 * ACTIVE_CHECK_TIMEOUT_MS / 1000
+    media_driver_takeover_s: float = TAKEOVER_WAIT_S
     """How long to wait for a dead driver's media driver directory to go stale."""
 
 
@@ -182,24 +183,17 @@ def _check_media_driver_dir(config: DriverConfig, aeron_dir: str) -> None:
 
 def _start_embedded_media_driver(aeron_dir: str, takeover_s: float) -> EmbeddedMediaDriver:
     """Serve ``aeron_dir`` from this process; wait out a killed predecessor's heartbeat."""
-    deadline = time.monotonic() + takeover_s
-    while held(aeron_dir):
-        if time.monotonic() >= deadline:
-            raise DriverStartupError(
-                f"a media driver is already active in {aeron_dir}; set driver.aeron_dir to "
-                "another directory, or driver.embedded_media_driver = false to join it"
-            )
-        time.sleep(0.1)
-    while True:
-        try:
-            return start_media_driver(aeron_dir, TransportConfig(aeron_dir=aeron_dir))
-        except MediaDriverError as exc:
-            # #13.2: after a kill -9 the C driver's own liveness check of the old cnc.dat
-            # trails ours by a few hundred ms ("Active media driver detected", EBUSY); keep
-            # trying within the takeover window instead of failing the restart
-            if "Active media driver detected" not in str(exc) or time.monotonic() >= deadline:
-                raise DriverStartupError(str(exc)) from exc
-            time.sleep(0.1)
+    try:
+        return start_media_driver_after_crash(
+            aeron_dir, TransportConfig(aeron_dir=aeron_dir), takeover_s
+        )
+    except MediaDriverError as exc:
+        raise DriverStartupError(
+            f"{exc}; set driver.aeron_dir to another directory, or "
+            "driver.embedded_media_driver = false to join it"
+            if "already active" in str(exc)
+            else str(exc)
+        ) from exc
 
 
 def run_driver(
@@ -283,9 +277,11 @@ def run_driver(
             first_lease_id=seed,
             embedded_media_driver=config.driver.embedded_media_driver,
         )
+        # #26.1: the runner keeps the media driver (an external one can be restarted under us)
+        runner = AgentRunner(agent, options.idle or default_idle_strategy(), context=ctx)
+        agent.runner_health = runner.health
         if on_agent is not None:
             on_agent(agent)
-        runner = AgentRunner(agent, options.idle or default_idle_strategy())
         on_main_thread = threading.current_thread() is threading.main_thread()
         if options.install_signal_handlers and on_main_thread:
             signals_seen = 0

@@ -153,7 +153,8 @@ def read_status(path: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Liveness:
-    """The reader's verdict: ``running``, ``stale`` or ``stopped``, and why."""
+    """The reader's verdict: ``running``, ``media_driver_lost``, ``stale`` or ``stopped``, and
+    why."""
 
     verdict: str
     age_ns: int
@@ -192,6 +193,15 @@ def assess(document: Mapping[str, Any], now_unix_ns: int) -> Liveness:
         return Liveness("stale", age, f"driver process {pid} no longer exists")
     if age > int(document.get("stale_after_ns", _MIN_STALE_NS)):
         return Liveness("stale", age, f"status not rewritten for {age / 1e9:.1f} s")
+    runtime = document.get("runtime") or {}
+    if runtime.get("state") == "media_driver_lost":  # #26.3: alive, but serving nobody
+        md = runtime.get("media_driver") or {}
+        return Liveness(
+            "media_driver_lost",
+            age,
+            f"media driver in {md.get('dir')} lost {md.get('lost_for_s')} s ago "
+            f"({md.get('lost_reason')}); {md.get('reconnect_attempts')} reconnect attempts",
+        )
     return Liveness("running", age, "")
 
 

@@ -200,6 +200,48 @@ class ConsumerCollector(_SnapshotCollector):
         return out
 
 
+class RunnerCollector(_SnapshotCollector):
+    """What every daemon's runner knows (#26.3): is its media driver there, since when lost,
+    reconnects. Registered by the runner's command helper, so no daemon goes without it."""
+
+    def __init__(self, health: Callable[[], Mapping[str, object]]) -> None:
+        self.health = health  # AgentRunner.health
+
+    def _read(self) -> list[Metric]:
+        health = self.health()
+        role = [str(health["role"])]
+        md = health.get("media_driver")
+        connected = GaugeMetricFamily(
+            "tensorpool_media_driver_connected",
+            "1 while this process's Aeron client is connected to a live media driver",
+            labels=["role"],
+        )
+        out: list[Metric] = [connected]
+        if not isinstance(md, dict):  # no context: nothing to lose
+            connected.add_metric(role, 1)
+            return out
+        connected.add_metric(role, 1 if md["connected"] else 0)
+        lost = GaugeMetricFamily(
+            "tensorpool_media_driver_lost_seconds",
+            "how long the media driver has been lost (0 while connected)",
+            labels=["role"],
+        )
+        lost.add_metric(role, float(md["lost_for_s"] or 0.0))
+        attempts = GaugeMetricFamily(
+            "tensorpool_media_driver_reconnect_attempts",
+            "reconnect attempts since the loss was noticed (0 while connected)",
+            labels=["role"],
+        )
+        attempts.add_metric(role, int(md["reconnect_attempts"]))
+        reconnects = CounterMetricFamily(
+            "tensorpool_media_driver_reconnects",
+            "reconnects to a new media driver in the same directory",
+            labels=["role"],
+        )
+        reconnects.add_metric(role, int(md["reconnects"]))
+        return [*out, lost, attempts, reconnects]
+
+
 class DriverCollector(_SnapshotCollector):
     """The SHM driver: streams, epochs, leases by role and state, events, attach latency."""
 

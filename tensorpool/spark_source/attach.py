@@ -61,7 +61,9 @@ from tensorpool.ingest import DropInfo, IngressBuffer
 from tensorpool.spark_source.stream_meta import MetaTracker
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
+from tensorpool.transport.agent import AgentRunner, AgentTermination
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.idle import SleepingIdleStrategy
 from tensorpool.transport.process import watch_parent as watch_parent_process
 
 log = logging.getLogger(__name__)
@@ -161,9 +163,7 @@ class Attachment:
         self.settings = settings
         self.driver = driver
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._idle = idle_sleep_s
-        self._thread: threading.Thread | None = None
+        self._runner: AgentRunner | None = None
         self._closed = False
         self._intake_capacity = intake_capacity
         #: extra pollers on this client (stream discovery), run by :meth:`poll_once`
@@ -180,11 +180,13 @@ class Attachment:
             self._ctx.close()
             raise
         _register(self)
-        if background:
-            self._thread = threading.Thread(
-                target=self._run, name="tensorpool-spark-attach", daemon=True
-            )
-            self._thread.start()
+        if background:  # #26.1: the runner keeps the media driver, idles, counts errors
+            self._runner = AgentRunner(
+                self,
+                SleepingIdleStrategy(max(int(idle_sleep_s * 1e9), 1)),
+                context=self._ctx,
+                context_lock=self._lock,
+            ).start(name="tensorpool-spark-attach")
 
     def _add_consumer(self, sid: int) -> None:
         if self._intake_capacity:
@@ -242,15 +244,26 @@ class Attachment:
                 work += poller()
         return work
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                work = self.poll_once()
-            except Exception:  # the control plane must outlive a bad message
-                log.exception("tensorpool attachment poll failed")
-                work = 0
-            if not work:
-                self._stop.wait(self._idle)
+    # --- the Agent its runner drives (a bad message is counted there, never fatal) ------------
+    role_name = "tensorpool-spark-attach"
+
+    def on_start(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        return self.poll_once()
+
+    def on_close(self) -> None:
+        pass
+
+    @property
+    def runner(self) -> AgentRunner | None:
+        return self._runner
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held around every use of the consumers and the Aeron context."""
+        return self._lock
 
     # --- queries -------------------------------------------------------------------------------
     def layouts(self) -> dict[int, StreamLayout]:
@@ -283,7 +296,7 @@ class Attachment:
         """Block until every stream has a layout; :class:`StreamsNotAttached` names the rest."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._thread is None:
+            if self._runner is None:
                 self.poll_once()
             got = self.layouts()
             if len(got) == len(self.streams):
@@ -334,10 +347,8 @@ class Attachment:
         """Stop polling, detach (driver mode) and close the Aeron client (idempotent)."""
         if self._closed:
             return
-        self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5)
+        if self._runner is not None:
+            self._runner.stop(5.0)  # from its own thread: it ends when this cycle returns
         with self._lock:
             if self._closed:
                 return
@@ -410,6 +421,8 @@ class AnnounceProbe:
         self._consumer_id = random.getrandbits(31) + 1
         self._meta: MetaTracker | None = None
         self._ctx = AeronContext(settings.transport).start()
+        self.generation = self._ctx.generation
+        """The media driver generation this probe's layouts were learnt on (#13.2)."""
         ch = settings.channels
         try:
             self._sub = self._ctx.add_subscription(
@@ -645,31 +658,60 @@ def _retire(key: tuple[object, ...], probe: AnnounceProbe, why: str) -> None:
 
 
 def _driver_lost(probe: AnnounceProbe) -> bool:
-    """The media driver went away or was replaced: a fresh client is needed (#13.2)."""
+    """The media driver went away or was replaced (seen by the keeper's runner): a fresh
+    client is needed (#13.2)."""
     ctx = probe.context
-    return ctx.maintain() or ctx.media_driver_lost
+    return ctx.media_driver_lost or ctx.generation != probe.generation
 
 
-def _keeper(key: tuple[object, ...], probe: AnnounceProbe) -> None:
-    """Poll ``probe`` while no plan uses it; close it when idle or its media driver is gone."""
-    while not probe.closed:
-        time.sleep(PROBE_KEEPER_PERIOD_S)
+class _ProbeKeeper:
+    """Polls a shared probe while no plan uses it; closes it when idle or when its media driver
+    was lost or replaced (a fresh probe then starts clean, #13.2). Run by an
+    :class:`AgentRunner`, which keeps the probe's media driver (#26.1)."""
+
+    role_name = "tensorpool-spark-probe"
+
+    def __init__(self, key: tuple[object, ...], probe: AnnounceProbe) -> None:
+        self.key, self.probe = key, probe
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        probe = self.probe
+        if probe.closed:
+            raise AgentTermination
         if not probe.lock.acquire(blocking=False):
-            continue  # a plan holds it (and polls it itself)
+            return 0  # a plan holds it (and polls it itself)
         try:
             if probe.closed:
-                return
+                raise AgentTermination
             if time.monotonic() - probe.last_used > PROBE_IDLE_S:
-                _retire(key, probe, f"unused for {PROBE_IDLE_S:g} s")
+                _retire(self.key, probe, f"unused for {PROBE_IDLE_S:g} s")
             elif _driver_lost(probe):
-                _retire(key, probe, "media driver lost")
+                _retire(self.key, probe, "media driver lost")
             else:
                 probe.poll()
+        except AgentTermination:
+            raise
         except Exception:  # never leave a probe that nobody polls
             log.exception("tensorpool: shared announce probe failed; closing it")
-            _retire(key, probe, "keeper failed")
+            _retire(self.key, probe, "keeper failed")
         finally:
             probe.lock.release()
+        return 0  # one look per period (PROBE_KEEPER_PERIOD_S), whatever it found
+
+
+def _start_keeper(key: tuple[object, ...], probe: AnnounceProbe) -> None:
+    AgentRunner(
+        _ProbeKeeper(key, probe),
+        SleepingIdleStrategy(int(PROBE_KEEPER_PERIOD_S * 1e9)),
+        context=probe.context,
+        context_lock=probe.lock,
+    ).start(name="tensorpool-spark-probe")
 
 
 @contextlib.contextmanager
@@ -704,9 +746,7 @@ def shared_probe(
                 probe = _PROBES[key] = AnnounceProbe(
                     (), settings, map_layout=map_layout, is_current=is_current
                 )
-                threading.Thread(
-                    target=_keeper, args=(key, probe), name="tensorpool-spark-probe", daemon=True
-                ).start()
+                _start_keeper(key, probe)
                 if is_spark_worker():
                     watch_parent()
                 others = sorted(

@@ -294,10 +294,11 @@ def serve(state_dir: str, cfg: PublisherConfig) -> int:
     except BlockingIOError:
         log.error("another publisher holds %s", state_dir)
         return 3
+    from tensorpool.transport.agent import AgentRunner
+    from tensorpool.transport.idle import SleepingIdleStrategy
     from tensorpool.transport.process import StopSignals
 
     signals = StopSignals().install()
-    stop = False
     for sub in (QUEUE, DONE, STAGING):
         os.makedirs(os.path.join(state_dir, sub), mode=0o700, exist_ok=True)
     pub = SinkPublisher(state_dir, cfg)
@@ -306,45 +307,74 @@ def serve(state_dir: str, cfg: PublisherConfig) -> int:
         json.dumps({"pid": os.getpid(), "epoch": pub.producer.epoch, "config": asdict(cfg)}),
     )
     log.info("publisher for stream %d epoch %d ready", cfg.stream, pub.producer.epoch)
-    queue = os.path.join(state_dir, QUEUE)
-    done = os.path.join(state_dir, DONE)
-    last_work = time.monotonic()
-    try:
-        while not stop and not signals.requested:
-            pub.producer.do_work()
-            try:
-                names = sorted(n for n in os.listdir(queue) if n.endswith(".json"))
-            except FileNotFoundError:
-                log.info("state directory %s removed: exiting", state_dir)
-                break
-            for name in names:
-                path = os.path.join(queue, name)
-                try:
-                    request = read_json(path)
-                except (OSError, ValueError):
-                    continue
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                if request.get("stop"):
-                    stop = True
-                    reply: dict[str, Any] = {"ok": True, "stopped": True}
-                else:
-                    reply = pub.handle(request)
-                with contextlib.suppress(OSError):
-                    atomic_write(os.path.join(done, name), json.dumps(reply))
-                last_work = time.monotonic()
-            if not names:
-                idle = cfg.idle_timeout_ms
-                if idle and (time.monotonic() - last_work) * 1000 > idle:
-                    log.info("publisher idle for %d ms: exiting", idle)
-                    break
-                time.sleep(0.002)
+    try:  # #26.1: the runner keeps the media driver, idles 2 ms, stops on SIGTERM
+        AgentRunner(
+            _QueueAgent(state_dir, cfg, pub),
+            SleepingIdleStrategy(2_000_000),
+            context=pub.ctx,
+            stop_signals=signals,
+        ).run()
     finally:
         pub.close()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(state_dir, INFO))
         os.close(lock_fd)
     return 0
+
+
+class _QueueAgent:
+    """Answers the requests queued in the state directory; ends on a stop request, when the
+    directory is removed, or after ``idle_timeout_ms`` without one."""
+
+    role_name = "tensorpool-sink-publisher"
+
+    def __init__(self, state_dir: str, cfg: PublisherConfig, pub: SinkPublisher) -> None:
+        self.queue = os.path.join(state_dir, QUEUE)
+        self.done = os.path.join(state_dir, DONE)
+        self.state_dir = state_dir
+        self.cfg = cfg
+        self.pub = pub
+        self.last_work = time.monotonic()
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
+
+    def do_work(self) -> int:
+        from tensorpool.transport.agent import AgentTermination
+
+        self.pub.producer.do_work()
+        try:
+            names = sorted(n for n in os.listdir(self.queue) if n.endswith(".json"))
+        except FileNotFoundError:
+            log.info("state directory %s removed: exiting", self.state_dir)
+            raise AgentTermination from None
+        stop = False
+        for name in names:
+            path = os.path.join(self.queue, name)
+            try:
+                request = read_json(path)
+            except (OSError, ValueError):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if request.get("stop"):
+                stop = True
+                reply: dict[str, Any] = {"ok": True, "stopped": True}
+            else:
+                reply = self.pub.handle(request)
+            with contextlib.suppress(OSError):
+                atomic_write(os.path.join(self.done, name), json.dumps(reply))
+            self.last_work = time.monotonic()
+        if stop:
+            raise AgentTermination
+        idle = self.cfg.idle_timeout_ms
+        if not names and idle and (time.monotonic() - self.last_work) * 1000 > idle:
+            log.info("publisher idle for %d ms: exiting", idle)
+            raise AgentTermination
+        return len(names)
 
 
 def main(argv: list[str] | None = None) -> int:

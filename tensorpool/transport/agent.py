@@ -15,6 +15,13 @@ the loop cleanly (Agrona's AgentTerminationException). ``BaseException``s that a
 
 Several light agents can share one thread through :class:`CompositeAgent` (useful on a 2-core
 host, where one thread per agent would just contend).
+
+The runner owns the services every duty cycle needs (#26.1), so that no agent and no daemon can
+forget one: media-driver liveness and reconnection (:meth:`AeronContext.maintain` on the
+``context`` it is given), the idle strategy, stop signals (``StopSignals``) and the parent
+watch, a periodic ``report`` and a ``duration``, and the health record (:meth:`health`) that
+status files and the ``tensorpool_media_driver_connected`` gauge are built from. An agent only
+does its work.
 """
 
 from __future__ import annotations
@@ -23,9 +30,14 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
+from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.idle import BackoffIdleStrategy, IdleStrategy
+from tensorpool.transport.process import StopSignals, exit_with_parent
+
+if TYPE_CHECKING:  # the runner only calls it: importing pyaeron stays the caller's choice
+    from tensorpool.transport.context import AeronContext
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +72,41 @@ class AgentRunner:
         idle: IdleStrategy | None = None,
         *,
         error_handler: ErrorHandler | None = None,
+        context: AeronContext | None = None,
+        context_lock: threading.Lock | threading.RLock | None = None,
+        stop_signals: StopSignals | None = None,
+        watch_parent: bool = False,
+        report: Callable[[bool], object] | None = None,
+        report_interval_s: float = 0.0,
+        duration_s: float = 0.0,
+        fatal: tuple[type[Exception], ...] = (),
+        clock: NanoClock = now_ns,
     ) -> None:
+        """``context``: the Aeron context whose media driver this runner keeps (checked every
+        100 ms, reconnected after a loss). ``stop_signals``: installed by :meth:`run` on the
+        main thread (SIGTERM/SIGINT end the loop; restored after). ``watch_parent``: stop when
+        the process that started this one for itself is gone (``exit_with_parent``).
+        ``context_lock``: held while the context is checked (a reconnect re-creates the
+        subscriptions other threads poll under that lock); a cycle that cannot take it at
+        once skips the check.
+        ``report(final)`` runs every ``report_interval_s`` (0: never) on the agent's thread
+        with ``final=False``, and once with ``final=True`` when the loop ends; ``duration_s``
+        > 0 ends the loop after that long. ``fatal``: exception types from ``do_work`` that end
+        the loop and propagate (a configuration mistake seen only at run time) instead of being
+        counted."""
         self.agent = agent
         self.idle_strategy: IdleStrategy = idle if idle is not None else BackoffIdleStrategy()
         self._error_handler = error_handler
+        self.context = context
+        self._context_lock = context_lock
+        self.stop_signals = stop_signals
+        self._watch_parent = watch_parent
+        self._report = report
+        self._report_ns = int(report_interval_s * 1e9) if report_interval_s > 0 else 0
+        self._duration_ns = int(duration_s * 1e9) if duration_s > 0 else 0
+        self._fatal = fatal
+        self._clock = clock
+        self.started_ns: int | None = None
         self._running = False
         self._stop_requested = False
         self._thread: threading.Thread | None = None
@@ -87,6 +130,25 @@ class AgentRunner:
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
+
+    def health(self) -> dict[str, object]:
+        """The runner's record of itself and its media driver, for status files and metrics.
+
+        ``state`` is ``running`` while all is well and ``media_driver_lost`` from the moment
+        the loss is noticed until a reconnect succeeds (#26.3); ``media_driver`` says since
+        when (``lost_for_s``), why, and how many reconnect attempts failed so far."""
+        ctx = self.context
+        doc: dict[str, object] = {
+            "role": self.role_name,
+            "state": "running" if self._running else "stopped",
+            "duty_cycles": self.duty_cycles,
+            "errors": self.errors,
+        }
+        if ctx is not None:
+            doc["media_driver"] = ctx.media_driver_health(self._clock())
+            if self._running and ctx.media_driver_lost:
+                doc["state"] = "media_driver_lost"
+        return doc
 
     def _on_error(self, exc: BaseException) -> None:
         self.errors += 1
@@ -116,34 +178,75 @@ class AgentRunner:
         self._run_thread = threading.current_thread()
         self._done.clear()
         agent = self.agent
+        signals = self.stop_signals
+        if signals is not None and not signals.installed:
+            signals.install()
+        if self._watch_parent:
+            exit_with_parent()  # through SIGTERM, so the stop signals above end the loop
         try:
             try:
                 agent.on_start()
             except BaseException as exc:
                 self.start_error = exc
                 raise
-            do_work = agent.do_work
-            idle = self.idle_strategy.idle
-            while not self._stop_requested:
-                try:
-                    work = do_work()
-                except AgentTermination:
-                    self.terminated_by_agent = True
-                    break
-                except Exception as exc:
-                    self._on_error(exc)
-                    work = 0
-                self.duty_cycles += 1
-                self.total_work += work
-                idle(work)
+            self._loop(agent, signals)
         finally:
             try:
                 agent.on_close()
             except Exception:
                 log.exception("agent %s: on_close raised", self.role_name)
+            finally:
+                if signals is not None:
+                    signals.restore()
             self._running = False
             self._run_thread = None
             self._done.set()
+
+    def _loop(self, agent: Agent, signals: StopSignals | None) -> None:
+        do_work = agent.do_work
+        idle = self.idle_strategy.idle
+        clock = self._clock
+        ctx = self.context
+        report = self._report
+        start = self.started_ns = clock()
+        end = start + self._duration_ns if self._duration_ns else None
+        next_report = start + self._report_ns if report is not None and self._report_ns else None
+        try:
+            while not self._stop_requested and not (signals is not None and signals.requested):
+                now = clock()
+                # the media driver first: after a reconnect the agent works on live resources
+                work = int(self._maintain(ctx, now)) if ctx is not None else 0
+                try:
+                    work += do_work()
+                except AgentTermination:
+                    self.terminated_by_agent = True
+                    break
+                except Exception as exc:
+                    if isinstance(exc, self._fatal):
+                        raise
+                    self._on_error(exc)
+                self.duty_cycles += 1
+                self.total_work += work
+                if end is not None and now >= end:
+                    break
+                if next_report is not None and now >= next_report:
+                    next_report += self._report_ns
+                    report(False)  # type: ignore[misc]
+                idle(work)
+        finally:
+            if report is not None:
+                report(True)  # the final one, also after a stop signal or an error
+
+    def _maintain(self, ctx: AeronContext, now: int) -> bool:
+        lock = self._context_lock
+        if lock is None:
+            return ctx.maintain(now)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return ctx.maintain(now)
+        finally:
+            lock.release()
 
     def start(self, *, name: str | None = None, daemon: bool = True) -> Self:
         """Run on a new thread (named after the role). Call :meth:`stop` to end it."""
@@ -191,6 +294,20 @@ class AgentRunner:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class WorkAgent:
+    """An agent that is only a duty cycle: a command's loop body, given as a function."""
+
+    def __init__(self, role_name: str, do_work: Callable[[], int]) -> None:
+        self.role_name = role_name
+        self.do_work = do_work
+
+    def on_start(self) -> None:
+        pass
+
+    def on_close(self) -> None:
+        pass
 
 
 class CompositeAgent:

@@ -30,7 +30,7 @@ class CncIdentity(NamedTuple):
 
 def read_cnc_identity(aeron_dir: str) -> CncIdentity | None:
     """The identity of the driver that last wrote ``aeron_dir/cnc.dat``; None if there is none
-    yet (or it is still being created: too short to hold the metadata)."""
+    yet (or it is still being created: too short to hold the metadata, or no pid in it yet)."""
     try:
         fd = os.open(os.path.join(aeron_dir, CNC_FILE), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -45,6 +45,8 @@ def read_cnc_identity(aeron_dir: str) -> CncIdentity | None:
     if len(head) < _META.size:
         return None
     fields = _META.unpack(head)
+    if fields[8] == 0:  # metadata not written yet: a client reconnecting now would do it twice
+        return None
     return CncIdentity(inode, fields[7], fields[8])
 
 

@@ -12,12 +12,14 @@ directory joins an existing driver, which is how several processes share IPC cha
 
 Surviving a media driver restart (issue #13.2). A joined media driver can die (``kill -9`` of the
 SHM driver that hosts it) and a new one start in the same directory. The Aeron client cannot
-follow: its publications and subscriptions are bound to the dead driver for good. Agents call
-:meth:`AeronContext.maintain` from their duty cycle; it notices the loss (the client closed
+follow: its publications and subscriptions are bound to the dead driver for good.
+:meth:`AeronContext.maintain` notices the loss (the client closed
 itself after ``driver_timeout_ms``, or ``cnc.dat`` now belongs to another driver, which is seen
 within one check), and once a live driver serves the directory it closes the dead client
 (never touching the directory), makes a new one and re-creates every publication and
-subscription inside the same :class:`Publisher`/:class:`Subscriber` objects. Holders keep their
+subscription inside the same :class:`Publisher`/:class:`Subscriber` objects. The
+:class:`~tensorpool.transport.agent.AgentRunner` a context is given to calls it every duty cycle
+(#26.1): no agent calls it itself. Holders keep their
 references; :attr:`AeronContext.generation` goes up so that protocol owners (lease machines)
 know that whatever they had through the old driver is gone.
 """
@@ -82,6 +84,10 @@ class AeronContext:
         self.reconnects = 0
         self.lost_reason: str | None = None
         """Why the media driver is considered lost (None while it is fine)."""
+        self.lost_since_ns: int | None = None
+        """When the loss was noticed (this context's clock); None while connected."""
+        self.reconnect_attempts = 0
+        """Reconnect attempts since the loss was noticed (0 while connected)."""
         self._cnc: CncIdentity | None = None
         self._next_check_ns = 0
         self._reconnect_backoff_ns = HEALTH_CHECK_PERIOD_NS
@@ -141,8 +147,11 @@ class AeronContext:
             if reason is None:
                 return False
             self.lost_reason = reason
+            self.lost_since_ns = now
+            self.reconnect_attempts = 0
             self._reconnect_backoff_ns = HEALTH_CHECK_PERIOD_NS
             log.warning("media driver in %s lost (%s); will reconnect", self._dir, reason)
+        self.reconnect_attempts += 1
         if self._reconnect():
             return True
         self._next_check_ns = now + self._reconnect_backoff_ns
@@ -201,7 +210,22 @@ class AeronContext:
             self.lost_reason,
         )
         self.lost_reason = None
+        self.lost_since_ns = None
+        self.reconnect_attempts = 0
         return True
+
+    def media_driver_health(self, now: int) -> dict[str, object]:
+        """Connected or not, since when, why, and the reconnect attempts so far (#26.3)."""
+        since = self.lost_since_ns
+        return {
+            "connected": not self.media_driver_lost and not self._closed,
+            "dir": self._dir,
+            "embedded": self.owns_driver,
+            "lost_reason": self.lost_reason,
+            "lost_for_s": None if since is None else round(max(now - since, 0) / 1e9, 3),
+            "reconnect_attempts": self.reconnect_attempts,
+            "reconnects": self.reconnects,
+        }
 
     def _client_context(self, aeron_dir: str) -> pyaeron.Context:
         cfg = self.config

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final, Self
 
@@ -47,8 +47,10 @@ from tensorpool.fsafety import (
     missing_dirs,
     remove_aeron_files,
 )
+from tensorpool.transport.agent import AgentRunner, AgentTermination, WorkAgent
 from tensorpool.transport.cnc import read_cnc_identity
 from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.idle import SleepingIdleStrategy
 from tensorpool.transport.process import (
     StopSignals,
     child_env,
@@ -215,6 +217,51 @@ def start_media_driver(
     return EmbeddedMediaDriver(driver, aeron_dir, created)
 
 
+TAKEOVER_WAIT_S: Final = 3 * ACTIVE_CHECK_TIMEOUT_MS / 1000
+"""How long a start waits for a killed predecessor's directory to go stale (#26.4)."""
+
+
+def start_media_driver_after_crash(
+    aeron_dir: str,
+    config: TransportConfig | None = None,
+    takeover_s: float = TAKEOVER_WAIT_S,
+    *,
+    on_wait: Callable[[str], object] | None = None,
+) -> EmbeddedMediaDriver:
+    """:func:`start_media_driver`, but right after a ``kill -9`` of the previous driver in
+    ``aeron_dir`` it waits (at most ``takeover_s``) until the old heartbeat is stale or its
+    pid is gone (:func:`held`), instead of refusing. The one rule for the SHM driver's
+    embedded media driver and ``tensorpool mediadriver`` alike (#13.2, #26.4): a systemd
+    restart loop must not hit its start-rate limit. ``on_wait`` gets one line saying why,
+    once, when there is something to wait for. A live driver is still refused.
+    """
+    deadline = time.monotonic() + takeover_s
+    told = False
+    while True:
+        if held(aeron_dir):
+            if time.monotonic() >= deadline:
+                raise MediaDriverError(f"a media driver is already active in {aeron_dir}")
+        else:
+            try:
+                return start_media_driver(aeron_dir, config)
+            except MediaDriverError as exc:
+                # after a kill -9 the C driver's own liveness check of the old cnc.dat trails
+                # ours by a few hundred ms ("Active media driver detected", EBUSY)
+                if "Active media driver detected" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+        if not told and on_wait is not None:
+            identity = read_cnc_identity(aeron_dir)
+            pid = "?" if identity is None else identity.pid
+            on_wait(
+                f"waiting up to {takeover_s:g} s for the previous media driver in {aeron_dir} "
+                f"(pid {pid}) to go stale"
+            )
+            told = True
+        time.sleep(0.1)
+
+
 def close_media_driver(driver: EmbeddedMediaDriver) -> None:
     """Close a driver; a failure to remove its files is logged, not raised."""
     try:
@@ -230,6 +277,7 @@ def run_media_driver(
     stop: threading.Event | None = None,
     handle_signals: bool = True,
     parent_created: Sequence[str] = (),
+    on_wait: Callable[[str], object] | None = None,
 ) -> None:
     """Serve ``aeron_dir`` until ``stop`` is set or SIGTERM/SIGINT arrives, then close.
 
@@ -246,11 +294,15 @@ def run_media_driver(
         exit_with_parent()  # a MediaDriverProcess child: stop (through `signals`) when it dies
     driver: EmbeddedMediaDriver | None = None
     try:
-        driver = start_media_driver(aeron_dir, config)
+        driver = start_media_driver_after_crash(aeron_dir, config, on_wait=on_wait)
         log.info("media driver serving %s", driver.dir)
-        # time.sleep, not Event.wait: a signal interrupts it, and the handler takes no lock
-        while not signals.requested and not (stop is not None and stop.is_set()):
-            time.sleep(0.05)
+        # #26.1: the one runner; time.sleep, not Event.wait: a signal interrupts it, and the
+        # handler takes no lock
+        AgentRunner(
+            WorkAgent("tensorpool-mediadriver", lambda: _until(stop)),
+            SleepingIdleStrategy(50_000_000),
+            stop_signals=signals if handle_signals else None,
+        ).run()
     finally:
         if driver is not None:
             close_media_driver(driver)
@@ -258,6 +310,13 @@ def run_media_driver(
             _remove_created(aeron_dir, list(parent_created))
         signals.restore()
         log.info("media driver for %s stopped", aeron_dir)
+
+
+def _until(stop: threading.Event | None) -> int:
+    """The media driver's process has nothing to do but be there until told to stop."""
+    if stop is not None and stop.is_set():
+        raise AgentTermination
+    return 0
 
 
 def wait_until_active(

@@ -227,6 +227,10 @@ class StopSignals:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.requested = True  # a plain store: no lock, see the module docstring
         self.signum = signum

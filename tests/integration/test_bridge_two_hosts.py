@@ -147,7 +147,7 @@ class BridgeProcess:
         with open(self.out_path, "ab") as out, open(self.log_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tensorpool", "-v", "bridge", "--config",
-                 self.config_path, "--json", "--status-interval", "0.2"],
+                 self.config_path, "--json", "--report-interval", "0.2"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             )  # fmt: skip
         return self

@@ -1,7 +1,7 @@
 """#13.1 "Nothing deletes what it did not create", entry point by entry point, with real media
 drivers and real processes.
 
-For each way of starting an Aeron media driver — `tensorpool mediadriver --dir D`,
+For each way of starting an Aeron media driver — `tensorpool mediadriver --aeron-dir D`,
 `python -m tensorpool.transport.aeronmd --dir D`, the SHM driver daemon with its embedded media
 driver in ``driver.aeron_dir`` (file and env override), ``MediaDriverProcess(aeron_dir=D)`` and
 ``start_media_driver`` / an embedded ``AeronContext`` — a directory holding a sentinel file is
@@ -88,7 +88,7 @@ def serve_then_interrupt(cmd: list[str], aeron_dir: Path) -> tuple[int, list[str
 
 
 CLI_ENTRY_POINTS = {
-    "tensorpool mediadriver": [sys.executable, "-m", "tensorpool", "mediadriver", "--dir"],
+    "tensorpool mediadriver": [sys.executable, "-m", "tensorpool", "mediadriver", "--aeron-dir"],
     "aeronmd": [sys.executable, "-m", "tensorpool.transport.aeronmd", "--dir"],
 }
 

@@ -172,7 +172,7 @@ config = "{work["config"]}"
 base_dir = "{work["base"]}"
 """
     )
-    cmd = ["ratelimiter", "--config", path, "--json", "--stats-interval", "0.2", *extra]
+    cmd = ["ratelimiter", "--config", path, "--json", "--report-interval", "0.2", *extra]
     return Client(name, cmd, work["root"])
 
 

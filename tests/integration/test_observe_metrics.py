@@ -164,9 +164,11 @@ profile = "small"
             tp("consume", *client, "--stream-id", str(SOURCE), "--report-interval", "60",
                "--metrics-bind", str(p_cons), log=logs["consume"])
         )  # fmt: skip
-        procs.append(tp("ratelimiter", "--config", rl_cfg, "--stats-interval", "0", log=logs["rl"]))
         procs.append(
-            tp("bridge", "--config", br_cfg, "--status-interval", "0", "--metrics-bind",
+            tp("ratelimiter", "--config", rl_cfg, "--report-interval", "0", log=logs["rl"])
+        )
+        procs.append(
+            tp("bridge", "--config", br_cfg, "--report-interval", "0", "--metrics-bind",
                f"127.0.0.1:{p_br}", log=logs["bridge"])
         )  # fmt: skip
         procs.append(
@@ -206,7 +208,7 @@ profile = "small"
         top = subprocess.run(
             [sys.executable, "-m", "tensorpool", "top", "--shm-base-dir", base, "--aeron-dir",
              md, "--control-channel", CONTROL, "--control-stream-id", "1000", "--once",
-             "--json", "--interval", "1.5"],
+             "--json", "--report-interval", "1.5"],
             capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         b_prod, b_cons, b_rl, b_br, b_drv, b_srv = map(

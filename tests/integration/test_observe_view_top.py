@@ -72,7 +72,7 @@ def test_top_live_screen_in_tmux(camera: dict[str, Any]) -> None:
     # tmux applies -x; rich reads COLUMNS first
     cmd = " ".join(
         ["env", "COLUMNS=200", sys.executable, "-m", "tensorpool", "top", "--shm-base-dir",
-         camera["base"], "--interval", "0.5", "--duration", "90"]
+         camera["base"], "--report-interval", "0.5", "--duration", "90"]
     )  # fmt: skip
     subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "200", "-y", "30", cmd],
                    check=True)  # fmt: skip
@@ -113,7 +113,7 @@ def test_top_once_json_with_qos(camera: dict[str, Any]) -> None:
         # how long that takes depends on the host's load
         while True:
             out = subprocess.run(
-                _tp("top", *camera["dirs"], "--once", "--json", "--interval", "1.5"),
+                _tp("top", *camera["dirs"], "--once", "--json", "--report-interval", "1.5"),
                 capture_output=True, text=True, timeout=60, check=True,
             )  # fmt: skip
             doc = json.loads(out.stdout)

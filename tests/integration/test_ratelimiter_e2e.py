@@ -122,7 +122,7 @@ class RateLimiterProcess(JsonLinesProcess):
     def __init__(self, config: str, *extra: str) -> None:
         super().__init__(
             [sys.executable, "-m", "tensorpool", "ratelimiter", "--config", config, "--json",
-             "--stats-interval", "0.5", *extra],
+             "--report-interval", "0.5", *extra],
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip

@@ -316,7 +316,7 @@ def test_part_of_a_staged_frame_going_out_is_work_for_the_idle_strategy(
     """A staged frame larger than the window goes out over several duty cycles. Each cycle
     in which some of its chunks went out reports work, even though the frame is not done:
     the window is moving, so the runner's idle strategy polls again soon instead of parking
-    (up to ``--max-park-us``) between the steps. Frames arriving meanwhile are dropped
+    (up to ``--idle-max-park-us``) between the steps. Frames arriving meanwhile are dropped
     (back_pressured)."""
     import os
     import shutil

@@ -14,6 +14,8 @@ from tensorpool.transport import (
     NoOpIdleStrategy,
     SleepingIdleStrategy,
 )
+from tensorpool.transport.agent import WorkAgent
+from tensorpool.transport.process import StopSignals
 
 
 class _Scripted:
@@ -179,3 +181,73 @@ def test_stop_requested_from_inside_the_agent() -> None:
     runner.run()
     assert agent.cycles == 3
     assert not runner.terminated_by_agent
+
+
+# --- the services the runner owns (#26.1) ----------------------------------------------------
+
+
+def test_26_1_runner_reports_on_its_interval_and_once_more_at_the_end() -> None:
+    """``report(False)`` every interval (on the clock the runner is given), ``report(True)``
+    once when the loop ends; ``duration_s`` ends the loop."""
+    now = [0]
+
+    def clock() -> int:
+        now[0] += 10_000_000  # 10 ms per read
+        return now[0]
+
+    calls: list[bool] = []
+    runner = AgentRunner(
+        WorkAgent("w", lambda: 1),
+        NoOpIdleStrategy(),
+        report=calls.append,
+        report_interval_s=0.1,
+        duration_s=1.0,
+        clock=clock,
+    )
+    runner.run()
+    assert calls[-1] is True and calls.count(True) == 1
+    assert 8 <= calls.count(False) <= 10  # 1 s of 10 ms cycles, one report per 100 ms
+
+
+def test_26_1_fatal_errors_end_the_loop_and_propagate_after_the_final_report() -> None:
+    class ConfigMistake(Exception):
+        pass
+
+    def work() -> int:
+        raise ConfigMistake("destination pools too small")
+
+    calls: list[bool] = []
+    runner = AgentRunner(
+        WorkAgent("w", work), NoOpIdleStrategy(), report=calls.append, fatal=(ConfigMistake,)
+    )
+    with pytest.raises(ConfigMistake):
+        runner.run()
+    assert calls == [True] and runner.errors == 0
+
+
+def test_26_1_a_stop_signal_ends_the_loop_and_the_handlers_are_restored() -> None:
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopSignals((signal.SIGTERM,))
+    sent = []
+
+    def work() -> int:
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)  # handled between bytecodes: only a flag
+        return 0
+
+    runner = AgentRunner(WorkAgent("w", work), NoOpIdleStrategy(), stop_signals=stop)
+    runner.run()
+    assert stop.requested and stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_26_1_health_without_a_context_is_the_runners_own() -> None:
+    runner = AgentRunner(WorkAgent("w", lambda: 0), NoOpIdleStrategy(), duration_s=0.01)
+    runner.run()
+    health = runner.health()
+    assert health["role"] == "w" and health["state"] == "stopped"
+    assert "media_driver" not in health
