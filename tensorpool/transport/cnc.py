@@ -14,7 +14,8 @@ fields, then ``client_liveness_timeout``, ``start_timestamp`` and ``pid`` as int
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+import struct
+from typing import Final, NamedTuple
 
 from tensorpool.fsafety import CNC_FILE
 from tensorpool.fsafety import CNC_METADATA as _META
