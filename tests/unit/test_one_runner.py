@@ -122,6 +122,6 @@ def test_26_1_only_the_runner_calls_maintain() -> None:
         "transport/agent.py",
         # the client library's own keepalive path, for a Producer/Consumer used in a script
         # without a runner (under a runner the second call in a cycle returns at once)
-        "client/driver_client.py",
+        "client/conductor.py",
     }
     assert all(c.split(":")[0] in allowed for c in callers), callers
