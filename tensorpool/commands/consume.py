@@ -268,6 +268,8 @@ def _report(
         # --idle semaphore: empty polls that ended by the producer's post, not the timeout
         "idle_wakeups": getattr(idle, "wakeups", None),
         "final": final,
+        # per mapping: seq range taken, delivered, drops (the soak's ledger, #30.3)
+        "segments": consumer.core.segment_records() if as_json else None,
     }
     if device is not None:  # --device: the rates are into GPU memory, rows checked after the copy
         line["device"] = device

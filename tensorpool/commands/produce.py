@@ -285,6 +285,11 @@ def _publish_batch(p: Producer, pattern: Pattern, shape: tuple[int, ...], n: int
     return claim.n if p.commit_batch(claim) is not None else 0
 
 
+def _ranges(published: dict[int, int]) -> dict[str, list[int]]:
+    """epoch -> [first, last] committed seq (epochs start at seq 0, Wire §15.2)."""
+    return {str(e): [0, n - 1] for e, n in sorted(published.items()) if n > 0}
+
+
 def _loop(
     p: Producer, pattern: Pattern, args: argparse.Namespace, stopped: Callable[[], bool]
 ) -> None:
@@ -295,6 +300,9 @@ def _loop(
     next_report = start + interval
     last_frames = last_bytes = 0
     sent = 0
+    # epoch -> next seq: what was committed per epoch (a reattach opens a new epoch at seq 0),
+    # in the --json lines for the soak's ledger (#30.3)
+    published: dict[int, int] = {}
     p.do_work()
     while not stopped():
         now = time.monotonic()
@@ -321,6 +329,7 @@ def _loop(
             sent += _publish_one(p, pattern, args.shape)
             if not period and sent % 64 == 0:
                 p.do_work()
+        published[p.epoch] = p.next_seq
         if now >= next_report:
             next_report += interval
             st = p.stats
@@ -333,6 +342,7 @@ def _loop(
                 "descriptors_not_sent": st.descriptors_not_sent,
                 "drops": st.drops.snapshot(),
                 "consumers": p.has_consumers,
+                "published": _ranges(published),
             }
             last_frames, last_bytes = st.frames, st.bytes
             if not args.quiet:
@@ -345,6 +355,19 @@ def _loop(
                         f"total {line['frames']} not-sent {line['descriptors_not_sent']}",
                         flush=True,
                     )
+    if args.json:  # the final account, also with --quiet
+        print(
+            json.dumps(
+                {
+                    "stream_id": p.stream_id,
+                    "epoch": p.epoch,
+                    "frames": p.stats.frames,
+                    "published": _ranges(published),
+                    "final": True,
+                }
+            ),
+            flush=True,
+        )
     if not args.quiet:
         print(
             f"produced {p.stats.frames} frames on stream {p.stream_id} epoch {p.epoch}",
