@@ -223,6 +223,7 @@ class Topology:
         self.delivered: dict[str, int] = {}
         self.delivered_at: dict[str, float] = {}
         self.stopping = False
+        self.window: tuple[dict[str, int], dict[str, int]] = ({}, {})
 
     def add(self, role: Role) -> None:
         self.roles[role.name] = role
@@ -582,7 +583,16 @@ START_ORDER = (
     + [f"consumer-{s.stream_id}" for s in STREAMS]
     + [f"consumer-{RL_DEST}", f"consumer-{BRIDGE_DEST}"]
 )
-STOP_ORDER = [*reversed(START_ORDER)]
+#: Producers first, so every consumer sees the last frames (the ledger's tail stays small);
+#: the drivers and media drivers last.
+STOP_ORDER = [
+    *(n for n in START_ORDER if n.startswith("producer-")),
+    *(n for n in reversed(START_ORDER) if not n.startswith(("producer-", "driver-", "media"))),
+    "driver-b",
+    "driver-a",
+    "mediadriver-b",
+    "mediadriver-a",
+]
 
 
 # --- observation -------------------------------------------------------------------------------
@@ -969,12 +979,19 @@ def build_report(
                 row["drops"][r] = row["drops"].get(r, 0) + n
             if seg["drops_gap"]:
                 row["drops"]["drops_gap"] = row["drops"].get("drops_gap", 0) + seg["drops_gap"]
+    # frames/s over the held window (warm-up and the final grace excluded); drops over the run
+    for name, role in topo.roles.items():
+        if role.kind == "consumer" and not name.startswith("churn-") and role.stream in by_stream:
+            got = topo.window[1].get(name, 0) - topo.window[0].get(name, 0)
+            by_stream[role.stream]["window_frames"] = (
+                by_stream[role.stream].get("window_frames", 0) + got
+            )
     sizes = {s.stream_id: s.frame_bytes for s in STREAMS}
     sizes[RL_DEST] = sizes[RL_SOURCE]
     sizes[BRIDGE_DEST] = sizes[BRIDGE_SOURCE]
     load = {}
     for sid, row in sorted(by_stream.items()):
-        fps = row["frames"] / held_s if held_s > 0 else 0.0
+        fps = row.get("window_frames", 0) / held_s if held_s > 0 else 0.0
         total = row["frames"] + sum(row["drops"].values())
         load[str(sid)] = {
             "frames_per_s": round(fps, 1),
@@ -984,7 +1001,7 @@ def build_report(
             "drop_rate": round(sum(row["drops"].values()) / total, 4) if total else 0.0,
         }
     # rate limiter: its destination may carry at most max_rate_hz (RateLimiter spec)
-    rl_frames = by_stream.get(RL_DEST, {}).get("frames", 0)
+    rl_frames = by_stream.get(RL_DEST, {}).get("window_frames", 0)
     rl_restarts = sum(1 for i in topo.history if i.role.name == "ratelimiter") - 1
     rl_excess = check_rate_limit(rl_frames, held_s, RL_RATE_HZ, rl_restarts)
     src_published = sum(
@@ -1210,7 +1227,9 @@ def _start_all(topo: Topology, work: Path, stop: Any) -> None:
                 raise UserError(f"{name} did not come up: {_tail(work / 'logs' / f'{name}.log')}")
 
 
-def _leftovers(topo: Topology, work: Path, shm_before: set[str]) -> dict[str, list[str]]:
+def _leftovers(
+    topo: Topology, work: Path, shm_before: set[str], keep: bool
+) -> dict[str, list[str]]:
     from tensorpool.transport.process import pid_running
 
     pids = {i.proc.pid for i in topo.history}
@@ -1223,7 +1242,7 @@ def _leftovers(topo: Topology, work: Path, shm_before: set[str]) -> dict[str, li
     with contextlib.suppress(OSError):
         for entry in sorted(set(os.listdir("/dev/shm")) - shm_before):
             # wake semaphores carry their consumer's pid: ours when it names one of our pids
-            if any(f"-{pid}-" in entry for pid in pids) or entry == work.name:
+            if any(f"-{pid}-" in entry for pid in pids) or (entry == work.name and not keep):
                 shm.append(f"/dev/shm/{entry}")
     return {"processes": procs, "dev_shm": shm}
 
@@ -1293,6 +1312,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"soak: warm-up ended without frames at {missing}", file=sys.stderr)
         warm = _resources(topo)
         t0 = topo.t0 = time.monotonic()
+        with topo.lock:
+            topo.window = (dict(topo.delivered), {})
         progress = Progress(args.duration)
         pending = list(schedule)
         while not stop.requested:
@@ -1313,6 +1334,8 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.1)
         interrupted = stop.requested
         held_s = time.monotonic() - t0
+        with topo.lock:
+            topo.window = (topo.window[0], dict(topo.delivered))
         # a short grace so the last faults can show their recovery
         grace = time.monotonic() + (0 if interrupted else 5)
         while time.monotonic() < grace and not stop.requested:
@@ -1334,7 +1357,7 @@ def run(args: argparse.Namespace) -> int:
     files_left = _files_left(work)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    leftovers = _leftovers(topo, work, shm_before)
+    leftovers = _leftovers(topo, work, shm_before, args.keep)
     if work.exists() and not args.keep:
         leftovers["files"] = [str(work)]
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
