@@ -207,6 +207,7 @@ class Instance:
     final: bool = False
     lines: list[str] = field(default_factory=list)  # the last few non-JSON lines
     stopped_at: float = 0.0
+    first_output_at: float = 0.0  # its first stdout line: it runs (imports done, joined)
 
 
 class Topology:
@@ -256,6 +257,8 @@ class Topology:
         name = inst.role.name
         for raw in inst.proc.stdout:
             line = raw.decode(errors="replace").strip()
+            if not inst.first_output_at:
+                inst.first_output_at = time.monotonic()
             if not line.startswith("{"):
                 inst.lines = [*inst.lines[-4:], line]
                 continue
@@ -663,6 +666,8 @@ class Injected:
     crashes_before: int = 0
     resume_at: float = 0.0  # deliveries count for recovery from here on
     baseline_taken: bool = False
+    replaced: Instance | None = None  # a killed part: its replacement must run first
+    failed: str = ""  # why a fault without client recovery (fs-full) was not survived
 
 
 def affected_clients(topo: Topology, target: str) -> list[str]:
@@ -778,7 +783,7 @@ class Injector:
     def inject(self, f: Fault, now: float) -> Injected:
         topo = self.topo
         kind, target = f.kind, f.target
-        note = ""
+        note = failed = ""
         affected = affected_clients(topo, target) if target else []
         ok = True
         if kind.startswith(("kill9-", "sigterm-")):
@@ -823,16 +828,28 @@ class Injector:
                 return Injected(f, now, [], {}, injected=False, note=f"skipped: {why}")
             note = self._fs_full()
             affected = []
-        else:  # spark-restart
-            return Injected(f, now, [], {}, injected=False, note="skipped: no Spark query runs")
+            if "left behind:" in note or "exited 0" in note:
+                failed = "a producer on a full filesystem left files or did not refuse"
+        else:
+            return Injected(f, now, [], {}, injected=False, note=f"skipped: {kind} not built")
         if not ok:
             return Injected(f, now, [], {}, injected=False, note=f"{target} was not running")
         t = time.monotonic()
         # frames read in the half second after a kill were committed before it (consumers
-        # report every 0.25 s): the baseline is taken once the fault is over
+        # report every 0.25 s), and frames a restarted part's buffers still held arrive
+        # before the replacement runs: the baseline is taken once the fault is over
         resume = t + (f.hold_s if kind == "stall" else 2 * REPORT_INTERVAL_S)
+        replaced = topo.current.get(target) if kind.startswith(("kill9-", "sigterm-")) else None
         return Injected(
-            f, t, affected, {}, note=note, crashes_before=len(topo.crashes), resume_at=resume
+            f,
+            t,
+            affected,
+            {},
+            note=note,
+            crashes_before=len(topo.crashes),
+            resume_at=resume,
+            replaced=replaced,
+            failed=failed,
         )
 
     def _fs_full(self) -> str:
@@ -900,6 +917,13 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
         for inj in faults:
             if not inj.injected:
                 continue
+            if not inj.baseline_taken and inj.replaced is not None:
+                cur = topo.current.get(inj.fault.target)
+                if cur is None or cur is inj.replaced:
+                    continue
+                # the replacement runs: its first output line, or 2 s for a silent driver
+                if not cur.first_output_at and now - cur.started < 2.0:
+                    continue
             if not inj.baseline_taken and now >= inj.resume_at:
                 inj.baseline = {a: topo.delivered.get(a, 0) for a in inj.affected}
                 inj.baseline_taken = True
@@ -1024,7 +1048,7 @@ def build_report(
         k["injected"] += 1
         times = list(inj.recovered.values())
         k["recovery_s"].extend(times)
-        ok = len(inj.recovered) == len(inj.affected)
+        ok = len(inj.recovered) == len(inj.affected) and not inj.failed
         crashed = [
             c["process"]
             for c in topo.crashes[inj.crashes_before :]
@@ -1039,6 +1063,7 @@ def build_report(
                     "target": inj.fault.target,
                     "not_recovered": sorted(set(inj.affected) - set(inj.recovered)),
                     "crashed": crashed,
+                    **({"failed": inj.failed} if inj.failed else {}),
                 }
             )
         if inj.note:
@@ -1276,6 +1301,13 @@ def run(args: argparse.Namespace) -> int:
     targets: dict[str, list[str]] = {}
     for name, role in topo.roles.items():
         targets.setdefault(role.kind, []).append(name)
+    # kinds this run cannot inject are named in the report, not scheduled
+    skipped_kinds = {"spark-restart": "no Spark query in the topology (not built yet)"}
+    why = _fs_full_possible()
+    if why is not None:
+        skipped_kinds["fs-full"] = why
+    skipped_kinds = {k: v for k, v in skipped_kinds.items() if k in kinds}
+    kinds = tuple(k for k in kinds if k not in skipped_kinds)
     schedule = plan(args.seed, args.duration, kinds, targets)
     rng = random.Random(args.seed + 1)
     injector = Injector(topo, work, rng)
@@ -1362,6 +1394,7 @@ def run(args: argparse.Namespace) -> int:
         leftovers["files"] = [str(work)]
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
     report["files_left_in_work_dir_at_stop"] = files_left
+    report["fault_kinds_skipped"] = skipped_kinds
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2, default=str) + "\n")
     if args.json:
