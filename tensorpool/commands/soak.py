@@ -213,8 +213,9 @@ class Instance:
 class Topology:
     """Starts, watches and restarts the parts; reads their JSON lines on threads."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, keep_lines: bool = False) -> None:
         self.work = work
+        self.keep_lines = keep_lines  # --keep: every JSON line into logs/<name>.jsonl
         self.roles: dict[str, Role] = {}
         self.current: dict[str, Instance] = {}
         self.history: list[Instance] = []
@@ -266,6 +267,9 @@ class Topology:
                 doc = json.loads(line)
             except ValueError:
                 continue
+            if self.keep_lines:
+                with open(self.work / "logs" / f"{name}.jsonl", "a") as f:
+                    f.write(line + "\n")
             with self.lock:
                 inst.last = doc
                 if doc.get("segments") is not None:
@@ -375,9 +379,9 @@ def _stride(nbytes: int) -> int:
     return stride
 
 
-def build(work: Path) -> Topology:
+def build(work: Path, keep_lines: bool = False) -> Topology:
     """Write the configs and declare every part (nothing is started here)."""
-    topo = Topology(work)
+    topo = Topology(work, keep_lines)
     (work / "logs").mkdir()
     hosts = {h: (work / h / "aeron", work / h / "shm") for h in ("a", "b")}
     for _aeron, shm in hosts.values():
@@ -675,7 +679,9 @@ def affected_clients(topo: Topology, target: str) -> list[str]:
     names = [
         n
         for n, r in topo.roles.items()
-        if r.kind == "consumer" and (n == target or target in r.deps)
+        if r.kind == "consumer"
+        and (n == target or target in r.deps)
+        and (r.restart or n in topo.current)  # a churned consumer that left is no client
     ]
     if target in ("serve", "mediadriver-a", "driver-a") or target.startswith("producer-108"):
         names.append("serve-probe")
@@ -810,7 +816,7 @@ class Injector:
             base = topo.roles[f"consumer-{sid}"]
             topo.add(Role(name, "consumer", base.argv, base.deps, sid, restart=False))
             topo.start(name)
-            self.pending_stop.append((now + max(f.hold_s, 2.0), name))
+            self.pending_stop.append((now + f.hold_s, name))
             affected = [name]
             note = f"stream {sid} for {f.hold_s:.1f} s"
         elif kind.startswith("forge-"):
@@ -1297,7 +1303,7 @@ def run(args: argparse.Namespace) -> int:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     work = Path(tempfile.mkdtemp(prefix="tensorpool-soak-", dir=root))
-    topo = build(work)
+    topo = build(work, args.keep)
     targets: dict[str, list[str]] = {}
     for name, role in topo.roles.items():
         targets.setdefault(role.kind, []).append(name)

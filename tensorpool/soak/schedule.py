@@ -44,6 +44,8 @@ FAULT_KINDS: tuple[str, ...] = (
 
 STALL_MIN_S = 1.0
 STALL_MAX_S = 5.0
+CHURN_MIN_S = 8.0
+CHURN_MAX_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,7 @@ def plan(
         hold = 0.0
         if kind == "stall":
             hold = round(rng.uniform(STALL_MIN_S, STALL_MAX_S), 3)
-        elif kind == "consumer-churn":
-            hold = round(rng.uniform(1.0, max(1.0, slot * 0.4)), 3)
+        elif kind == "consumer-churn":  # long enough for a Python process to start on a busy host
+            hold = round(rng.uniform(CHURN_MIN_S, CHURN_MAX_S), 3)
         faults.append(Fault(round(at, 3), kind, target, hold))
     return faults
