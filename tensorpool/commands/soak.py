@@ -936,7 +936,7 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
             if not inj.baseline_taken:
                 continue
             for a in inj.affected:
-                if a in inj.recovered or now - inj.at > RECOVERY_TIMEOUT_S + 10:
+                if a in inj.recovered or now - inj.at > RECOVERY_TIMEOUT_S:
                     continue
                 if topo.delivered.get(a, 0) > inj.baseline[a]:
                     inj.recovered[a] = topo.delivered_at[a] - inj.at
@@ -1374,9 +1374,12 @@ def run(args: argparse.Namespace) -> int:
         held_s = time.monotonic() - t0
         with topo.lock:
             topo.window = (topo.window[0], dict(topo.delivered))
-        # a short grace so the last faults can show their recovery
-        grace = time.monotonic() + (0 if interrupted else 5)
-        while time.monotonic() < grace and not stop.requested:
+        # the last faults get their recovery time: until every affected client delivered
+        # again, at most RECOVERY_TIMEOUT_S after the fault (load is not counted any more)
+        grace = max((f.at + RECOVERY_TIMEOUT_S for f in faults if f.injected), default=0.0)
+        while not interrupted and not stop.requested and time.monotonic() < grace:
+            if all(len(f.recovered) == len(f.affected) for f in faults if f.injected):
+                break
             injector.due(time.monotonic())
             topo.reap(time.monotonic())
             _track_recovery(topo, faults, time.monotonic())
