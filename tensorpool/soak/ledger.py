@@ -148,7 +148,8 @@ def reconcile(published: Iterable[Published], segments: Iterable[Segment]) -> Le
                     s.first_seq,
                     s.last_seq,
                     missing,
-                    "neither delivered nor counted",
+                    f"neither delivered nor counted (delivered {s.delivered}, drops_gap "
+                    f"{s.drops_gap}, drops {dict(s.drops)})",
                 )
             )
         elif missing < 0:
