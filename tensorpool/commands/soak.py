@@ -606,16 +606,18 @@ STOP_ORDER = [
 def _proc_resources(pid: int) -> dict[str, int] | None:
     """RSS (KiB), open files and mappings of one process (None: it is gone)."""
     try:
-        rss = 0
+        rss = anon = 0
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
+            elif line.startswith("RssAnon:"):  # private memory: the leak signal (RSS also
+                anon = int(line.split()[1])  # counts the touched pages of mapped SHM files)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         with open(f"/proc/{pid}/maps", "rb") as f:
             maps = sum(1 for _ in f)
     except (OSError, ValueError):
         return None
-    return {"rss_kib": rss, "open_files": fds, "mappings": maps}
+    return {"rss_kib": rss, "anon_kib": anon, "open_files": fds, "mappings": maps}
 
 
 def _resources(topo: Topology) -> dict[str, dict[str, int]]:
