@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -674,6 +675,7 @@ class Injected:
     baseline_taken: bool = False
     replaced: Instance | None = None  # a killed part: its replacement must run first
     failed: str = ""  # why a fault without client recovery (fs-full) was not survived
+    pending: bool = False  # its action still runs on a thread
 
 
 def affected_clients(topo: Topology, target: str) -> list[str]:
@@ -742,10 +744,10 @@ def _forge(kind: str, aeron_dir: str, stream: int) -> str:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return "forger timed out"
+        return f"stream {stream}: forger timed out"
     if out.returncode != 0:
         return "forger failed: " + out.stderr.decode(errors="replace").strip()[-200:]
-    return f"sent {out.stdout.decode().strip()}"
+    return f"stream {stream}: sent {out.stdout.decode().strip()}"
 
 
 def _endpoints_ok() -> bool:
@@ -787,11 +789,13 @@ class Injector:
         self.pending_stop: list[tuple[float, str]] = []
         self.churn = 0
         self.fs_mount: Path | None = None
+        self.threads: list[threading.Thread] = []
 
     def inject(self, f: Fault, now: float) -> Injected:
         topo = self.topo
         kind, target = f.kind, f.target
         note = failed = ""
+        work: Callable[[], str] | None = None  # slow (a process to start): on a thread
         affected = affected_clients(topo, target) if target else []
         ok = True
         if kind.startswith(("kill9-", "sigterm-")):
@@ -824,7 +828,7 @@ class Injector:
         elif kind.startswith("forge-"):
             sid = self.rng.choice([s.stream_id for s in STREAMS])
             aeron = str(self.work / "a" / "aeron")
-            note = f"stream {sid}: " + _forge(kind.removeprefix("forge-"), aeron, sid)
+            work = functools.partial(_forge, kind.removeprefix("forge-"), aeron, sid)
             affected = sorted(
                 n
                 for n, r in topo.roles.items()
@@ -834,10 +838,8 @@ class Injector:
             why = _fs_full_possible()
             if why is not None:
                 return Injected(f, now, [], {}, injected=False, note=f"skipped: {why}")
-            note = self._fs_full()
+            work = self._fs_full
             affected = []
-            if "left behind:" in note or "exited 0" in note:
-                failed = "a producer on a full filesystem left files or did not refuse"
         else:
             return Injected(f, now, [], {}, injected=False, note=f"skipped: {kind} not built")
         if not ok:
@@ -848,6 +850,12 @@ class Injector:
         # before the replacement runs: the baseline is taken once the fault is over
         resume = t + (f.hold_s if kind == "stall" else 2 * REPORT_INTERVAL_S)
         replaced = topo.current.get(target) if kind.startswith(("kill9-", "sigterm-")) else None
+        if work is not None:
+            inj = Injected(f, t, affected, {}, crashes_before=len(topo.crashes), pending=True)
+            thread = threading.Thread(target=self._finish, args=(inj, work), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+            return inj
         return Injected(
             f,
             t,
@@ -859,6 +867,22 @@ class Injector:
             replaced=replaced,
             failed=failed,
         )
+
+    def _finish(self, inj: Injected, work: Callable[[], str]) -> None:
+        """Run a slow fault's action; the fault happened when it returns (the forged message is
+        sent, the producer on the full filesystem refused)."""
+        try:
+            inj.note = work()
+        except Exception as exc:  # the fault could not be made: said, not a soak failure
+            inj.note = f"not injected: {exc}"
+            inj.injected = False
+        if inj.fault.kind == "fs-full" and ("left behind:" in inj.note or "exited 0" in inj.note):
+            inj.failed = "a producer on a full filesystem left files or did not refuse"
+        if inj.note.startswith("skipped"):
+            inj.injected = False
+        inj.at = time.monotonic()
+        inj.resume_at = inj.at + 2 * REPORT_INTERVAL_S
+        inj.pending = False
 
     def _fs_full(self) -> str:
         """A dedicated 64 MiB tmpfs, driven to 256 KiB from full; a standalone producer is
@@ -912,6 +936,8 @@ class Injector:
             self.topo.signal(item[1], signal.SIGTERM)
 
     def cleanup(self) -> None:
+        for thread in self.threads:  # bounded by the forger's and the probe's own timeouts
+            thread.join()
         for _t, name in self.pending_cont:
             self.topo.signal(name, signal.SIGCONT, expected=False)
         self.pending_cont.clear()
@@ -923,7 +949,7 @@ class Injector:
 def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
     with topo.lock:
         for inj in faults:
-            if not inj.injected:
+            if not inj.injected or inj.pending:
                 continue
             if not inj.baseline_taken and inj.replaced is not None:
                 cur = topo.current.get(inj.fault.target)
@@ -1378,9 +1404,11 @@ def run(args: argparse.Namespace) -> int:
             topo.window = (topo.window[0], dict(topo.delivered))
         # the last faults get their recovery time: until every affected client delivered
         # again, at most RECOVERY_TIMEOUT_S after the fault (load is not counted any more)
-        grace = max((f.at + RECOVERY_TIMEOUT_S for f in faults if f.injected), default=0.0)
-        while not interrupted and not stop.requested and time.monotonic() < grace:
-            if all(len(f.recovered) == len(f.affected) for f in faults if f.injected):
+        while not interrupted and not stop.requested:
+            grace = max((f.at + RECOVERY_TIMEOUT_S for f in faults if f.injected), default=0.0)
+            if time.monotonic() >= grace and not any(f.pending for f in faults):
+                break
+            if all(len(f.recovered) == len(f.affected) and not f.pending for f in faults):
                 break
             injector.due(time.monotonic())
             topo.reap(time.monotonic())
