@@ -1252,9 +1252,13 @@ class Progress:
             self.rich.stop()
 
 
-def _wait(cond: Callable[[], bool], timeout_s: float, what: str, alive: Callable[[], bool]) -> None:
+def _wait(
+    cond: Callable[[], bool], timeout_s: float, what: str, alive: Callable[[], bool], stop: Any
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
+        if stop.requested:
+            raise KeyboardInterrupt
         if not alive():
             raise UserError(f"{what} exited during start-up")
         if time.monotonic() > deadline:
@@ -1277,12 +1281,14 @@ def _start_all(topo: Topology, work: Path, stop: Any) -> None:
 
         if name.startswith("mediadriver-"):
             aeron = str(work / name[-1] / "aeron")
-            _wait(lambda a=aeron: serves(a), 60, name, alive)
+            _wait(lambda a=aeron: serves(a), 60, name, alive, stop)
         elif name.startswith("driver-"):
             path = status_path(load_driver_config(str(work / f"{name}.toml")))
             from tensorpool.driver.status import wait_running
 
-            if not wait_running(path, 60, alive=alive):
+            if not wait_running(path, 60, alive=lambda a=alive: a() and not stop.requested):
+                if stop.requested:
+                    raise KeyboardInterrupt
                 raise UserError(f"{name} did not come up: {_tail(work / 'logs' / f'{name}.log')}")
 
 
