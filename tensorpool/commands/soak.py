@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -47,6 +48,7 @@ from typing import Any
 
 from tensorpool.cli import UserError
 from tensorpool.soak.ledger import (
+    LedgerResult,
     Published,
     Segment,
     check_bridge,
@@ -424,13 +426,11 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
         (work / f"bridge-{role}.toml").write_text(
             BRIDGE_TOML.format(
                 role=role,
-                p0=ports[0],
-                p1=ports[1],
-                p2=ports[2],
                 aeron=aeron,
                 shm=shm,
                 src=BRIDGE_SOURCE,
                 dest=BRIDGE_DEST,
+                **{f"p{i}": port for i, port in enumerate(ports)},
             )
         )
     md = ("--ipc-term-length", str(4 << 20))
@@ -449,137 +449,39 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
     client_a = ("--aeron-dir", str(aeron_a), "--shm-base-dir", str(shm_a))
     client_b = ("--aeron-dir", str(aeron_b), "--shm-base-dir", str(shm_b))
     host_a = frozenset({"mediadriver-a", "driver-a"})
+    host_b = frozenset({"mediadriver-b", "driver-b"})
+    report = f"--json --report-interval {REPORT_INTERVAL_S}"
     for s in STREAMS:
-        mode = ("--driver",) if s.driver else ()
+        mode = "--driver" if s.driver else "--takeover"
+        opts = (
+            f"{mode} --stream-id {s.stream_id} --shape {s.shape} --dtype {s.dtype} --rate "
+            f"{s.rate} --batch {s.batch} --pattern stamp --json --producer-id {s.stream_id}"
+        )
+        deps = host_a if s.driver else frozenset({"mediadriver-a"})
+        name = f"producer-{s.stream_id}"
         topo.add(
-            Role(
-                f"producer-{s.stream_id}",
-                "producer",
-                _tp(
-                    "produce",
-                    *mode,
-                    *client_a,
-                    "--stream-id",
-                    str(s.stream_id),
-                    "--shape",
-                    s.shape,
-                    "--dtype",
-                    s.dtype,
-                    "--rate",
-                    str(s.rate),
-                    "--batch",
-                    str(s.batch),
-                    "--pattern",
-                    "stamp",
-                    "--json",
-                    "--producer-id",
-                    str(s.stream_id),
-                )
-                + ([] if s.driver else ["--takeover"]),
-                deps=frozenset({"mediadriver-a"} | ({"driver-a"} if s.driver else set())),
-                stream=s.stream_id,
-            )
+            Role(name, "producer", _tp("produce", *client_a, *opts.split()), deps, s.stream_id)
         )
-    consumers = [(s.stream_id, s.driver, s.consume, host_a) for s in STREAMS]
-    consumers.append((RL_DEST, True, (), host_a | {"ratelimiter", f"producer-{RL_SOURCE}"}))
-    for sid, drv, flags, deps in consumers:
-        mode = ("--driver",) if drv else ()
-        producer = f"producer-{sid}" if sid in by_id else f"producer-{RL_SOURCE}"
-        topo.add(
-            Role(
-                f"consumer-{sid}",
-                "consumer",
-                _tp(
-                    "consume",
-                    *mode,
-                    *client_a,
-                    "--stream-id",
-                    str(sid),
-                    "--json",
-                    "--report-interval",
-                    str(REPORT_INTERVAL_S),
-                    *flags,
-                ),
-                deps=frozenset(deps | {producer} if drv else (deps - {"driver-a"}) | {producer}),
-                stream=sid,
-            )
-        )
-    topo.add(
-        Role(
-            "ratelimiter",
-            "ratelimiter",
-            _tp(
-                "ratelimiter",
-                "--config",
-                str(work / "ratelimiter.toml"),
-                "--json",
-                "--stats-interval",
-                "1",
-            ),
-            deps=host_a,
-        )
-    )
-    topo.add(
-        Role(
-            "bridge-sender",
-            "bridge",
-            _tp("bridge", "--config", str(work / "bridge-sender.toml"), "--json"),
-            deps=host_a,
-        )
-    )
-    topo.add(
-        Role(
-            "bridge-receiver",
-            "bridge",
-            _tp("bridge", "--config", str(work / "bridge-receiver.toml"), "--json"),
-            deps=frozenset({"mediadriver-b", "driver-b"}),
-        )
-    )
-    topo.add(
-        Role(
-            f"consumer-{BRIDGE_DEST}",
-            "consumer",
-            _tp(
-                "consume",
-                "--driver",
-                *client_b,
-                "--stream-id",
-                str(BRIDGE_DEST),
-                "--json",
-                "--report-interval",
-                str(REPORT_INTERVAL_S),
-                "--batch",
-                "16",
-            ),
-            deps=frozenset(
-                {
-                    "mediadriver-b",
-                    "driver-b",
-                    "bridge-sender",
-                    "bridge-receiver",
-                    f"producer-{BRIDGE_SOURCE}",
-                }
-            )
-            | host_a,
-            stream=BRIDGE_DEST,
-        )
-    )
-    topo.add(
-        Role(
-            "serve",
-            "serve",
-            _tp(
-                "serve",
-                "--driver",
-                *client_a,
-                "--stream-id",
-                str(SERVED),
-                "--port",
-                str(_free_tcp_port()),
-            ),
-            deps=host_a,
-        )
-    )
+    consumers = [(s.stream_id, s.driver, s.consume, f"producer-{s.stream_id}") for s in STREAMS]
+    consumers.append((RL_DEST, True, (), f"producer-{RL_SOURCE}"))
+    for sid, drv, flags, producer in consumers:
+        opts = f"{'--driver' if drv else ''} --stream-id {sid} {report} {' '.join(flags)}"
+        deps = (host_a if drv else frozenset({"mediadriver-a"})) | {producer}
+        if sid == RL_DEST:
+            deps |= {"ratelimiter"}
+        argv = _tp("consume", *client_a, *opts.split())
+        topo.add(Role(f"consumer-{sid}", "consumer", argv, deps, sid))
+    rl = _tp("ratelimiter", "--config", str(work / "ratelimiter.toml"), "--json")
+    topo.add(Role("ratelimiter", "ratelimiter", [*rl, "--stats-interval", "1"], host_a))
+    for role, deps in (("sender", host_a), ("receiver", host_b)):
+        argv = _tp("bridge", "--config", str(work / f"bridge-{role}.toml"), "--json")
+        topo.add(Role(f"bridge-{role}", "bridge", argv, deps))
+    opts = f"--driver --stream-id {BRIDGE_DEST} {report} --batch 16"
+    deps = host_a | host_b | {"bridge-sender", "bridge-receiver", f"producer-{BRIDGE_SOURCE}"}
+    argv = _tp("consume", *client_b, *opts.split())
+    topo.add(Role(f"consumer-{BRIDGE_DEST}", "consumer", argv, deps, BRIDGE_DEST))
+    opts = f"--driver --stream-id {SERVED} --port {_free_tcp_port()}"
+    topo.add(Role("serve", "serve", _tp("serve", *client_a, *opts.split()), host_a))
     topo.client_args = {"a": client_a, "b": client_b}  # type: ignore[attr-defined]
     return topo
 
@@ -979,7 +881,7 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(v[k], 3)
 
 
-def _ledger(topo: Topology) -> tuple[dict[str, Any], Any]:
+def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
     published: list[Published] = []
     for inst in topo.history:
         if inst.role.kind != "producer":
@@ -1012,7 +914,7 @@ def _ledger(topo: Topology) -> tuple[dict[str, Any], Any]:
         [s for s in segments if s.stream_id not in (RL_DEST, BRIDGE_DEST)],
     )
     derived = reconcile([], [s for s in segments if s.stream_id in (RL_DEST, BRIDGE_DEST)])
-    return {"published": published, "segments": segments}, (res, derived)
+    return res, derived
 
 
 def build_report(
@@ -1025,7 +927,7 @@ def build_report(
     leftovers: dict[str, list[str]],
     interrupted: bool,
 ) -> dict[str, Any]:
-    _inputs, (res, derived) = _ledger(topo)
+    res, derived = _ledger(topo)
     by_stream: dict[int, dict[str, Any]] = {}
     for inst in topo.history:
         if inst.role.kind != "consumer" or inst.role.name.startswith("churn-"):
@@ -1144,7 +1046,7 @@ def build_report(
         + derived.unaccounted_frames
         + rl_excess
         + bridge_excess,
-        "unaccounted": [u.__dict__ if hasattr(u, "__dict__") else _slots(u) for u in unaccounted],
+        "unaccounted": [dataclasses.asdict(u) for u in unaccounted],
         "ledger": {
             "delivered": res.delivered + derived.delivered,
             "dropped_by_reason": res.dropped,
@@ -1156,10 +1058,6 @@ def build_report(
         "leftovers": n_left,
         "leftover_list": leftovers,
     }
-
-
-def _slots(obj: Any) -> dict[str, Any]:
-    return {k: getattr(obj, k) for k in obj.__slots__}
 
 
 def render(report: dict[str, Any]) -> str:
