@@ -41,6 +41,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("tensorpool.commands.view", "show a stream's newest frame live in a browser"),
     "top": ("tensorpool.commands.top", "live view of every stream on the host"),
     "serve": ("tensorpool.commands.serve", "serve this host's streams over Arrow Flight"),
+    "soak": ("tensorpool.commands.soak", "chaos soak: load, seeded faults, exact frame accounting"),
 }
 
 

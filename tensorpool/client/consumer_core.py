@@ -92,6 +92,7 @@ SUPERBLOCK_EPOCH_CHANGED: Final = "superblock_epoch_changed"
 SUPERBLOCK_PID_CHANGED: Final = "superblock_pid_changed"
 ACTIVITY_STALE: Final = "superblock_activity_stale"
 
+_MAX_SEGMENTS: Final = 4096
 _NO_SEQ: Final = -2  # "no seq seen since the join": last + 1 never equals a real (u64) seq
 _SEC: Final = 1_000_000_000
 _NOTHING: Final[tuple[()]] = ()
@@ -201,12 +202,14 @@ class ConsumerCore:
         "_revoked_epoch",
         "_revoked_next",
         "_ring_head_seen",
+        "_seg_base",
         "_tracker",
         "announce_producer_id",
         "announce_received_ns",
         "consumer_id",
         "drops",
         "epoch",
+        "first_seq",
         "head_seq",
         "last_seq",
         "layout",
@@ -217,6 +220,7 @@ class ConsumerCore:
         "meta_version",
         "mode",
         "resyncs",
+        "segments",
         "stats",
         "stream_id",
     )
@@ -268,6 +272,11 @@ class ConsumerCore:
         self.mask = 0
         self.last_seq = _NO_SEQ
         self.head_seq = -1
+        # per-mapping accounting (soak ledger, #30.3): the first seq taken since the mapping,
+        # and one closed record per earlier mapping (see segment_records)
+        self.first_seq = -1
+        self.segments: list[dict[str, object]] = []
+        self._seg_base: tuple[int, int, dict[str, int]] = (0, 0, {})
         self._join_floor = 0
         self._ring_head_seen = -1
         self._lapping = False
@@ -343,6 +352,12 @@ class ConsumerCore:
         ``head_seq``: the newest committed seq in the new ring at that moment (-1 if none);
         descriptors of frames before it were queued before this consumer joined.
         """
+        if self.first_seq >= 0 or self.stats.frames != self._seg_base[0]:
+            if len(self.segments) >= _MAX_SEGMENTS:  # bounded in a months-long process
+                del self.segments[0]
+            self.segments.append(self._segment())
+        self._seg_base = (self.stats.frames, self.stats.drops_gap, self.drops.snapshot())
+        self.first_seq = -1
         self.layout = layout
         self.epoch = layout.epoch
         self.mapped = True
@@ -470,6 +485,8 @@ class ConsumerCore:
                 self.drops.increment(SEQ_IMPLAUSIBLE)
                 return SKIP
             self._revoked_epoch = -1  # the revoked epoch's queued descriptors came before
+            if self.first_seq < 0:
+                self.first_seq = seq
         elif seq > last:
             if slot_seq < seq:  # the ring never held it: no gap to count
                 self.drops.increment(SEQ_IMPLAUSIBLE)
@@ -540,6 +557,24 @@ class ConsumerCore:
             self.last_seq = seq - 1 if seq > 0 else _NO_SEQ
         self.drops.increment(reason, -1)
         self.drops.increment(SEQ_IMPLAUSIBLE)
+
+    def _segment(self) -> dict[str, object]:
+        frames, gap, drops = self._seg_base
+        now = self.drops.snapshot()
+        return {
+            "epoch": self.epoch,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq if self.first_seq >= 0 else -1,
+            "delivered": self.stats.frames - frames,
+            "drops_gap": self.stats.drops_gap - gap,
+            "drops": {k: v - drops.get(k, 0) for k, v in now.items() if v != drops.get(k, 0)},
+        }
+
+    def segment_records(self) -> list[dict[str, object]]:
+        """Per mapping: epoch, first and last seq taken, frames delivered and the drops counted
+        over it; every seq from first to last is delivered or under a seq-level reason (the
+        soak's ledger checks it, tensorpool/soak/ledger.py). The current mapping comes last."""
+        return [*self.segments, self._segment()]
 
     @property
     def drops_gap(self) -> int:

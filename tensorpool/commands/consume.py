@@ -263,6 +263,8 @@ def _report(
         "media_driver_connected": connected,
         "mapped": consumer.is_mapped,
         "final": final,
+        # per mapping: seq range taken, delivered, drops (the soak's ledger, #30.3)
+        "segments": consumer.core.segment_records() if as_json else None,
     }
     if device is not None:  # --device: the rates are into GPU memory, rows checked after the copy
         line["device"] = device

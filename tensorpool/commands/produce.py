@@ -310,6 +310,11 @@ def _publish_batch(p: Producer, pattern: Pattern, shape: tuple[int, ...], n: int
     return claim.n if p.commit_batch(claim) is not None else 0
 
 
+def _ranges(published: dict[int, int]) -> dict[str, list[int]]:
+    """epoch -> [first, last] committed seq (epochs start at seq 0, Wire §15.2)."""
+    return {str(e): [0, n - 1] for e, n in sorted(published.items()) if n > 0}
+
+
 class ProduceAgent:
     """Publishes synthetic frames at ``--rate`` (deadline-based: no drift) or flat out."""
 
@@ -323,6 +328,9 @@ class ProduceAgent:
         self.start = time.monotonic()
         self.sent = 0
         self._last = (0, 0)
+        # epoch -> next seq: what was committed per epoch (a reattach opens a new epoch at seq
+        # 0), in the --json lines for the soak's ledger (#30.3)
+        self.published: dict[int, int] = {}
 
     def on_start(self) -> None:
         self.start = time.monotonic()
@@ -345,16 +353,27 @@ class ProduceAgent:
                     return p.do_work()
                 raise UserError(f"frame of shape {args.shape} does not fit any pool")
             self.sent += got
+            self.published[p.epoch] = p.next_seq
             p.do_work()
             return got
         got = _publish_one(p, self.pattern, args.shape)
         self.sent += got
+        self.published[p.epoch] = p.next_seq
         if not self.period and self.sent % 64 == 0:
             p.do_work()
         return got
 
     def report(self, final: bool) -> None:
         p, args = self.p, self.args
+        if final and args.json:  # the final account, also with --quiet
+            line = {
+                "stream_id": p.stream_id,
+                "epoch": p.epoch,
+                "frames": p.stats.frames,
+                "published": _ranges(self.published),
+                "final": True,
+            }
+            print(json.dumps(line), flush=True)
         if args.quiet:
             return
         if final:
@@ -378,6 +397,7 @@ class ProduceAgent:
             # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
             "media_driver_connected": not self.ctx.media_driver_lost,
             "attached": p.attached,
+            "published": _ranges(self.published),
         }
         self._last = (st.frames, st.bytes)
         if args.json:

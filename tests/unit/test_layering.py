@@ -60,9 +60,9 @@ RANK: dict[str, int] = {
     "cli": 5,
     "__main__": 5,
 }
-#: Host-agnostic primitives (seed 003 and seed 000): usable from the client up, importing nothing
-#: of tensorpool but themselves.
-LEAVES = frozenset({"ingest", "batching"})
+#: Host-agnostic primitives (seed 003 and seed 000; the soak's schedule and ledger, #30): usable
+#: from the client up, importing nothing of tensorpool but themselves.
+LEAVES = frozenset({"ingest", "batching", "soak"})
 #: Ranks whose parts may import each other: the foundation helpers, and the command line.
 PEERS_ALLOWED = frozenset({1, 5})
 #: Pairs ruled out although the ranks would allow them: the driver is the server its clients
@@ -77,7 +77,17 @@ FORBIDDEN = {
 #: ``pyaeron`` is the transport layer's business (plus the agents and commands that run a media
 #: driver or decode raw Aeron fragments); never below it.
 NO_AERON = frozenset(
-    {"specs", "shm", "client", "ingest", "batching", "config_util", "config_schema", "endpoints"}
+    {
+        "specs",
+        "shm",
+        "client",
+        "ingest",
+        "batching",
+        "soak",
+        "config_util",
+        "config_schema",
+        "endpoints",
+    }
 )
 
 

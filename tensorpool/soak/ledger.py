@@ -1,0 +1,203 @@
+"""Exact frame accounting for the soak (issue #30 point 3), sans-IO.
+
+Inputs are what the processes report: each producer the seq range it committed per epoch
+(:class:`Published`), each consumer one :class:`Segment` per mapping (the consumer core's
+accounting: first and last seq it took, frames delivered, and its drop counters over that
+mapping). The rule checked, per segment:
+
+    every seq from ``first_seq`` to ``last_seq`` is delivered or counted under a named,
+    seq-level drop reason (``drops_gap``, the late reasons, ``rate_limited``, ...),
+
+and, where the producer's report is complete (it was not killed with -9), no seq outside
+what the producer committed in that epoch was delivered. A seq that is neither is
+*unaccounted*: an :class:`Unaccounted` entry names the consumer, stream, epoch and seq range.
+
+Seqs after a consumer's last seen seq in an epoch (it left, the epoch ended, the run
+stopped) were never offered to it while it was attached as far as it can tell; they are
+reported as ``tail`` counts, not as losses. Descriptor-level reasons (``not_mapped``,
+``epoch_mismatch``, ``before_join``, ``seq_stale``, ``seq_implausible``, ...) count
+descriptors, not seqs of the mapped range, so they are reported but never used to balance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+#: Reasons that count descriptors rather than seqs of the mapped range (consumer_core.py);
+#: ``resync`` is inside ``drops_gap`` already. tests/unit/soak checks the names exist.
+DESCRIPTOR_REASONS: frozenset[str] = frozenset(
+    {
+        "not_mapped",
+        "epoch_mismatch",
+        "before_join",
+        "seq_implausible",
+        "seq_stale",
+        "seq_regression",
+        "resync",
+        "after_handler_error",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What one producer committed in one epoch: seqs ``first_seq..last_seq``. ``complete``:
+    the range comes from the producer's final report (False: it was killed, the range is what
+    its last progress line said and may be short)."""
+
+    stream_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One consumer mapping of one epoch: seqs ``first_seq..last_seq`` were taken
+    (``first_seq`` -1: none), ``delivered`` frames handed to the application, ``drops_gap``
+    and ``drops`` (reason -> count) counted over the mapping."""
+
+    consumer: str
+    stream_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+    delivered: int
+    drops_gap: int = 0
+    drops: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def counted(self) -> int:
+        """Seqs of the range the consumer dropped under a named, seq-level reason."""
+        return self.drops_gap + sum(n for r, n in self.drops.items() if r not in DESCRIPTOR_REASONS)
+
+
+@dataclass(frozen=True, slots=True)
+class Unaccounted:
+    consumer: str
+    stream_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+    frames: int
+    why: str
+
+
+@dataclass(slots=True)
+class LedgerResult:
+    unaccounted: list[Unaccounted] = field(default_factory=list)
+    delivered: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    overcounted: int = 0  # counted more than the range holds (a double count, not a loss)
+    tail: int = 0
+    unverified_segments: int = 0  # producer report incomplete: only the hole rule checked
+
+    @property
+    def unaccounted_frames(self) -> int:
+        return sum(u.frames for u in self.unaccounted)
+
+
+def reconcile(published: Iterable[Published], segments: Iterable[Segment]) -> LedgerResult:
+    """Check every segment against the rule above; see the module docstring."""
+    pub: dict[tuple[int, int], Published] = {}
+    for p in published:
+        old = pub.get((p.stream_id, p.epoch))
+        if old is not None:  # two reports of one epoch (a progress line and a final one)
+            p = Published(
+                p.stream_id,
+                p.epoch,
+                min(old.first_seq, p.first_seq),
+                max(old.last_seq, p.last_seq),
+                old.complete or p.complete,
+            )
+        pub[(p.stream_id, p.epoch)] = p
+    res = LedgerResult()
+    last_seen: dict[tuple[str, int, int], int] = {}
+    for s in segments:
+        res.delivered += s.delivered
+        if s.drops_gap:
+            res.dropped["drops_gap"] = res.dropped.get("drops_gap", 0) + s.drops_gap
+        for r, n in s.drops.items():
+            if n and r != "resync":
+                res.dropped[r] = res.dropped.get(r, 0) + n
+        if s.first_seq < 0:
+            if s.delivered:
+                res.unaccounted.append(
+                    Unaccounted(
+                        s.consumer,
+                        s.stream_id,
+                        s.epoch,
+                        -1,
+                        -1,
+                        s.delivered,
+                        "delivered frames without a seq range",
+                    )
+                )
+            continue
+        key = (s.consumer, s.stream_id, s.epoch)
+        last_seen[key] = max(last_seen.get(key, -1), s.last_seq)
+        missing = (s.last_seq - s.first_seq + 1) - s.delivered - s.counted
+        if missing > 0:
+            res.unaccounted.append(
+                Unaccounted(
+                    s.consumer,
+                    s.stream_id,
+                    s.epoch,
+                    s.first_seq,
+                    s.last_seq,
+                    missing,
+                    f"neither delivered nor counted (delivered {s.delivered}, drops_gap "
+                    f"{s.drops_gap}, drops {dict(s.drops)})",
+                )
+            )
+        elif missing < 0:
+            res.overcounted += -missing
+        p = pub.get((s.stream_id, s.epoch))
+        if p is None or not p.complete:
+            res.unverified_segments += 1
+            if p is None:
+                continue
+        if s.last_seq > p.last_seq and p.complete:
+            res.unaccounted.append(
+                Unaccounted(
+                    s.consumer,
+                    s.stream_id,
+                    s.epoch,
+                    p.last_seq + 1,
+                    s.last_seq,
+                    s.last_seq - p.last_seq,
+                    "taken but never published",
+                )
+            )
+        if s.first_seq < p.first_seq:
+            res.unaccounted.append(
+                Unaccounted(
+                    s.consumer,
+                    s.stream_id,
+                    s.epoch,
+                    s.first_seq,
+                    p.first_seq - 1,
+                    p.first_seq - s.first_seq,
+                    "taken but never published",
+                )
+            )
+    for (_c, sid, ep), last in last_seen.items():
+        p = pub.get((sid, ep))
+        if p is not None and p.last_seq > last:
+            res.tail += p.last_seq - last
+    return res
+
+
+def check_rate_limit(frames: int, seconds: float, max_rate_hz: float, restarts: int = 0) -> int:
+    """Frames a rate limiter's output carried beyond its rule (RateLimiter §3: at most one frame
+    per 1/max_rate_hz slot; a restarted limiter may send at once, one extra frame each)."""
+    allowed = int(seconds * max_rate_hz) + 1 + restarts
+    return max(0, frames - allowed)
+
+
+def check_bridge(source_published: int, dest_delivered: int) -> int:
+    """Frames a bridge's destination delivered that its source never published (the bridge
+    forwards, never invents)."""
+    return max(0, dest_delivered - source_published)

@@ -1,0 +1,128 @@
+"""The soak's accounting ledger (issue #30 point 3): every seq delivered or counted."""
+
+from __future__ import annotations
+
+from tensorpool.client import consumer_core
+from tensorpool.client.announce import CLOCK_MONOTONIC
+from tensorpool.client.consumer_core import CHECK, READ, ConsumerCore, MapEpoch
+from tensorpool.counters import Reason
+from tensorpool.soak.ledger import (
+    DESCRIPTOR_REASONS,
+    Published,
+    Segment,
+    check_bridge,
+    check_rate_limit,
+    reconcile,
+)
+from tensorpool.specs.generated import wire
+
+SEC = 1_000_000_000
+STREAM = 7
+
+
+def test_30_3_every_seq_delivered_or_counted_balances() -> None:
+    pub = [Published(STREAM, 1, 0, 99)]
+    segs = [
+        Segment("c", STREAM, 1, 10, 99, delivered=80, drops_gap=6, drops={"seq_mismatch": 4}),
+    ]
+    res = reconcile(pub, segs)
+    assert res.unaccounted_frames == 0 and res.delivered == 80
+    assert res.dropped == {"drops_gap": 6, "seq_mismatch": 4}
+    assert res.tail == 0
+
+
+def test_30_3_a_missing_seq_is_unaccounted_with_stream_epoch_and_range() -> None:
+    """One seq neither delivered nor counted fails the run and names where it was."""
+    segs = [Segment("c", STREAM, 3, 0, 49, delivered=45, drops_gap=4)]
+    res = reconcile([Published(STREAM, 3, 0, 60)], segs)
+    assert res.unaccounted_frames == 1
+    (u,) = res.unaccounted
+    assert (u.consumer, u.stream_id, u.epoch, u.first_seq, u.last_seq) == ("c", STREAM, 3, 0, 49)
+    assert res.tail == 11  # 50..60: published after the consumer's last seq, not a loss
+
+
+def test_30_3_descriptor_level_drops_do_not_balance_a_missing_seq() -> None:
+    segs = [Segment("c", STREAM, 1, 0, 9, delivered=9, drops={"seq_stale": 1, "not_mapped": 3})]
+    assert reconcile([Published(STREAM, 1, 0, 9)], segs).unaccounted_frames == 1
+
+
+def test_30_3_a_seq_the_producer_never_published_is_unaccounted_when_its_report_is_complete() -> (
+    None
+):
+    segs = [Segment("c", STREAM, 1, 0, 12, delivered=13)]
+    res = reconcile([Published(STREAM, 1, 0, 9)], segs)
+    assert [(u.first_seq, u.last_seq, u.frames) for u in res.unaccounted] == [(10, 12, 3)]
+    # a killed producer's last progress line may be short: only the hole rule applies
+    res = reconcile([Published(STREAM, 1, 0, 9, complete=False)], segs)
+    assert res.unaccounted_frames == 0 and res.unverified_segments == 1
+
+
+def test_30_3_descriptor_reasons_are_the_consumer_core_names() -> None:
+    names = {getattr(consumer_core, n) for n in dir(consumer_core) if n.isupper()}
+    assert names >= DESCRIPTOR_REASONS
+
+
+def test_30_3_rate_limiter_and_bridge_rules() -> None:
+    assert check_rate_limit(frames=101, seconds=10, max_rate_hz=10) == 0
+    assert check_rate_limit(frames=150, seconds=10, max_rate_hz=10) == 49
+    assert check_rate_limit(frames=102, seconds=10, max_rate_hz=10, restarts=1) == 0
+    assert check_bridge(source_published=100, dest_delivered=100) == 0
+    assert check_bridge(source_published=100, dest_delivered=101) == 1
+
+
+# --- the consumer core's per-mapping records feed the ledger -----------------------------------
+def _announce(epoch: int) -> wire.ShmPoolAnnounceDecoder:
+    buf = bytearray(4096)
+    wire.ShmPoolAnnounceEncoder.encode(
+        buf,
+        0,
+        stream_id=STREAM,
+        producer_id=1,
+        epoch=epoch,
+        announce_timestamp_ns=100 * SEC,
+        announce_clock_domain=CLOCK_MONOTONIC,
+        layout_version=1,
+        header_nslots=64,
+        header_slot_bytes=256,
+        payload_pools=[(1, 64, 4096, "shm:file?path=/dev/shm/tp/x/payload-1.pool")],
+        header_region_uri="shm:file?path=/dev/shm/tp/x/header.ring",
+    )
+    return wire.ShmPoolAnnounceDecoder().wrap(buf)
+
+
+def _map(core: ConsumerCore, epoch: int, head: int = -1) -> None:
+    action = core.on_announce(_announce(epoch), None, 100 * SEC)
+    assert isinstance(action, MapEpoch)
+    core.on_mapped(action.layout, head, 100 * SEC)
+
+
+def _take(core: ConsumerCore, seq: int, *, late: bool = False) -> None:
+    """One descriptor; a READ is delivered (the agent counts the frame) or read late."""
+    v = core.on_descriptor(STREAM, core.epoch, seq, 100 * SEC)
+    if v == CHECK:
+        v = core.on_slot_check(seq, seq, core.last_seq, 100 * SEC)
+    if v == READ:
+        if late:
+            core.drops.increment(Reason.SEQ_MISMATCH)
+        else:
+            core.stats.frames += 1
+
+
+def test_30_3_consumer_core_segments_balance_through_gaps_late_reads_and_remaps() -> None:
+    core = ConsumerCore(STREAM, 11, freshness_ns=3 * SEC, qos_period_ns=SEC)
+    _map(core, 1)
+    for seq in (3, 4, 5, 9, 10):  # join at 3, a gap of 3 (6..8)
+        _take(core, seq)
+    _take(core, 11, late=True)
+    core.on_descriptor(STREAM, 0, 12, 100 * SEC)  # another epoch's: descriptor-level
+    _map(core, 2)
+    for seq in range(0, 5):
+        _take(core, seq)
+    records = core.segment_records()
+    assert [(r["epoch"], r["first_seq"], r["last_seq"], r["delivered"]) for r in records] == [
+        (1, 3, 11, 5),
+        (2, 0, 4, 5),
+    ]
+    segs = [Segment("c", STREAM, **r) for r in records]  # type: ignore[arg-type]
+    pub = [Published(STREAM, 1, 0, 11), Published(STREAM, 2, 0, 4)]
+    assert reconcile(pub, segs).unaccounted_frames == 0
