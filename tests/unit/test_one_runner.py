@@ -42,6 +42,7 @@ LONG_RUNNING: dict[str, tuple[str, ...]] = {
 SHORT_LIVED: dict[str, str] = {
     "inspect": "reads a region once and exits",
     "demo": "starts the other commands as processes and waits on Spark's awaitTermination",
+    "soak": "supervises the other commands as processes for --duration (no Aeron context)",
 }
 #: Background processes that are not CLI commands: the Spark source's keepers and publisher.
 OTHER_PROCESSES = ("spark_source/attach.py", "spark_source/publisher.py")

@@ -109,7 +109,9 @@ def _take(core: ConsumerCore, seq: int, *, late: bool = False) -> None:
 
 
 def test_30_3_consumer_core_segments_balance_through_gaps_late_reads_and_remaps() -> None:
-    core = ConsumerCore(STREAM, 11, freshness_ns=3 * SEC, qos_period_ns=SEC)
+    core = ConsumerCore(
+        STREAM, 11, freshness_ns=3 * SEC, qos_period_ns=SEC, realtime_clock=lambda: SEC
+    )
     _map(core, 1)
     for seq in (3, 4, 5, 9, 10):  # join at 3, a gap of 3 (6..8)
         _take(core, seq)
