@@ -85,15 +85,14 @@ class ClientConductor:
         self._lock = threading.Lock()
         self._refs = 0
         e = endpoints
-        # concurrent (not exclusive) publications: any client's thread may offer
+        # shared publications: any client's thread may offer (under the publisher's lock), and
+        # the log stays this process's own, as each client's exclusive one was before
         self.control_pub: Publisher = ctx.add_publication(
-            e.control_channel, e.control_stream_id, exclusive=False
+            e.control_channel, e.control_stream_id, shared=True
         )
-        self.qos_pub: Publisher = ctx.add_publication(
-            e.qos_channel, e.qos_stream_id, exclusive=False
-        )
+        self.qos_pub: Publisher = ctx.add_publication(e.qos_channel, e.qos_stream_id, shared=True)
         self.meta_pub: Publisher = ctx.add_publication(
-            e.metadata_channel, e.metadata_stream_id, exclusive=False
+            e.metadata_channel, e.metadata_stream_id, shared=True
         )
         self._sub_control = ctx.add_subscription(
             e.control_channel, e.control_stream_id, self._on_control, fragment_limit=_FRAGMENT_LIMIT

@@ -43,7 +43,11 @@ from tensorpool.transport.mediadriver import (
     new_private_dir,
     start_media_driver,
 )
-from tensorpool.transport.publication import DEFAULT_ADMIN_ACTION_RETRIES, Publisher
+from tensorpool.transport.publication import (
+    DEFAULT_ADMIN_ACTION_RETRIES,
+    Publisher,
+    SharedPublisher,
+)
 from tensorpool.transport.subscription import (
     DEFAULT_FRAGMENT_LIMIT,
     FragmentHandler,
@@ -321,17 +325,22 @@ class AeronContext:
         stream_id: int,
         *,
         exclusive: bool = True,
+        shared: bool = False,
         admin_action_retries: int = DEFAULT_ADMIN_ACTION_RETRIES,
     ) -> Publisher:
-        """A publisher on ``channel``/``stream_id``; exclusive (single-writer) by default."""
+        """A publisher on ``channel``/``stream_id``; exclusive (single-writer) by default.
+
+        ``shared``: an exclusive publication that this process's threads offer on under a lock
+        (:class:`SharedPublisher`: the client conductor's control-plane publications)."""
         aeron = self.aeron
-        if exclusive:
+        if exclusive or shared:
             pub: pyaeron.Publication | pyaeron.ExclusivePublication = (
                 aeron.add_exclusive_publication(channel, stream_id)
             )
         else:
             pub = aeron.add_publication(channel, stream_id)
-        publisher = Publisher(pub, admin_action_retries=admin_action_retries)
+        kind = SharedPublisher if shared else Publisher
+        publisher = kind(pub, admin_action_retries=admin_action_retries)
         self._publishers.append(publisher)
         return publisher
 

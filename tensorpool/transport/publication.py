@@ -31,6 +31,7 @@ only ``offer`` works.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Buffer
 from types import TracebackType
 from typing import Final, Self
@@ -312,3 +313,39 @@ class Publisher:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class SharedPublisher(Publisher):
+    """An exclusive publication that several threads of one process offer on, under a lock.
+
+    The client conductor's control, QoS and metadata publications are offered on by every
+    client of the process, from their own threads. A concurrent Aeron publication would be
+    thread safe, but Aeron shares its log with every client of the media driver that adds the
+    same channel and stream: two processes that spell the channel's parameters differently
+    (``term-length``) then refuse each other ("existing publication has different
+    'term-length'"). An exclusive publication keeps each process's log its own, as before the
+    conductor; the lock supplies the thread safety. Offers only: a claim would hold the log
+    past the lock.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(
+        self,
+        publication: AnyPublication,
+        *,
+        admin_action_retries: int = DEFAULT_ADMIN_ACTION_RETRIES,
+    ) -> None:
+        super().__init__(publication, admin_action_retries=admin_action_retries)
+        self._lock = threading.Lock()
+
+    def offer(self, buf: Buffer, offset: int = 0, length: int | None = None) -> bool:
+        with self._lock:
+            return super().offer(buf, offset, length)
+
+    def try_claim(self, length: int) -> pyaeron.BufferClaim | None:
+        raise TypeError("a shared publication is offered on, never claimed")
+
+    def rebind(self, aeron: pyaeron.Aeron) -> None:
+        with self._lock:
+            super().rebind(aeron)

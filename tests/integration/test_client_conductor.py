@@ -7,6 +7,7 @@ once per client. Real embedded media driver, real SHM files, Aeron's own counter
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import threading
@@ -67,7 +68,7 @@ def test_28_1_clients_of_one_context_share_one_aeron_client_and_control_subscrip
             types = Counter(t for t, _ in counters)
             assert types[CLIENT_HEARTBEAT_TYPE] == 1
             ch = s.channels
-            # one subscription, one image: the process's one concurrent control publication
+            # one subscription, one image: the process's one shared control publication
             assert subscriber_images(counters, ch.control_stream_id) == 1
             assert subscriber_images(counters, ch.metadata_stream_id) == 1
         finally:
@@ -191,4 +192,28 @@ def test_s10_1_1_an_announce_sent_before_a_consumer_registered_is_before_its_joi
                 late.close()
         finally:
             early.close()
+            producer.close()
+
+
+def test_28_1_two_processes_conductors_may_spell_the_control_channel_differently() -> None:
+    """The conductor's control-plane publications stay each client's own log (exclusive, under
+    a lock). Concurrent ones are shared by every client of the media driver on the same channel
+    and stream, so a second client (another process: here a second Aeron client of the same
+    media driver) asking for another ``term-length`` on the control stream was refused
+    ("existing publication has different 'term-length'"), which killed a rate limiter whose
+    config spelled the channel differently from its producers'."""
+    with (
+        tempfile.TemporaryDirectory(dir=SHM_ROOT) as shm_base,
+        AeronContext() as ctx_a,
+        AeronContext(TransportConfig(aeron_dir=ctx_a.dir)) as ctx_b,
+    ):
+        base = _settings(shm_base)
+        one_m = dataclasses.replace(base.channels, control_channel="aeron:ipc?term-length=1m")
+        four_m = dataclasses.replace(base.channels, control_channel="aeron:ipc?term-length=4m")
+        producer = Producer(ctx_a, _stream(31), dataclasses.replace(base, channels=four_m))
+        consumer = Consumer(ctx_b, 31, dataclasses.replace(base, channels=one_m))
+        try:
+            _drive([producer, consumer], lambda: consumer.is_mapped, "the mapping")
+        finally:
+            consumer.close()
             producer.close()
