@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from tensorpool.cli import UserError
 from tensorpool.client.settings import ClientSettings
+from tensorpool.config_util import aeron_dir_problem
 from tensorpool.endpoints import (
     ENDPOINT_NAMES,
     Endpoints,
@@ -99,7 +100,7 @@ def transport_config(args: argparse.Namespace):  # -> TransportConfig
 
     if args.embedded:
         return TransportConfig()
-    reason = unsafe_root_reason(args.aeron_dir)  # #13.1
+    reason = aeron_dir_problem(os.path.abspath(args.aeron_dir))  # #13.1, #26.5: the one check
     if reason is not None:
         raise UserError(f"--aeron-dir: refusing {reason}")
     if not serves(args.aeron_dir):  # a loaded host's late heartbeat still counts

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from tensorpool.client.settings import ClientSettings
+from tensorpool.config_util import aeron_dir_problem
 from tensorpool.endpoints import (
     IPC_CONTROL,
     IPC_DESCRIPTORS,
@@ -430,7 +431,10 @@ def _connection(opts: dict[str, str]) -> Connection:
     elif raw_dir.strip().lower() == EMBEDDED:
         aeron_dir = None
     else:
-        aeron_dir = _abs_dir("aeronDir", raw_dir, creates=True)
+        reason = aeron_dir_problem(raw_dir.strip())  # #26.5: the one aeron_dir check
+        if reason is not None:
+            raise _fail("aeronDir", f"refusing {reason}")
+        aeron_dir = os.path.normpath(raw_dir.strip())
     shm = _abs_dir("shmBaseDir", opts["shmBaseDir"], creates=True) if "shmBaseDir" in opts else None
     allowed: tuple[str, ...] = ()
     if opts.get("allowedBaseDirs", "").strip():

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from tensorpool.fsafety import unsafe_root_reason
+from tensorpool.config_util import aeron_dir_problem
 from tensorpool.transport.channels import validate_mtu, validate_term_length
 
 ThreadingMode = Literal["shared", "dedicated", "shared_network"]
@@ -72,8 +72,8 @@ class TransportConfig:
     """Shown in the driver's counters; handy when several processes share a driver."""
 
     def __post_init__(self) -> None:
-        if self.aeron_dir:  # #13.1: a media driver may serve (and empty) it
-            reason = unsafe_root_reason(self.aeron_dir)
+        if self.aeron_dir:  # #13.1: a media driver may serve (and empty) it; #26.5: one check
+            reason = aeron_dir_problem(self.aeron_dir)
             if reason is not None:
                 raise TransportConfigError(f"aeron_dir: refusing {reason}")
         if self.threading_mode not in THREADING_MODES:

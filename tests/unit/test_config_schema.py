@@ -89,3 +89,30 @@ def test_26_5_empty_aeron_dir_is_valid_everywhere() -> None:
     assert parse_driver_config(DRIVER, env={}).driver.aeron_dir == ""
     assert parse_ratelimiter_config(RATELIMITER, env={}).driver.aeron_dir == ""
     assert parse_bridge_config(BRIDGE, env={}).local.aeron_dir == ""
+
+
+def test_26_5_the_python_api_the_cli_and_spark_share_the_one_aeron_dir_check() -> None:
+    """Outside the TOML files, an ``aeron_dir`` is checked by the same rule with the same
+    reason: ``TransportConfig`` (the Python API), ``--aeron-dir`` and Spark's ``aeronDir``."""
+    import argparse
+
+    from tensorpool.cli import UserError
+    from tensorpool.commands._common import transport_config
+    from tensorpool.config_util import aeron_dir_problem
+    from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+    from tensorpool.transport.config import TransportConfig, TransportConfigError
+
+    for bad in ("/etc", "relative/aeron"):
+        reason = aeron_dir_problem(bad)
+        assert reason is not None
+        with pytest.raises(TransportConfigError) as api:
+            TransportConfig(aeron_dir=bad)
+        assert reason in str(api.value)
+    reason = aeron_dir_problem("/etc")
+    assert reason is not None
+    with pytest.raises(UserError) as cli:
+        transport_config(argparse.Namespace(embedded=False, aeron_dir="/etc"))
+    assert reason in str(cli.value)
+    with pytest.raises(TensorPoolOptionError) as spark:
+        parse_source_options({"streams": "1", "aeronDir": "/etc"})
+    assert reason in str(spark.value)
