@@ -37,7 +37,7 @@ from tensorpool.spark_source.eventtime import (
     late_threshold,
     running_max,
 )
-from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos
+from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
 from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
 from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
 
@@ -208,9 +208,8 @@ class SourcePolicy:
             rr = runs.get(sid)
             if st is None or rr is None or not len(rr):
                 continue
-            last = np.asarray([int(rr[-1, 1]) - 1], np.int64)
-            first = np.asarray([int(x) for x in rr[:, 0]], np.int64)
-            t = _times(st, np.concatenate([first, last]), self._shift.get(sid, 0))
+            # #31.3: every delivered frame, not a sample: a stamp may step back within a batch
+            t = _times(st, runs_seqs(rr), self._shift.get(sid, 0))
             if t is None:
                 continue
             newest = max(int(t.max()), e.event_ns)
