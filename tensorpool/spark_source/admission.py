@@ -128,6 +128,15 @@ class StreamAdmission:
     bucket: TokenBucket | None
     jitter: JitterMeter = field(default_factory=JitterMeter)
     flagged: bool = False
+    epoch: int | None = None  # the epoch the seq-keyed meters measure
+
+    def enter(self, epoch: int) -> None:
+        """#31.4: a new epoch restarts seq at 0 and is a new producer: its jitter is measured
+        afresh (the old epoch's last arrival and seq mean nothing to it). The bucket stays: the
+        rate is the stream's, whichever producer feeds it."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.jitter = JitterMeter()
 
 
 __all__ = ["JITTER_WINDOW", "JitterMeter", "StreamAdmission", "TokenBucket", "lag_count"]

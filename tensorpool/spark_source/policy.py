@@ -148,6 +148,7 @@ class SourcePolicy:
             adm = self._stream(r.sid)
             k_lag = lag_count(times, now_wall, max_lag)  # 1. lag
             if p.admission:
+                adm.enter(r.state.epoch)
                 adm.jitter.observe(seqs, raw)  # 2. jitter
             k_late = count_below(times[k_lag:], late_at)  # 3. late
             drop = p.late == LATE_DROP
