@@ -26,10 +26,17 @@ carried in the offsets as ``eventNs`` so a restarted query keeps it). The source
 watermark is the minimum over live streams, never decreasing (seed 004 §2.1, "per-edge
 non-decreasing"). Frames below ``global - allowedLatenessMs`` are *late*.
 
-Event time within a stream is taken as non-decreasing in seq (:func:`running_max`): a
-producer stamps frames as it publishes them, and treating a stamp older than its predecessor
-at its predecessor's time keeps every decision a seq *prefix* -- so the offsets can record it
-as a seq boundary and a replayed batch reads exactly the same frames without re-deciding.
+A producer whose clock steps back (#31.2)
+----------------------------------------
+Frames of a stream are published in seq order, so a frame is no older than any frame before
+it: for lag and alignment its time is the highest stamp at or before it in the stream
+(:func:`running_max`, carried on from the stream's watermark, not restarted at each trigger),
+which keeps those decisions a seq *prefix*. Lateness is about the event time a frame claims:
+a frame is late when its own stamp is below the watermark as it stands just before it
+(:func:`late_reference`: every earlier frame of its stream counted, the other streams as of
+the trigger) minus ``allowedLatenessMs``. Neither depends on where a trigger boundary falls.
+The offsets record late frames as one prefix per batch, so a run of late frames after
+on-time ones ends the micro-batch (:func:`late_runs`); the next one starts with them.
 """
 
 from __future__ import annotations
@@ -43,18 +50,46 @@ import numpy as np
 _MS: Final = 1_000_000
 
 
-def running_max(stamps: np.ndarray) -> np.ndarray:
-    """Event times made non-decreasing in seq order (see the module doc)."""
+def running_max(stamps: np.ndarray, floor: int | None = None) -> np.ndarray:
+    """Event times made non-decreasing in seq order, from ``floor`` (the highest event time
+    of the frames before these; see the module doc)."""
+    if floor is not None and len(stamps):
+        stamps = np.maximum(stamps, floor)
     if len(stamps) < 2:
         return stamps
     return np.maximum.accumulate(stamps)
 
 
-def count_below(times: np.ndarray, threshold: int | None) -> int:
-    """Leading frames of ``times`` (non-decreasing) strictly below ``threshold``."""
-    if threshold is None or not len(times):
-        return 0
-    return int(np.searchsorted(times, threshold, side="left"))
+#: :func:`late_reference` of a frame before any watermark
+NO_WATERMARK: Final = -(2**63)
+
+
+def late_reference(
+    times: np.ndarray, carried: int | None, others: int | None, global_ns: int | None
+) -> np.ndarray:
+    """Per frame: the source's watermark just before it (#31.2). ``times``: this stream's
+    :func:`running_max` from ``carried`` (its watermark); ``others``: the lowest watermark of
+    the other live streams (None: none); ``global_ns``: the source's watermark, which never
+    decreases. ``-2**63``: no watermark yet."""
+    before = np.empty(len(times), np.int64)
+    if len(times):
+        before[0] = NO_WATERMARK if carried is None else carried
+        before[1:] = times[:-1]
+    if others is not None:
+        np.minimum(before, others, out=before)
+    if global_ns is not None:
+        np.maximum(before, global_ns, out=before)
+    return before
+
+
+def late_runs(late: np.ndarray) -> tuple[int, int]:
+    """``(k, stop)``: the leading late frames, and where the on-time run after them ends (the
+    next late frame, or the end): a batch delivers at most ``stop`` frames of these."""
+    n = len(late)
+    k = int(np.argmin(late)) if n and not late.all() else n
+    rest = late[k:]
+    stop = k + int(np.argmax(rest)) if rest.any() else n
+    return k, stop
 
 
 def count_at_or_below(times: np.ndarray, bound: int | None) -> int:
@@ -136,15 +171,11 @@ class Aligner:
             self.global_ns = min(vals)
 
 
-def late_threshold(global_ns: int | None, allowed_ns: int) -> int | None:
-    """Event time below which a frame is late (None: no watermark yet, nothing is late)."""
-    return None if global_ns is None else global_ns - allowed_ns
-
-
 __all__ = [
+    "NO_WATERMARK",
     "Aligner",
     "count_at_or_below",
-    "count_below",
-    "late_threshold",
+    "late_reference",
+    "late_runs",
     "running_max",
 ]

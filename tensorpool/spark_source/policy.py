@@ -31,10 +31,11 @@ import numpy as np
 
 from tensorpool.spark_source.admission import StreamAdmission, TokenBucket, lag_count
 from tensorpool.spark_source.eventtime import (
+    NO_WATERMARK,
     Aligner,
     count_at_or_below,
-    count_below,
-    late_threshold,
+    late_reference,
+    late_runs,
     running_max,
 )
 from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
@@ -44,6 +45,10 @@ from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
 log = logging.getLogger("tensorpool.spark_source")
 
 _MS = 1_000_000
+
+
+def _least(cap: int | None, n: int) -> int:
+    return n if cap is None else min(cap, n)
 
 
 def _times(st: RingState, seqs: np.ndarray, shift: int) -> np.ndarray | None:
@@ -127,11 +132,8 @@ class SourcePolicy:
         """The ``admit`` hook of :meth:`StreamPlanner.plan`: one :class:`Cut` per stream."""
         p, now_wall = self.p, self._now_wall
         bound = self.aligner.bound(self._now_mono) if p.align else None
-        late_at = (
-            late_threshold(self.aligner.global_ns, p.allowed_lateness_ms * _MS)
-            if p.late is not None
-            else None
-        )
+        wm = self._watermarks
+        live = self.aligner.live(self._now_mono) if p.late is not None else []
         max_lag = None if p.max_lag_ms is None else p.max_lag_ms * _MS
         cuts: dict[int, Cut] = {}
         rest_lens: list[np.ndarray] = []
@@ -144,16 +146,29 @@ class SourcePolicy:
                 cuts[r.sid] = Cut()
                 rest_lens.append(np.zeros(0, np.int64))
                 continue
-            times = mono[r.sid] = running_max(raw)
+            carried = wm.get(r.sid)  # #31.2: from the stream's watermark, not this batch
+            times = mono[r.sid] = running_max(raw, carried)
             adm = self._stream(r.sid)
             k_lag = lag_count(times, now_wall, max_lag)  # 1. lag
             if p.admission:
                 adm.enter(r.state.epoch)
                 adm.jitter.observe(seqs, raw)  # 2. jitter
-            k_late = count_below(times[k_lag:], late_at)  # 3. late
+            k_late, cap = 0, None  # 3. late: each frame's own stamp (see .eventtime)
+            if p.late is not None:
+                others = [wm[s] for s in live if s != r.sid and s in wm]
+                ref = late_reference(
+                    times, carried, min(others) if others else None, self.aligner.global_ns
+                )[k_lag:]
+                known = ref != NO_WATERMARK
+                late = known & (raw[k_lag:] < np.where(known, ref, 0) - p.allowed_lateness_ms * _MS)
+                k_late, stop = late_runs(late)
+                if stop < len(late):  # the next late run waits for the next batch
+                    cap = stop
             drop = p.late == LATE_DROP
             skip = k_lag + (k_late if drop else 0)
-            cuts[r.sid] = Cut(skip, 0 if drop else k_late, None, k_lag, 0, k_late)
+            if cap is not None and drop:
+                cap -= k_late
+            cuts[r.sid] = Cut(skip, 0 if drop else k_late, cap, k_lag, 0, k_late)
             if sizing:
                 lens = r.state.lens_of(seqs[skip:])
                 rest_lens.append(np.zeros(len(seqs) - skip, np.int64) if lens is None else lens)
@@ -177,13 +192,12 @@ class SourcePolicy:
             if times is None:
                 continue
             after = times[c.skip :]
-            cap = None
+            cap = c.cap
             if bound is not None:  # 5. alignment
-                cap = count_at_or_below(after, bound)
+                cap = _least(cap, count_at_or_below(after, bound))
             bucket = self._stream(r.sid).bucket
             if bucket is not None:  # 6. rate
-                tokens = bucket.available(self._now_mono)
-                cap = tokens if cap is None else min(cap, tokens)
+                cap = _least(cap, bucket.available(self._now_mono))
             if cap is not None:
                 cuts[r.sid] = replace(c, cap=cap)
         return cuts

@@ -7,6 +7,8 @@ what each stream will have *delivered*. Sans-IO, with a driven clock."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos
 from tensorpool.spark_source.policy import SourcePolicy
@@ -87,3 +89,85 @@ def test_31_4_a_restarted_stuttering_producer_is_flagged():
     r = _restart(smooth(1500), stutter(200, 200 * S))
     assert r["before"]["jitterExceeded"] is False
     assert r["after"]["jitterExceeded"] is True and r["after"]["jitterP99Ms"] > 50
+
+
+# --- #31.2 ---------------------------------------------------------------------------------------
+def _decisions(stamps, heads, opts, now_wall, max_frames):
+    """Run one stream's frames through the planner, the ring growing to each of ``heads`` in
+    turn (the trigger boundaries); per seq what the offsets say happened to it."""
+    pol = SourcePolicy(opts)
+    planner = StreamPlanner((1,))
+    pos = {1: StreamPos(1, 0)}
+    out: dict[int, str] = {}
+    n = len(stamps)
+    for h in [*heads, *[n] * (4 * n + 4)]:
+        if pos[1].seq == n:
+            break
+        ring = {1: stamped(1, stamps[:h])}
+        p = plan(pol, planner, pos, ring, now_wall, limits=Limits(max_frames))
+        s, e = pos[1], p.end[1]
+        shed = e.shed_lag - s.shed_lag
+        for q in range(s.seq, e.skip_to):
+            out[q] = "shed" if q - s.seq < shed else "drop"
+        for a, b in p.runs.get(1, np.empty((0, 2), np.int64)).tolist():
+            for q in range(a, b):
+                out[q] = "late" if q < e.late_to else "ok"
+        pos = p.end
+    assert pos[1].seq == n and sorted(out) == list(range(n))
+    return out
+
+
+def _rule(stamps, opts, now_wall):
+    """#31.2 as documented, one stream: shed when the highest stamp so far is older than
+    maxLagMs; else late when the frame's stamp is below the highest stamp before it minus
+    allowedLatenessMs."""
+    out: dict[int, str] = {}
+    high = None
+    for q, t in enumerate(stamps):
+        eff = t if high is None else max(high, t)
+        if opts.max_lag_ms is not None and eff < now_wall - opts.max_lag_ms * MS:
+            out[q] = "shed"
+        elif high is not None and t < high - opts.allowed_lateness_ms * MS:
+            out[q] = "drop" if opts.late == "drop" else "late"
+        else:
+            out[q] = "ok"
+        high = eff
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_31_2_late_and_lag_decisions_do_not_depend_on_trigger_boundaries(data):
+    """One sequence of stamps (a 100 Hz producer whose clock steps back now and then, up to
+    3 s), random trigger boundaries and random maxFramesPerTrigger: every frame's fate (shed,
+    dropped, flagged, delivered) is the documented rule's, whatever the boundaries."""
+    n = data.draw(st.integers(2, 120))
+    steps = data.draw(
+        st.lists(st.one_of(st.just(10), st.integers(-3000, 40)), min_size=n - 1, max_size=n - 1)
+    )
+    stamps = list(np.cumsum([10_000, *steps]) * MS)
+    late = data.draw(st.sampled_from(["flag", "drop"]))
+    lag = data.draw(st.one_of(st.none(), st.integers(100, 5000)))
+    opts = PolicyOptions(
+        late=late,
+        allowed_lateness_ms=data.draw(st.integers(0, 1000)),
+        max_lag_ms=lag,
+        idle_ms=60_000,
+    )
+    now_wall = int(max(stamps)) + data.draw(st.integers(0, 3000)) * MS
+    heads = sorted(set(data.draw(st.lists(st.integers(1, n), max_size=12))))
+    max_frames = data.draw(st.one_of(st.none(), st.integers(1, 50)))
+    got = _decisions(stamps, heads, opts, now_wall, max_frames)
+    assert got == _rule(stamps, opts, now_wall)
+
+
+def test_31_2_a_step_back_is_late_in_whichever_batch_it_falls():
+    """The issue's case in small: 10 on-time frames, then 10 stamped 3 s in the past, then
+    on time again; allowedLatenessMs=500, lateFrames=flag. All 10 are flagged whether they
+    share a trigger with the frames before them or not; the late run ends the batch."""
+    t = [i * 10 * MS for i in range(10)] + [(i * 10 - 3000) * MS for i in range(10, 20)]
+    t += [i * 10 * MS for i in range(20, 30)]
+    opts = PolicyOptions(late="flag", allowed_lateness_ms=500, idle_ms=60_000)
+    for heads in ([30], [10, 30], [15, 30], [5, 12, 25, 30]):
+        got = _decisions(t, heads, opts, 10 * S, None)
+        assert [q for q, d in sorted(got.items()) if d == "late"] == list(range(10, 20)), heads

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensorpool.spark_source.admission import JitterMeter, TokenBucket, lag_count
-from tensorpool.spark_source.eventtime import Aligner, count_below, running_max
+from tensorpool.spark_source.eventtime import Aligner, running_max
 from tensorpool.spark_source.offsets import (
     Limits,
     RingState,
@@ -79,11 +79,10 @@ def test_global_watermark_is_min_of_live_and_never_decreases():
     assert a.advance({1: 5 * S, 2: 2 * S}, 0) == 3 * S  # monotone
 
 
-def test_running_max_and_late_prefix():
+def test_running_max_carries_on_from_the_watermark():
     t = np.array([1, 5, 3, 6, 7], np.int64)
     assert running_max(t).tolist() == [1, 5, 5, 6, 7]
-    assert count_below(running_max(t), 6) == 3
-    assert count_below(running_max(t), None) == 0
+    assert running_max(t, 6).tolist() == [6, 6, 6, 6, 7]
 
 
 # --- admission ---------------------------------------------------------------------------------
