@@ -80,12 +80,15 @@ class SourcePolicy:
         self._seeded = False
         self._watermarks: dict[int, int] = {}
 
-    def _stream(self, sid: int) -> StreamAdmission:
+    def _stream(self, sid: int, restarted: bool = False) -> StreamAdmission:
         s = self.streams.get(sid)
         if s is None:
             bucket = None
             if self.p.max_fps is not None:
-                bucket = TokenBucket(self.p.max_fps, self.p.max_burst)
+                # #31.1: a restart from the checkpoint starts empty -- the replayed batch has
+                # spent its tokens already; a new query starts with a burst
+                full = -1.0 if not restarted else 0.0
+                bucket = TokenBucket(self.p.max_fps, self.p.max_burst, full)
             s = self.streams[sid] = StreamAdmission(bucket)
         return s
 
@@ -105,6 +108,10 @@ class SourcePolicy:
             self._seeded = True
             self._watermarks = {s: p.event_ns for s, p in start.items() if p.event_ns}
             self.aligner.seed(self._watermarks.values())
+        for sid, pos in start.items():  # every stream earns tokens at every trigger (#31.1)
+            bucket = self._stream(sid, restarted=bool(pos.frames)).bucket
+            if bucket is not None:
+                bucket.tick(now_mono)
         if self.sizer is not None:
             self.sizer.triggered(now_mono)
             owed = 0
@@ -197,7 +204,7 @@ class SourcePolicy:
                 cap = _least(cap, count_at_or_below(after, bound))
             bucket = self._stream(r.sid).bucket
             if bucket is not None:  # 6. rate
-                cap = _least(cap, bucket.available(self._now_mono))
+                cap = _least(cap, bucket.available())
             if cap is not None:
                 cuts[r.sid] = replace(c, cap=cap)
         return cuts

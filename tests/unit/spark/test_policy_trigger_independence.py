@@ -171,3 +171,71 @@ def test_31_2_a_step_back_is_late_in_whichever_batch_it_falls():
     for heads in ([30], [10, 30], [15, 30], [5, 12, 25, 30]):
         got = _decisions(t, heads, opts, 10 * S, None)
         assert [q for q, d in sorted(got.items()) if d == "late"] == list(range(10, 20)), heads
+
+
+# --- #31.1 ---------------------------------------------------------------------------------------
+def _rate_run(interval_ns: int, jitter_ns: int, seconds: int, restart: bool = False):
+    """One backlogged stream (4000 frames waiting), maxFramesPerSecond=20 with the default
+    burst, triggers every ``interval_ns`` (+- ``jitter_ns``, deterministic): the trigger
+    times and frames admitted by each."""
+    from tensorpool.spark_source.options import parse_source_options
+
+    opts = parse_source_options({"streams": "1", "maxFramesPerSecond": "20"}, streaming=True)
+    assert opts.policy is not None and opts.policy.max_burst == 20  # the default burst
+    pol = SourcePolicy(opts.policy)
+    planner = StreamPlanner((1,))
+    ring = {1: stamped(1, [100 * S] * 4000)}
+    pos = {1: StreamPos(1, 0, frames=7 if restart else 0)}
+    rng = np.random.default_rng(31)
+    now, out = 0, []
+    while now <= seconds * S:
+        p = plan(pol, planner, pos, ring, now_wall=100 * S, now_mono=now)
+        out.append((now, p.end[1].frames - pos[1].frames))
+        pos = p.end
+        now += interval_ns + int(rng.integers(-jitter_ns, jitter_ns + 1))
+    return out
+
+
+def _worst_rate_error(run) -> float:
+    """Over every span of >= 10 s between two triggers: |admitted / span - 20| / 20, frames
+    of the triggers after the first up to the second."""
+    worst = 0.0
+    for i, (t0, _) in enumerate(run):
+        n = 0
+        for t1, k in run[i + 1 :]:
+            n += k
+            if t1 - t0 >= 10 * S:
+                worst = max(worst, abs(n / ((t1 - t0) / S) - 20) / 20)
+    return worst
+
+
+def test_31_1_max_frames_per_second_is_sustained_whatever_the_trigger_interval():
+    """The default trigger (a micro-batch every ~0.4 s here), 2 s and 5 s: the rate admitted
+    over any span of >= 10 s is within 5 % of maxFramesPerSecond. Before, a trigger slower
+    than maxBurstFrames / maxFramesPerSecond (1 s) threw the rest away: 10 and 4 frames/s."""
+    for interval, jitter in ((400 * MS, 150 * MS), (2 * S, 50 * MS), (5 * S, 50 * MS)):
+        run = _rate_run(interval, jitter, 60)
+        assert run[0][1] == 20  # the first trigger: a new query's full bucket
+        assert _worst_rate_error(run) < 0.05, interval
+
+
+def test_31_1_one_batch_after_an_idle_pause_is_burst_plus_its_interval():
+    """Triggers every 0.5 s and nothing to read for 30 s: the first batch after the pause
+    admits maxBurstFrames + 20/s x 0.5 s, not 30 s worth of tokens."""
+    pol = SourcePolicy(PolicyOptions(max_fps=20.0, max_burst=20, idle_ms=60_000))
+    planner = StreamPlanner((1,))
+    pos = {1: StreamPos(1, 0)}
+    empty = {1: stamped(1, [])}
+    for k in range(61):
+        pos = plan(pol, planner, pos, empty, 100 * S, now_mono=k * 500 * MS).end
+    full = {1: stamped(1, [100 * S] * 500)}
+    p = plan(pol, planner, pos, full, 100 * S, now_mono=61 * 500 * MS)
+    assert p.end[1].frames == 20 + 10
+
+
+def test_31_1_a_restart_from_the_checkpoint_starts_with_an_empty_bucket():
+    """Decided: a query restarted from its checkpoint (its offsets show admitted frames)
+    starts with no tokens -- the replayed batch spent them -- and earns from its first
+    trigger on; a new query starts with a full burst."""
+    run = _rate_run(2 * S, 0, 12, restart=True)
+    assert run[0][1] == 0 and run[1][1] == 40
