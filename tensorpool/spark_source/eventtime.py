@@ -11,8 +11,17 @@ its rows dropped as late by every downstream stateful operator. Seed 004's
 ``WatermarkAligner`` instead combines per-source watermarks by the **minimum rule**. The
 source cannot change Spark's watermark, but it can decide which frames enter a micro-batch:
 with ``alignEventTime`` it admits, per stream, only frames whose event time is at or below
-``min(newest event time of every live stream) + maxEventTimeSkewMs`` (:meth:`Aligner.bound`),
-so the maximum Spark sees never runs ahead of the slowest live stream by more than the skew.
+``min over live streams of (the newest event time the stream will have delivered once this
+micro-batch is planned) + maxEventTimeSkewMs`` (:meth:`Aligner.bound`, #27.1), after every
+per-stream cap (``maxFramesPerTrigger``, the byte budget, the rate, the memory bound), so the
+maximum Spark sees never runs ahead of what the slowest live stream has delivered by more
+than the skew. (Bounding by the newest frame in each *ring* is not enough: a stream with a
+backlog or a per-trigger cap delivers far less than its ring holds, and its rows would reach
+Spark after Spark's watermark had passed them.) A stream that delivers nothing in the
+micro-batch counts with its oldest waiting frame (it cannot deliver anything older), or its
+watermark when nothing waits (the newest frame in its ring before it has delivered any).
+A stream is bounded by the others only: what it delivers itself is within the bound it
+sets, so the lagging stream is never held and takes the budget the others leave.
 
 Idleness: a stream whose head has not moved for ``idleStreamTimeoutMs`` (or that has never
 had a frame since the reader first looked at it for that long) stops holding the others back.
@@ -41,13 +50,15 @@ on-time ones ends the micro-batch (:func:`late_runs`); the next one starts with 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 
 _MS: Final = 1_000_000
+#: no watermark yet (:func:`late_reference`); as a bound: hold everything
+NO_WATERMARK: Final = -(2**63)
 
 
 def running_max(stamps: np.ndarray, floor: int | None = None) -> np.ndarray:
@@ -58,10 +69,6 @@ def running_max(stamps: np.ndarray, floor: int | None = None) -> np.ndarray:
     if len(stamps) < 2:
         return stamps
     return np.maximum.accumulate(stamps)
-
-
-#: :func:`late_reference` of a frame before any watermark
-NO_WATERMARK: Final = -(2**63)
 
 
 def late_reference(
@@ -102,7 +109,6 @@ def count_at_or_below(times: np.ndarray, bound: int | None) -> int:
 @dataclass(slots=True)
 class _StreamClock:
     head: int = -1
-    newest_ns: int | None = None
     moved_ns: int = 0  # driver monotonic time the head last moved (or was first looked at)
 
 
@@ -120,16 +126,14 @@ class Aligner:
     #: the source's global watermark (ns, wall clock), monotone; None before any frame
     global_ns: int | None = None
 
-    def observe(self, sid: int, head: int | None, newest_ns: int | None, now_ns: int) -> None:
-        """One ring scan of ``sid``: its head (None: not mapped) and newest frame's event time."""
+    def observe(self, sid: int, head: int | None, now_ns: int) -> None:
+        """One ring scan of ``sid``: its head (None: not mapped)."""
         c = self._clocks.get(sid)
         if c is None:
             c = self._clocks[sid] = _StreamClock(moved_ns=now_ns)
         if head is not None and head != c.head:
             c.moved_ns = now_ns
             c.head = head
-        if newest_ns is not None:
-            c.newest_ns = newest_ns
 
     def idle(self, sid: int, now_ns: int) -> bool:
         c = self._clocks.get(sid)
@@ -138,18 +142,25 @@ class Aligner:
     def live(self, now_ns: int) -> list[int]:
         return sorted(s for s in self._clocks if not self.idle(s, now_ns))
 
-    def bound(self, now_ns: int) -> int | None:
-        """Highest event time admissible now; None: no live stream holds anything back.
+    def bound(
+        self, delivered: Mapping[int, int | None], now_ns: int, exclude: int | None = None
+    ) -> int | None:
+        """Highest event time admissible now, given the event time each stream will have
+        delivered (see the module doc); None: no live stream holds anything back.
+        ``exclude``: leave that stream out (a stream is never held by itself: what it will
+        have delivered is within the bound it sets).
 
-        A live stream with no frame yet holds every other stream (its first frames may be
+        A live stream with no frame at all holds every other stream (its first frames may be
         older than anything seen) until it has been silent for the idle timeout.
         """
         lows: list[int] = []
         for sid in self.live(now_ns):
-            newest = self._clocks[sid].newest_ns
-            if newest is None:
-                return -(2**63)
-            lows.append(newest)
+            if sid == exclude:
+                continue
+            d = delivered.get(sid)
+            if d is None:
+                return NO_WATERMARK
+            lows.append(d)
         if not lows:
             return None
         return min(lows) + self.skew_ns

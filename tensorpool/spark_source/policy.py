@@ -15,9 +15,10 @@ gives a replayed batch exactly the frames it had, without asking any policy agai
 Per stream the checks run in this order (seed 004 §5 first, then §2):
 
 1. lag (shed, ``shedLag``), 2. jitter (measured, flagged), 3. late (drop or flag, ``late``),
-4. the memory emergency (shed oldest, ``shedMemory``), 5. alignment (hold), 6. rate (hold).
-Then the per-trigger limits: ``maxFramesPerTrigger`` and the byte budget (fixed, or the
-adaptive one of :mod:`.sizing`).
+4. the memory emergency (shed oldest, ``shedMemory``), 5. rate (hold); then the per-trigger
+limits ``maxFramesPerTrigger`` and the byte budget (fixed, or the adaptive one of
+:mod:`.sizing`) in the planner; then 6. alignment (hold) by what every stream will deliver
+after all of those (:meth:`SourcePolicy.align`, passed to the planner as its ``align`` hook).
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class SourcePolicy:
         self._shift: dict[int, int] = {}
         self._seeded = False
         self._watermarks: dict[int, int] = {}
+        # this trigger's admit(): per stream, event times made non-decreasing, frames skipped
+        self._mono: dict[int, np.ndarray] = {}
+        self._skip: dict[int, int] = {}
+        self._newest: dict[int, int] = {}  # newest event time in each ring (this trigger)
+        self._bound: int | None = None  # the last alignment bound (progress)
 
     def _stream(self, sid: int, restarted: bool = False) -> StreamAdmission:
         s = self.streams.get(sid)
@@ -122,12 +128,15 @@ class SourcePolicy:
                 lens = st.lens_of(st.present(pos.seq, st.head))
                 owed += 0 if lens is None else int(lens.sum())
             self.sizer.owed(owed, now_mono)
+        self._newest = {}
         for sid in start:
             st = states.get(sid)
-            newest = None
+            self.aligner.observe(sid, None if st is None else st.head, now_mono)
             if st is not None and not st.empty and st.stamps is not None:
-                newest = int(st.stamps[(st.head - 1) & (st.nslots - 1)]) + self._shift.get(sid, 0)
-            self.aligner.observe(sid, None if st is None else st.head, newest, now_mono)
+                stamp = int(st.stamps[(st.head - 1) & (st.nslots - 1)])
+                self._newest[sid] = stamp + self._shift.get(sid, 0)
+        self._mono = {}
+        self._skip = {}
 
     def limits(self, limits: Limits) -> Limits:
         """The trigger's limits with the adaptive byte budget (maxBytesPerTrigger=auto)."""
@@ -138,13 +147,12 @@ class SourcePolicy:
     def admit(self, ready: Sequence[Any]) -> dict[int, Cut]:
         """The ``admit`` hook of :meth:`StreamPlanner.plan`: one :class:`Cut` per stream."""
         p, now_wall = self.p, self._now_wall
-        bound = self.aligner.bound(self._now_mono) if p.align else None
         wm = self._watermarks
         live = self.aligner.live(self._now_mono) if p.late is not None else []
         max_lag = None if p.max_lag_ms is None else p.max_lag_ms * _MS
         cuts: dict[int, Cut] = {}
         rest_lens: list[np.ndarray] = []
-        mono: dict[int, np.ndarray] = {}  # per stream: event times made non-decreasing
+        mono = self._mono
         sizing = self.sizer is not None
         for r in ready:
             seqs = r.present
@@ -195,19 +203,34 @@ class SourcePolicy:
                         )
         for r in ready:
             c = cuts[r.sid]
-            times = mono.get(r.sid)
+            self._skip[r.sid] = c.skip
+            bucket = self._stream(r.sid).bucket
+            if bucket is not None and r.sid in mono:  # 5. rate
+                cuts[r.sid] = replace(c, cap=_least(c.cap, bucket.available()))
+        return cuts
+
+    def align(self, views: Sequence[Any], counts: Sequence[int]) -> dict[int, int]:
+        """The ``align`` hook of :meth:`StreamPlanner.plan` (6. alignment, #27.1): per stream,
+        the frames of its view at or below the minimum over the other live streams of what
+        each will have delivered with ``counts``, + ``maxEventTimeSkewMs``."""
+        delivered: dict[int, int | None] = {**self._newest, **self._watermarks}
+        eff: dict[int, np.ndarray] = {}
+        for v, n in zip(views, counts, strict=True):
+            times = self._mono.get(v.sid)
             if times is None:
                 continue
-            after = times[c.skip :]
-            cap = c.cap
-            if bound is not None:  # 5. alignment
-                cap = _least(cap, count_at_or_below(after, bound))
-            bucket = self._stream(r.sid).bucket
-            if bucket is not None:  # 6. rate
-                cap = _least(cap, bucket.available())
-            if cap is not None:
-                cuts[r.sid] = replace(c, cap=cap)
-        return cuts
+            skip = self._skip.get(v.sid, 0)
+            eff[v.sid] = t = times[skip : skip + len(v.present)]
+            if n:
+                delivered[v.sid] = int(t[n - 1])
+            elif skip < len(times):  # delivers nothing: no older than its oldest waiting
+                delivered[v.sid] = int(times[skip])
+        now = self._now_mono
+        self._bound = self.aligner.bound(delivered, now)
+        return {
+            sid: count_at_or_below(t, self.aligner.bound(delivered, now, exclude=sid))
+            for sid, t in eff.items()
+        }
 
     def finish(
         self,
@@ -290,7 +313,7 @@ class SourcePolicy:
             "liveStreams": self.aligner.live(now),
         }
         if self.p.align:
-            b = self.aligner.bound(now)
+            b = self._bound
             src["alignBoundMs"] = None if b is None or b < 0 else b // _MS
         if self.sizer is not None:
             z = self.sizer

@@ -7,10 +7,11 @@ what each stream will have *delivered*. Sans-IO, with a driven clock."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos
+from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos, runs_seqs
 from tensorpool.spark_source.policy import SourcePolicy
 from tensorpool.spark_source.policy_options import PolicyOptions
 
@@ -30,9 +31,15 @@ def stamped(epoch: int, stamps: list[int] | np.ndarray, nslots: int = 4096, size
     return RingState.from_slots(epoch, slot_seq, slot_seq >= 0, lens, st)
 
 
+def _align(pol):
+    return pol.align if pol.p.align else None
+
+
 def plan(pol, planner, start, states, now_wall, now_mono=0, limits=None):
     pol.begin(start, states, {}, now_mono, now_wall)
-    p = planner.plan(start, states, pol.limits(limits or Limits()), admit=pol.admit)
+    p = planner.plan(
+        start, states, pol.limits(limits or Limits()), admit=pol.admit, align=_align(pol)
+    )
     pol.finish(start, p.end, p.runs, states)
     return p
 
@@ -239,3 +246,64 @@ def test_31_1_a_restart_from_the_checkpoint_starts_with_an_empty_bucket():
     trigger on; a new query starts with a full burst."""
     run = _rate_run(2 * S, 0, 12, restart=True)
     assert run[0][1] == 0 and run[1][1] == 40
+
+
+# --- #27.1 ---------------------------------------------------------------------------------------
+def o_limits(o) -> Limits:
+    """The trigger's limits as the reader passes them (ReadMaxRows / ReadMaxBytes)."""
+    return Limits(o.max_frames_per_trigger, o.max_bytes_per_trigger)
+
+
+@pytest.mark.parametrize(
+    "cap",
+    [
+        {"maxFramesPerTrigger": "150"},
+        {"maxFramesPerSecond": "60"},
+        {"maxBytesPerTrigger": str(150 * 64)},
+        {  # the adaptive budget held at the high water: ~150 frames a trigger
+            "maxBytesPerTrigger": "auto",
+            "maxBatchMemory": str(64 * 1024),
+            "memoryHighWater": "0.15",
+            "memoryEmergency": "0.99",
+        },
+    ],
+    ids=["maxFramesPerTrigger", "maxFramesPerSecond", "maxBytesPerTrigger", "auto"],
+)
+def test_27_1_minimum_rule_by_delivered_event_time(cap):
+    """Two 50 Hz streams; A starts latest, B earliest 9 s behind; one trigger a second under a
+    per-stream cap. Every batch admits only frames at or below the minimum over the streams of
+    what each will have delivered + maxEventTimeSkewMs, so Spark's watermark (max row - 2 s)
+    never passes a row of B before it arrives; B (the lagging stream) is never held and
+    catches up, A waits in its ring and follows."""
+    from tensorpool.spark_source.options import parse_source_options
+
+    o = parse_source_options({"streams": "1,2", "alignEventTime": "true", **cap}, streaming=True)
+    assert o.policy is not None
+    pol = SourcePolicy(o.policy)
+    planner = StreamPlanner((1, 2))
+    step = 20 * MS  # 50 Hz
+    pos = {1: StreamPos(1, 450), 2: StreamPos(1, 0)}  # A latest at t = 9 s, B earliest
+    rows: list[tuple[int, int]] = []
+    late_b = 0
+    for k in range(60):
+        now = (9 + k) * S
+        head = now // step
+        ring = stamped(1, [s * step for s in range(head)], nslots=8192)
+        states = {1: ring, 2: ring}
+        wm = max((t for _, t in rows), default=None)
+        p = plan(pol, planner, pos, states, now, now_mono=now, limits=o_limits(o))
+        got = {
+            sid: [int(x) for x in runs_seqs(p.runs.get(sid, np.empty((0, 2), np.int64)))]
+            for sid in (1, 2)
+        }
+        if wm is not None:
+            late_b += sum(1 for s in got[2] if s * step < wm - 2 * S)
+        batch = [(sid, s * step) for sid in (1, 2) for s in got[sid]]
+        if batch:  # the rule: nothing above the lowest delivered + skew (0)
+            low = min(p.end[sid].event_ns for sid in (1, 2) if p.end[sid].event_ns)
+            assert max(t for _, t in batch) <= low
+        rows += batch
+        pos = p.end
+    assert late_b == 0
+    assert pos[2].seq >= (60 + 9 - 3) * 50  # B caught up (at most a few seconds behind)
+    assert pos[1].seq > 450 + 50 * 30  # A followed
