@@ -4,14 +4,19 @@ the minimum rule bounds admission by what each stream delivers."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from spark_helpers import source_options, wait_query
 
 pytestmark = pytest.mark.spark
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "eventtime_join.py"
 
 
 class Rows:
@@ -147,3 +152,101 @@ def test_31_1_max_frames_per_second_is_sustained_at_a_2_s_trigger(
         assert len(sink.of(sid)) >= n1 - 40  # the sink has them (a batch may be in flight)
     finally:
         q.stop()
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("eventtime_join_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Windows:
+    """foreachBatch sink of an append-mode windowed count: (stream_id, window start us) ->
+    count (a replay overwrites the same keys)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[int, int], int] = {}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        for r in df.select("stream_id", F.unix_micros("w.start").alias("w0"), "n").collect():
+            self.counts[(r.stream_id, r.w0)] = r.n
+
+
+@pytest.mark.parametrize("cap", ["maxFramesPerTrigger", "maxFramesPerSecond"])
+def test_27_1_backlogged_stream_keeps_its_windows(
+    cap, spark, spark_media_driver, tmp_shm, producers, tmp_path
+):
+    """#27.1, the issue's scenario shortened: two live 50 Hz streams, A from `latest`, B from
+    `earliest` some 4 s (plus the query's start-up) behind, under maxFramesPerTrigger=150 or
+    maxFramesPerSecond=100 (the examples/eventtime_join.py --backlog options); withWatermark
+    2 s, 1 s tumbling windows per stream_id, append mode, a 1 s trigger. B's finalized windows
+    hold >= 98 % of the frames B produced in them: A waits in its ring while B catches up, so
+    Spark's watermark never passes B's rows. Before, A ran at its ring's head and most of B's
+    backlog arrived behind the watermark."""
+    from pyspark.sql import functions as F
+
+    a_id, b_id = (313, 314) if cap == "maxFramesPerTrigger" else (315, 316)
+    a = producers("--stream-id", str(a_id), "--nslots", "4096", "--shape", "16")
+    b = producers("--stream-id", str(b_id), "--nslots", "4096", "--shape", "16")
+    ex = _example()
+    conn = source_options(spark_media_driver, tmp_shm)
+    opts = ex.source_options(
+        (a_id, b_id),
+        backlog=True,
+        failOnDataLoss="false",
+        earliestMarginMs="0",
+        idleStreamTimeoutMs="5000",
+        **conn,
+    )
+    if cap == "maxFramesPerSecond":
+        del opts["maxFramesPerTrigger"]
+        opts.update(maxFramesPerSecond="100", maxBurstFrames="100")
+    # B runs 4 s ahead of A and ends ~2 s after it, so nothing of A waits for B's idleness
+    b.produce_at(1000, 50)  # 20 s
+    time.sleep(4.0)  # B's head start: its backlog (what is asserted follows from the rows)
+    a.produce_at(700, 50)  # 14 s
+    sink = Windows()
+    df = (
+        spark.readStream.format("tensorpool")
+        .options(**opts)
+        .load()
+        .withWatermark("timestamp", "2 seconds")
+        .groupBy(F.window("timestamp", "1 second").alias("w"), "stream_id")
+        .agg(F.count("*").alias("n"))
+    )
+    q = (
+        df.writeStream.outputMode("append")
+        .foreachBatch(sink)
+        .trigger(processingTime="1 second")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    try:
+        b.next_event("produced", timeout=120)
+        a.next_event("produced", timeout=120)
+        wait_query(lambda: _end(q, b_id).get("seq") == 1000 and _end(q, a_id).get("seq") == 700, q)
+        # the watermark ends 2 s below the newest row: wait for B's windows below it
+        wm = datetime.fromisoformat(q.lastProgress["eventTime"]["watermark"]).timestamp() * 1e6
+        last = int(wm // 1_000_000 * 1_000_000) - 1_000_000  # the last window closed by it
+        wait_query(lambda: (b_id, last) in sink.counts, q, timeout=120)
+    finally:
+        q.stop()
+    ts = (
+        spark.read.format("tensorpool")
+        .options(**conn, streams=str(b_id), startingOffsets="earliest", earliestMarginMs="0")
+        .load()
+        .select(F.unix_micros("timestamp").alias("us"))
+        .collect()
+    )
+    produced: dict[int, int] = {}
+    for r in ts:
+        w0 = r.us // 1_000_000 * 1_000_000
+        if w0 <= last:
+            produced[w0] = produced.get(w0, 0) + 1
+    got = sum(sink.counts.get((b_id, w0), 0) for w0 in produced)
+    assert sum(produced.values()) > 700
+    assert got >= 0.98 * sum(produced.values()), (got, produced, sink.counts)
