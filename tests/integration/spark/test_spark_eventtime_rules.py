@@ -182,7 +182,7 @@ def test_27_1_backlogged_stream_keeps_its_windows(
 ):
     """#27.1, the issue's scenario shortened: two live 50 Hz streams, A from `latest`, B from
     `earliest` some 4 s (plus the query's start-up) behind, under maxFramesPerTrigger=150 or
-    maxFramesPerSecond=100 (the examples/eventtime_join.py --backlog options); withWatermark
+    maxFramesPerSecond=60 (the examples/eventtime_join.py --backlog options); withWatermark
     2 s, 1 s tumbling windows per stream_id, append mode, a 1 s trigger. B's finalized windows
     hold >= 98 % of the frames B produced in them: A waits in its ring while B catches up, so
     Spark's watermark never passes B's rows. Before, A ran at its ring's head and most of B's
@@ -204,7 +204,7 @@ def test_27_1_backlogged_stream_keeps_its_windows(
     )
     if cap == "maxFramesPerSecond":
         del opts["maxFramesPerTrigger"]
-        opts.update(maxFramesPerSecond="100", maxBurstFrames="100")
+        opts.update(maxFramesPerSecond="60", maxBurstFrames="60")
     # B runs 4 s ahead of A and ends ~2 s after it, so nothing of A waits for B's idleness
     b.produce_at(1000, 50)  # 20 s
     time.sleep(4.0)  # B's head start: its backlog (what is asserted follows from the rows)
@@ -250,3 +250,72 @@ def test_27_1_backlogged_stream_keeps_its_windows(
     got = sum(sink.counts.get((b_id, w0), 0) for w0 in produced)
     assert sum(produced.values()) > 700
     assert got >= 0.98 * sum(produced.values()), (got, produced, sink.counts)
+
+
+def test_31_4_a_restarted_producer_is_measured_afresh_both_ways(
+    spark, spark_media_driver, tmp_shm, producers, tmp_path
+):
+    """#31.4: stream X stutters (groups of 10 frames at 100 Hz, 100 ms apart), stream Y is
+    smooth; maxJitterMs=50 flags X only. Both producers restart (a new epoch, seqs from 0,
+    fewer than before): X now smooth, Y stuttering. From the new epochs' first frames X is
+    cleared and Y flagged -- not after the new seqs pass the old epoch's last seq."""
+    x_id, y_id = 317, 318
+    args = ("--nslots", "1024", "--shape", "16")
+    x = producers("--stream-id", str(x_id), "--instance-id", "x", *args)
+    y = producers("--stream-id", str(y_id), "--instance-id", "y", *args)
+    t0 = time.monotonic_ns()
+
+    def stutter(p: Any, groups: int, t: int) -> None:
+        for k in range(groups):  # frame seq at t + k x 100 ms + seq x 10 ms
+            p.send(f"stamp 10 100 {t + k * 100_000_000}")
+            p.next_event("produced")
+
+    def smooth(p: Any, n: int, t: int) -> None:
+        p.send(f"stamp {n} 100 {t}")
+        p.next_event("produced")
+
+    stutter(x, 30, t0)
+    smooth(y, 300, t0)
+    sink = Rows(late=False)
+    opts = source_options(
+        spark_media_driver,
+        tmp_shm,
+        streams=f"{x_id},{y_id}",
+        startingOffsets="earliest",
+        earliestMarginMs="0",
+        maxJitterMs="50",
+        includeTensorMetadata="false",
+    )
+    q = _query(spark, opts, sink, str(tmp_path / "ck"), "200 milliseconds")
+
+    def report() -> dict[str, Any]:
+        return json.loads(q.lastProgress["sources"][0]["latestOffset"])
+
+    try:
+        wait_query(lambda: _end(q, x_id).get("seq") == 300 and _end(q, y_id).get("seq") == 300, q)
+        assert report()[str(x_id)]["jitterExceeded"] is True
+        assert report()[str(y_id)]["jitterExceeded"] is False
+        x.close()
+        y.close()
+        x2 = producers("--stream-id", str(x_id), "--instance-id", "x", *args)
+        y2 = producers("--stream-id", str(y_id), "--instance-id", "y", *args)
+        assert x2.epoch == x.epoch + 1 and y2.epoch == y.epoch + 1
+        t1 = time.monotonic_ns()
+        smooth(x2, 100, t1)
+        stutter(y2, 10, t1)
+
+        def moved() -> bool:
+            ex, ey = _end(q, x_id), _end(q, y_id)
+            return (ex.get("epoch"), ex.get("seq"), ey.get("epoch"), ey.get("seq")) == (
+                x2.epoch,
+                100,
+                y2.epoch,
+                100,
+            )
+
+        wait_query(moved, q)
+        r = report()
+        assert r[str(x_id)]["jitterExceeded"] is False and r[str(x_id)]["jitterP99Ms"] < 1.0
+        assert r[str(y_id)]["jitterExceeded"] is True and r[str(y_id)]["jitterP99Ms"] > 50
+    finally:
+        q.stop()
