@@ -142,28 +142,36 @@ class Aligner:
     def live(self, now_ns: int) -> list[int]:
         return sorted(s for s in self._clocks if not self.idle(s, now_ns))
 
-    def bound(
-        self, delivered: Mapping[int, int | None], now_ns: int, exclude: int | None = None
-    ) -> int | None:
+    def bound(self, delivered: Mapping[int, int | None], now_ns: int) -> int | None:
         """Highest event time admissible now, given the event time each stream will have
         delivered (see the module doc); None: no live stream holds anything back.
-        ``exclude``: leave that stream out (a stream is never held by itself: what it will
-        have delivered is within the bound it sets).
 
         A live stream with no frame at all holds every other stream (its first frames may be
         older than anything seen) until it has been silent for the idle timeout.
         """
-        lows: list[int] = []
+        return self._low(self._lows(delivered, now_ns), None)
+
+    def bounds(
+        self, delivered: Mapping[int, int | None], now_ns: int, sids: Iterable[int]
+    ) -> dict[int, int | None]:
+        """:meth:`bound` for each of ``sids`` over the *other* live streams: a stream is never
+        held by itself (what it delivers is within the bound it sets)."""
+        lows = self._lows(delivered, now_ns)[:2]
+        return {sid: self._low(lows, sid) for sid in sids}
+
+    def _lows(self, delivered: Mapping[int, int | None], now_ns: int) -> list[tuple[int, int]]:
+        """(delivered or NO_WATERMARK, sid) of the live streams, lowest first."""
+        out = []
         for sid in self.live(now_ns):
-            if sid == exclude:
-                continue
             d = delivered.get(sid)
-            if d is None:
-                return NO_WATERMARK
-            lows.append(d)
-        if not lows:
-            return None
-        return min(lows) + self.skew_ns
+            out.append((NO_WATERMARK if d is None else d, sid))
+        return sorted(out)
+
+    def _low(self, lows: list[tuple[int, int]], exclude: int | None) -> int | None:
+        for d, sid in lows:
+            if sid != exclude:
+                return d if d == NO_WATERMARK else d + self.skew_ns
+        return None
 
     def advance(self, per_stream_ns: dict[int, int], now_ns: int) -> int | None:
         """Fold the per-stream watermarks in: global = min over live streams, never lower."""

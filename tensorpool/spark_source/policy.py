@@ -227,10 +227,8 @@ class SourcePolicy:
                 delivered[v.sid] = int(times[skip])
         now = self._now_mono
         self._bound = self.aligner.bound(delivered, now)
-        return {
-            sid: count_at_or_below(t, self.aligner.bound(delivered, now, exclude=sid))
-            for sid, t in eff.items()
-        }
+        bounds = self.aligner.bounds(delivered, now, eff)
+        return {sid: count_at_or_below(t, bounds[sid]) for sid, t in eff.items()}
 
     def finish(
         self,
