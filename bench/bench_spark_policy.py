@@ -105,7 +105,7 @@ def plan_cost(n: int, hz: int, policy: bool, batches: int) -> float:
         t = time.perf_counter_ns()
         if policy:
             pol.begin(pos, states, {}, now, rings.t0 + rings.head * (1_000_000_000 // hz))
-            plan = planner.plan(pos, states, pol.limits(Limits()), admit=pol.admit)
+            plan = planner.plan(pos, states, pol.limits(Limits()), admit=pol.admit, align=pol.align)
             pol.finish(pos, plan.end, plan.runs, states)
             pol.report(streams)
         else:

@@ -12,6 +12,15 @@ Run it against two producers (e.g. ``tensorpool produce``) on streams 1 and 2::
 Stop it at any time and start it again with the same ``--checkpoint``: it resumes from the
 checkpointed offsets and join/aggregation state, and the parquet sink's log keeps every window
 exactly once.
+
+The backlog case (``--backlog``, #27.1): the first stream starts ``latest``, the second
+``earliest`` with seconds of frames waiting, and ``maxFramesPerTrigger`` caps each micro-batch.
+The minimum rule bounds the first stream by what the second *delivers* each micro-batch (not
+by the newest frame in its ring), so the first waits in its ring while the second catches up
+and none of the second's rows reaches Spark behind its watermark::
+
+    python examples/eventtime_join.py --streams 1,2 --backlog --out /tmp/join-out \
+        --checkpoint /tmp/join-ck
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ WATERMARK = "1 second"
 KEYS = 4
 
 
-def source_options(streams: tuple[int, int], **extra: str) -> dict[str, str]:
-    """The source options of the pipeline: admission and aligned event time."""
+def source_options(streams: tuple[int, int], backlog: bool = False, **extra: str) -> dict[str, str]:
+    """The source options of the pipeline: admission and aligned event time. ``backlog``:
+    the second stream starts from its earliest frame behind the first (see the module doc)."""
     opts = {
         "streams": f"{streams[0]},{streams[1]}",
         "startingOffsets": "earliest",
@@ -40,6 +50,9 @@ def source_options(streams: tuple[int, int], **extra: str) -> dict[str, str]:
         "idleStreamTimeoutMs": "30000",
         "includeTensorMetadata": "false",
     }
+    if backlog:
+        opts["startingOffsets"] = f'{{"{streams[0]}": "latest", "{streams[1]}": "earliest"}}'
+        opts["maxFramesPerTrigger"] = "150"
     opts.update(extra)
     return opts
 
@@ -100,11 +113,13 @@ def main() -> None:
     ap.add_argument("--streams", default="1,2")
     ap.add_argument("--out", required=True)
     ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--backlog", action="store_true", help="second stream from its earliest")
     a = ap.parse_args()
     s1, s2 = (int(x) for x in a.streams.split(","))
     spark = SparkSession.builder.appName("tensorpool-eventtime-join").getOrCreate()
     tps.register(spark)
-    q = start(spark, build(spark, (s1, s2), source_options((s1, s2))), a.out, a.checkpoint)
+    opts = source_options((s1, s2), a.backlog)
+    q = start(spark, build(spark, (s1, s2), opts), a.out, a.checkpoint)
     q.awaitTermination()
 
 

@@ -15,8 +15,9 @@ Order of the checks, as seed 004's ``StreamAdmissionController.try_admit``:
    *flagged* (progress, one warning per episode), not throttled: seed 004 rejects an event
    that arrives later than the budget after the last one, which for a pull-based source is
    the stream going quiet -- Spark cannot make a producer stutter less, the operator can.
-3. **rate** -- a token bucket per stream across triggers: ``maxFramesPerSecond`` tokens a
-   second up to ``maxBurstFrames``; a trigger admits at most the tokens it holds. Frames over
+3. **rate** -- a token bucket per stream across triggers (:class:`TokenBucket`): a sustained
+   ``maxFramesPerSecond`` whatever the trigger interval, saving at most ``maxBurstFrames``
+   from one trigger to the next; a trigger admits at most the tokens it holds. Frames over
    the rate are *deferred* (they stay in the ring for the next trigger -- seed 004's
    ``PreferThrottle``), not shed: whether waiting frames then age out is the lag check's job.
 
@@ -45,8 +46,16 @@ def lag_count(times: np.ndarray, now_ns: int, max_lag_ns: int | None) -> int:
 
 @dataclass(slots=True)
 class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` held; starts full (a fresh query may take a
-    burst at once, as seed 004's controller does)."""
+    """``rate`` tokens a second, a sustained rate whatever the trigger interval (#31.1).
+
+    At each trigger ``t_k`` (:meth:`tick`) the stream holds ``min(left, burst) + rate x (t_k -
+    t_(k-1))``: what the previous trigger left unspent is saved up to ``burst``, and what the
+    interval since then earned is added in full. With a backlog every trigger spends what it
+    holds, so the frames admitted by the triggers after ``t_i`` up to ``t_j`` are ``rate x (t_j
+    - t_i)`` within one frame, however far apart the triggers are; after an idle pause one
+    trigger admits at most ``burst`` plus what its own interval earned. A new query starts with
+    ``burst`` (seed 004's controller); ``tokens=0`` starts empty (a restarted one).
+    """
 
     rate: float
     burst: int
@@ -57,14 +66,16 @@ class TokenBucket:
         if self.tokens < 0:
             self.tokens = float(self.burst)
 
-    def available(self, now_ns: int) -> int:
-        """Whole tokens held at ``now_ns`` (refills; never more than ``burst``)."""
+    def tick(self, now_ns: int) -> None:
+        """A trigger at ``now_ns``: save what is left (up to ``burst``), add what was earned."""
         if self.last_ns is not None and now_ns > self.last_ns:
-            self.tokens = min(
-                float(self.burst), self.tokens + (now_ns - self.last_ns) * self.rate / _NS_PER_S
-            )
+            earned = (now_ns - self.last_ns) * self.rate / _NS_PER_S
+            self.tokens = min(float(self.burst), self.tokens) + earned
         if self.last_ns is None or now_ns > self.last_ns:
             self.last_ns = now_ns
+
+    def available(self) -> int:
+        """Whole tokens held since the last :meth:`tick`."""
         return int(self.tokens)
 
     def take(self, n: int) -> None:
@@ -128,6 +139,15 @@ class StreamAdmission:
     bucket: TokenBucket | None
     jitter: JitterMeter = field(default_factory=JitterMeter)
     flagged: bool = False
+    epoch: int | None = None  # the epoch the seq-keyed meters measure
+
+    def enter(self, epoch: int) -> None:
+        """#31.4: a new epoch restarts seq at 0 and is a new producer: its jitter is measured
+        afresh (the old epoch's last arrival and seq mean nothing to it). The bucket stays: the
+        rate is the stream's, whichever producer feeds it."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.jitter = JitterMeter()
 
 
 __all__ = ["JITTER_WINDOW", "JitterMeter", "StreamAdmission", "TokenBucket", "lag_count"]

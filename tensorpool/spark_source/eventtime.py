@@ -11,8 +11,17 @@ its rows dropped as late by every downstream stateful operator. Seed 004's
 ``WatermarkAligner`` instead combines per-source watermarks by the **minimum rule**. The
 source cannot change Spark's watermark, but it can decide which frames enter a micro-batch:
 with ``alignEventTime`` it admits, per stream, only frames whose event time is at or below
-``min(newest event time of every live stream) + maxEventTimeSkewMs`` (:meth:`Aligner.bound`),
-so the maximum Spark sees never runs ahead of the slowest live stream by more than the skew.
+``min over live streams of (the newest event time the stream will have delivered once this
+micro-batch is planned) + maxEventTimeSkewMs`` (:meth:`Aligner.bound`, #27.1), after every
+per-stream cap (``maxFramesPerTrigger``, the byte budget, the rate, the memory bound), so the
+maximum Spark sees never runs ahead of what the slowest live stream has delivered by more
+than the skew. (Bounding by the newest frame in each *ring* is not enough: a stream with a
+backlog or a per-trigger cap delivers far less than its ring holds, and its rows would reach
+Spark after Spark's watermark had passed them.) A stream that delivers nothing in the
+micro-batch counts with its oldest waiting frame (it cannot deliver anything older), or its
+watermark when nothing waits (the newest frame in its ring before it has delivered any).
+A stream is bounded by the others only: what it delivers itself is within the bound it
+sets, so the lagging stream is never held and takes the budget the others leave.
 
 Idleness: a stream whose head has not moved for ``idleStreamTimeoutMs`` (or that has never
 had a frame since the reader first looked at it for that long) stops holding the others back.
@@ -26,35 +35,68 @@ carried in the offsets as ``eventNs`` so a restarted query keeps it). The source
 watermark is the minimum over live streams, never decreasing (seed 004 §2.1, "per-edge
 non-decreasing"). Frames below ``global - allowedLatenessMs`` are *late*.
 
-Event time within a stream is taken as non-decreasing in seq (:func:`running_max`): a
-producer stamps frames as it publishes them, and treating a stamp older than its predecessor
-at its predecessor's time keeps every decision a seq *prefix* -- so the offsets can record it
-as a seq boundary and a replayed batch reads exactly the same frames without re-deciding.
+A producer whose clock steps back (#31.2)
+----------------------------------------
+Frames of a stream are published in seq order, so a frame is no older than any frame before
+it: for lag and alignment its time is the highest stamp at or before it in the stream
+(:func:`running_max`, carried on from the stream's watermark, not restarted at each trigger),
+which keeps those decisions a seq *prefix*. Lateness is about the event time a frame claims:
+a frame is late when its own stamp is below the watermark as it stands just before it
+(:func:`late_reference`: every earlier frame of its stream counted, the other streams as of
+the trigger) minus ``allowedLatenessMs``. Neither depends on where a trigger boundary falls.
+The offsets record late frames as one prefix per batch, so a run of late frames after
+on-time ones ends the micro-batch (:func:`late_runs`); the next one starts with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 
 _MS: Final = 1_000_000
+#: no watermark yet (:func:`late_reference`); as a bound: hold everything
+NO_WATERMARK: Final = -(2**63)
 
 
-def running_max(stamps: np.ndarray) -> np.ndarray:
-    """Event times made non-decreasing in seq order (see the module doc)."""
+def running_max(stamps: np.ndarray, floor: int | None = None) -> np.ndarray:
+    """Event times made non-decreasing in seq order, from ``floor`` (the highest event time
+    of the frames before these; see the module doc)."""
+    if floor is not None and len(stamps):
+        stamps = np.maximum(stamps, floor)
     if len(stamps) < 2:
         return stamps
     return np.maximum.accumulate(stamps)
 
 
-def count_below(times: np.ndarray, threshold: int | None) -> int:
-    """Leading frames of ``times`` (non-decreasing) strictly below ``threshold``."""
-    if threshold is None or not len(times):
-        return 0
-    return int(np.searchsorted(times, threshold, side="left"))
+def late_reference(
+    times: np.ndarray, carried: int | None, others: int | None, global_ns: int | None
+) -> np.ndarray:
+    """Per frame: the source's watermark just before it (#31.2). ``times``: this stream's
+    :func:`running_max` from ``carried`` (its watermark); ``others``: the lowest watermark of
+    the other live streams (None: none); ``global_ns``: the source's watermark, which never
+    decreases. ``-2**63``: no watermark yet."""
+    before = np.empty(len(times), np.int64)
+    if len(times):
+        before[0] = NO_WATERMARK if carried is None else carried
+        before[1:] = times[:-1]
+    if others is not None:
+        np.minimum(before, others, out=before)
+    if global_ns is not None:
+        np.maximum(before, global_ns, out=before)
+    return before
+
+
+def late_runs(late: np.ndarray) -> tuple[int, int]:
+    """``(k, stop)``: the leading late frames, and where the on-time run after them ends (the
+    next late frame, or the end): a batch delivers at most ``stop`` frames of these."""
+    n = len(late)
+    k = int(np.argmin(late)) if n and not late.all() else n
+    rest = late[k:]
+    stop = k + int(np.argmax(rest)) if rest.any() else n
+    return k, stop
 
 
 def count_at_or_below(times: np.ndarray, bound: int | None) -> int:
@@ -67,7 +109,6 @@ def count_at_or_below(times: np.ndarray, bound: int | None) -> int:
 @dataclass(slots=True)
 class _StreamClock:
     head: int = -1
-    newest_ns: int | None = None
     moved_ns: int = 0  # driver monotonic time the head last moved (or was first looked at)
 
 
@@ -85,16 +126,14 @@ class Aligner:
     #: the source's global watermark (ns, wall clock), monotone; None before any frame
     global_ns: int | None = None
 
-    def observe(self, sid: int, head: int | None, newest_ns: int | None, now_ns: int) -> None:
-        """One ring scan of ``sid``: its head (None: not mapped) and newest frame's event time."""
+    def observe(self, sid: int, head: int | None, now_ns: int) -> None:
+        """One ring scan of ``sid``: its head (None: not mapped)."""
         c = self._clocks.get(sid)
         if c is None:
             c = self._clocks[sid] = _StreamClock(moved_ns=now_ns)
         if head is not None and head != c.head:
             c.moved_ns = now_ns
             c.head = head
-        if newest_ns is not None:
-            c.newest_ns = newest_ns
 
     def idle(self, sid: int, now_ns: int) -> bool:
         c = self._clocks.get(sid)
@@ -103,21 +142,36 @@ class Aligner:
     def live(self, now_ns: int) -> list[int]:
         return sorted(s for s in self._clocks if not self.idle(s, now_ns))
 
-    def bound(self, now_ns: int) -> int | None:
-        """Highest event time admissible now; None: no live stream holds anything back.
+    def bound(self, delivered: Mapping[int, int | None], now_ns: int) -> int | None:
+        """Highest event time admissible now, given the event time each stream will have
+        delivered (see the module doc); None: no live stream holds anything back.
 
-        A live stream with no frame yet holds every other stream (its first frames may be
+        A live stream with no frame at all holds every other stream (its first frames may be
         older than anything seen) until it has been silent for the idle timeout.
         """
-        lows: list[int] = []
+        return self._low(self._lows(delivered, now_ns), None)
+
+    def bounds(
+        self, delivered: Mapping[int, int | None], now_ns: int, sids: Iterable[int]
+    ) -> dict[int, int | None]:
+        """:meth:`bound` for each of ``sids`` over the *other* live streams: a stream is never
+        held by itself (what it delivers is within the bound it sets)."""
+        lows = self._lows(delivered, now_ns)[:2]
+        return {sid: self._low(lows, sid) for sid in sids}
+
+    def _lows(self, delivered: Mapping[int, int | None], now_ns: int) -> list[tuple[int, int]]:
+        """(delivered or NO_WATERMARK, sid) of the live streams, lowest first."""
+        out = []
         for sid in self.live(now_ns):
-            newest = self._clocks[sid].newest_ns
-            if newest is None:
-                return -(2**63)
-            lows.append(newest)
-        if not lows:
-            return None
-        return min(lows) + self.skew_ns
+            d = delivered.get(sid)
+            out.append((NO_WATERMARK if d is None else d, sid))
+        return sorted(out)
+
+    def _low(self, lows: list[tuple[int, int]], exclude: int | None) -> int | None:
+        for d, sid in lows:
+            if sid != exclude:
+                return d if d == NO_WATERMARK else d + self.skew_ns
+        return None
 
     def advance(self, per_stream_ns: dict[int, int], now_ns: int) -> int | None:
         """Fold the per-stream watermarks in: global = min over live streams, never lower."""
@@ -136,15 +190,11 @@ class Aligner:
             self.global_ns = min(vals)
 
 
-def late_threshold(global_ns: int | None, allowed_ns: int) -> int | None:
-    """Event time below which a frame is late (None: no watermark yet, nothing is late)."""
-    return None if global_ns is None else global_ns - allowed_ns
-
-
 __all__ = [
+    "NO_WATERMARK",
     "Aligner",
     "count_at_or_below",
-    "count_below",
-    "late_threshold",
+    "late_reference",
+    "late_runs",
     "running_max",
 ]

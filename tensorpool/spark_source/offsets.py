@@ -481,6 +481,9 @@ class Cut:
 
 #: admit(ready streams) -> Cut per stream id (streams left out: no cut)
 AdmitFn = Callable[[Sequence["_Ready"]], Mapping[int, Cut]]
+#: align(views, counts) -> per stream id, the most frames of its view it may deliver given
+#: what every stream delivers (``counts``, after every other cap); see :meth:`StreamPlanner.plan`
+AlignFn = Callable[[Sequence["_Ready"], Sequence[int]], Mapping[int, int]]
 
 
 # --- descriptor intake ---------------------------------------------------------------------------
@@ -765,7 +768,12 @@ class StreamPlanner:
         late: Mapping[int, int] | None = None,
         feed: DescriptorFeed | None = None,
         admit: AdmitFn | None = None,
+        align: AlignFn | None = None,
     ) -> Plan:
+        """The next end offset. ``admit`` cuts each stream's pending frames (#17); ``align``
+        then caps them by what every stream will deliver once the per-trigger limits are
+        applied (#27.1, the minimum rule): caps only ever shrink, so the loop ends, and at its
+        end every admitted frame is within what ``align`` allows for the final counts."""
         plan = Plan({}, [], [], 0)
         end = plan.end
         ready: list[_Ready] = []
@@ -842,18 +850,25 @@ class StreamPlanner:
         # #17: the source's policies cut each stream's pending frames (prefixes, see Cut)
         cuts = admit(ready) if admit is not None and ready else {}
         no_cut = Cut()
-        views = ready
+        views = list(ready)
         if cuts:
             views = []
             for r in ready:
                 c = cuts.get(r.sid, no_cut)
                 stop = None if c.cap is None else c.skip + c.cap
                 views.append(_Ready(r.sid, r.state, r.first, r.head, r.present[c.skip : stop]))
-        wants = [len(v.present) for v in views]
-        if limits.max_frames is not None:
-            wants = split_budget(limits.max_frames, wants)
-        if limits.max_bytes is not None and any(wants):
-            wants = self._cut_bytes(views, wants, limits.max_bytes, sizes)
+        wants = self._shares(views, limits, sizes)
+        while align is not None and views:
+            caps = align(views, wants)
+            shrunk = False
+            for i, v in enumerate(views):
+                k = caps.get(v.sid)
+                if k is not None and k < len(v.present):
+                    views[i] = replace(v, present=v.present[:k])
+                    shrunk = True
+            if not shrunk:
+                break
+            wants = self._shares(views, limits, sizes)
         for r, n in zip(ready, wants, strict=True):
             sid, st, present = r.sid, r.state, r.present
             c = cuts.get(sid, no_cut)
@@ -926,6 +941,15 @@ class StreamPlanner:
                 Loss(sid, pos.epoch, holes[0][0], None, EPOCH_CHANGE, 0, holes[-1][1] - 1, span)
             )
         return len(known)
+
+    def _shares(self, views: list[_Ready], limits: Limits, sizes: SizeFn | None) -> list[int]:
+        """Frames each stream delivers under ``maxFramesPerTrigger`` and the byte budget."""
+        wants = [len(v.present) for v in views]
+        if limits.max_frames is not None:
+            wants = split_budget(limits.max_frames, wants)
+        if limits.max_bytes is not None and any(wants):
+            wants = self._cut_bytes(views, wants, limits.max_bytes, sizes)
+        return wants
 
     @staticmethod
     def _cut_bytes(

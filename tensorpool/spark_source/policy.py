@@ -15,9 +15,10 @@ gives a replayed batch exactly the frames it had, without asking any policy agai
 Per stream the checks run in this order (seed 004 §5 first, then §2):
 
 1. lag (shed, ``shedLag``), 2. jitter (measured, flagged), 3. late (drop or flag, ``late``),
-4. the memory emergency (shed oldest, ``shedMemory``), 5. alignment (hold), 6. rate (hold).
-Then the per-trigger limits: ``maxFramesPerTrigger`` and the byte budget (fixed, or the
-adaptive one of :mod:`.sizing`).
+4. the memory emergency (shed oldest, ``shedMemory``), 5. rate (hold); then the per-trigger
+limits ``maxFramesPerTrigger`` and the byte budget (fixed, or the adaptive one of
+:mod:`.sizing`) in the planner; then 6. alignment (hold) by what every stream will deliver
+after all of those (:meth:`SourcePolicy.align`, passed to the planner as its ``align`` hook).
 """
 
 from __future__ import annotations
@@ -31,19 +32,24 @@ import numpy as np
 
 from tensorpool.spark_source.admission import StreamAdmission, TokenBucket, lag_count
 from tensorpool.spark_source.eventtime import (
+    NO_WATERMARK,
     Aligner,
     count_at_or_below,
-    count_below,
-    late_threshold,
+    late_reference,
+    late_runs,
     running_max,
 )
-from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos
+from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
 from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
 from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
 
 log = logging.getLogger("tensorpool.spark_source")
 
 _MS = 1_000_000
+
+
+def _least(cap: int | None, n: int) -> int:
+    return n if cap is None else min(cap, n)
 
 
 def _times(st: RingState, seqs: np.ndarray, shift: int) -> np.ndarray | None:
@@ -74,13 +80,21 @@ class SourcePolicy:
         self._shift: dict[int, int] = {}
         self._seeded = False
         self._watermarks: dict[int, int] = {}
+        # this trigger's admit(): per stream, event times made non-decreasing, frames skipped
+        self._mono: dict[int, np.ndarray] = {}
+        self._skip: dict[int, int] = {}
+        self._newest: dict[int, int] = {}  # newest event time in each ring (this trigger)
+        self._bound: int | None = None  # the last alignment bound (progress)
 
-    def _stream(self, sid: int) -> StreamAdmission:
+    def _stream(self, sid: int, restarted: bool = False) -> StreamAdmission:
         s = self.streams.get(sid)
         if s is None:
             bucket = None
             if self.p.max_fps is not None:
-                bucket = TokenBucket(self.p.max_fps, self.p.max_burst)
+                # #31.1: a restart from the checkpoint starts empty -- the replayed batch has
+                # spent its tokens already; a new query starts with a burst
+                full = -1.0 if not restarted else 0.0
+                bucket = TokenBucket(self.p.max_fps, self.p.max_burst, full)
             s = self.streams[sid] = StreamAdmission(bucket)
         return s
 
@@ -100,6 +114,10 @@ class SourcePolicy:
             self._seeded = True
             self._watermarks = {s: p.event_ns for s, p in start.items() if p.event_ns}
             self.aligner.seed(self._watermarks.values())
+        for sid, pos in start.items():  # every stream earns tokens at every trigger (#31.1)
+            bucket = self._stream(sid, restarted=bool(pos.frames)).bucket
+            if bucket is not None:
+                bucket.tick(now_mono)
         if self.sizer is not None:
             self.sizer.triggered(now_mono)
             owed = 0
@@ -110,12 +128,15 @@ class SourcePolicy:
                 lens = st.lens_of(st.present(pos.seq, st.head))
                 owed += 0 if lens is None else int(lens.sum())
             self.sizer.owed(owed, now_mono)
+        self._newest = {}
         for sid in start:
             st = states.get(sid)
-            newest = None
+            self.aligner.observe(sid, None if st is None else st.head, now_mono)
             if st is not None and not st.empty and st.stamps is not None:
-                newest = int(st.stamps[(st.head - 1) & (st.nslots - 1)]) + self._shift.get(sid, 0)
-            self.aligner.observe(sid, None if st is None else st.head, newest, now_mono)
+                stamp = int(st.stamps[(st.head - 1) & (st.nslots - 1)])
+                self._newest[sid] = stamp + self._shift.get(sid, 0)
+        self._mono = {}
+        self._skip = {}
 
     def limits(self, limits: Limits) -> Limits:
         """The trigger's limits with the adaptive byte budget (maxBytesPerTrigger=auto)."""
@@ -126,16 +147,12 @@ class SourcePolicy:
     def admit(self, ready: Sequence[Any]) -> dict[int, Cut]:
         """The ``admit`` hook of :meth:`StreamPlanner.plan`: one :class:`Cut` per stream."""
         p, now_wall = self.p, self._now_wall
-        bound = self.aligner.bound(self._now_mono) if p.align else None
-        late_at = (
-            late_threshold(self.aligner.global_ns, p.allowed_lateness_ms * _MS)
-            if p.late is not None
-            else None
-        )
+        wm = self._watermarks
+        live = self.aligner.live(self._now_mono) if p.late is not None else []
         max_lag = None if p.max_lag_ms is None else p.max_lag_ms * _MS
         cuts: dict[int, Cut] = {}
         rest_lens: list[np.ndarray] = []
-        mono: dict[int, np.ndarray] = {}  # per stream: event times made non-decreasing
+        mono = self._mono
         sizing = self.sizer is not None
         for r in ready:
             seqs = r.present
@@ -144,15 +161,29 @@ class SourcePolicy:
                 cuts[r.sid] = Cut()
                 rest_lens.append(np.zeros(0, np.int64))
                 continue
-            times = mono[r.sid] = running_max(raw)
+            carried = wm.get(r.sid)  # #31.2: from the stream's watermark, not this batch
+            times = mono[r.sid] = running_max(raw, carried)
             adm = self._stream(r.sid)
             k_lag = lag_count(times, now_wall, max_lag)  # 1. lag
             if p.admission:
+                adm.enter(r.state.epoch)
                 adm.jitter.observe(seqs, raw)  # 2. jitter
-            k_late = count_below(times[k_lag:], late_at)  # 3. late
+            k_late, cap = 0, None  # 3. late: each frame's own stamp (see .eventtime)
+            if p.late is not None:
+                others = [wm[s] for s in live if s != r.sid and s in wm]
+                ref = late_reference(
+                    times, carried, min(others) if others else None, self.aligner.global_ns
+                )[k_lag:]
+                known = ref != NO_WATERMARK
+                late = known & (raw[k_lag:] < np.where(known, ref, 0) - p.allowed_lateness_ms * _MS)
+                k_late, stop = late_runs(late)
+                if stop < len(late):  # the next late run waits for the next batch
+                    cap = stop
             drop = p.late == LATE_DROP
             skip = k_lag + (k_late if drop else 0)
-            cuts[r.sid] = Cut(skip, 0 if drop else k_late, None, k_lag, 0, k_late)
+            if cap is not None and drop:
+                cap -= k_late
+            cuts[r.sid] = Cut(skip, 0 if drop else k_late, cap, k_lag, 0, k_late)
             if sizing:
                 lens = r.state.lens_of(seqs[skip:])
                 rest_lens.append(np.zeros(len(seqs) - skip, np.int64) if lens is None else lens)
@@ -172,20 +203,32 @@ class SourcePolicy:
                         )
         for r in ready:
             c = cuts[r.sid]
-            times = mono.get(r.sid)
+            self._skip[r.sid] = c.skip
+            bucket = self._stream(r.sid).bucket
+            if bucket is not None and r.sid in mono:  # 5. rate
+                cuts[r.sid] = replace(c, cap=_least(c.cap, bucket.available()))
+        return cuts
+
+    def align(self, views: Sequence[Any], counts: Sequence[int]) -> dict[int, int]:
+        """The ``align`` hook of :meth:`StreamPlanner.plan` (6. alignment, #27.1): per stream,
+        the frames of its view at or below the minimum over the other live streams of what
+        each will have delivered with ``counts``, + ``maxEventTimeSkewMs``."""
+        delivered: dict[int, int | None] = {**self._newest, **self._watermarks}
+        eff: dict[int, np.ndarray] = {}
+        for v, n in zip(views, counts, strict=True):
+            times = self._mono.get(v.sid)
             if times is None:
                 continue
-            after = times[c.skip :]
-            cap = None
-            if bound is not None:  # 5. alignment
-                cap = count_at_or_below(after, bound)
-            bucket = self._stream(r.sid).bucket
-            if bucket is not None:  # 6. rate
-                tokens = bucket.available(self._now_mono)
-                cap = tokens if cap is None else min(cap, tokens)
-            if cap is not None:
-                cuts[r.sid] = replace(c, cap=cap)
-        return cuts
+            skip = self._skip.get(v.sid, 0)
+            eff[v.sid] = t = times[skip : skip + len(v.present)]
+            if n:
+                delivered[v.sid] = int(t[n - 1])
+            elif skip < len(times):  # delivers nothing: no older than its oldest waiting
+                delivered[v.sid] = int(times[skip])
+        now = self._now_mono
+        self._bound = self.aligner.bound(delivered, now)
+        bounds = self.aligner.bounds(delivered, now, eff)
+        return {sid: count_at_or_below(t, bounds[sid]) for sid, t in eff.items()}
 
     def finish(
         self,
@@ -208,9 +251,8 @@ class SourcePolicy:
             rr = runs.get(sid)
             if st is None or rr is None or not len(rr):
                 continue
-            last = np.asarray([int(rr[-1, 1]) - 1], np.int64)
-            first = np.asarray([int(x) for x in rr[:, 0]], np.int64)
-            t = _times(st, np.concatenate([first, last]), self._shift.get(sid, 0))
+            # #31.3: every delivered frame, not a sample: a stamp may step back within a batch
+            t = _times(st, runs_seqs(rr), self._shift.get(sid, 0))
             if t is None:
                 continue
             newest = max(int(t.max()), e.event_ns)
@@ -269,7 +311,7 @@ class SourcePolicy:
             "liveStreams": self.aligner.live(now),
         }
         if self.p.align:
-            b = self.aligner.bound(now)
+            b = self._bound
             src["alignBoundMs"] = None if b is None or b < 0 else b // _MS
         if self.sizer is not None:
             z = self.sizer

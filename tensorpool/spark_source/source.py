@@ -802,7 +802,10 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             pol.begin(begin, states, self._wall_shifts(states), now, time.time_ns())
             limits = pol.limits(limits)
         admit = None if pol is None else pol.admit
-        plan = self._planner.plan(begin, states, limits, late=late, feed=feed, admit=admit)
+        align = pol.align if pol is not None and pol.p.align else None  # #27.1
+        plan = self._planner.plan(
+            begin, states, limits, late=late, feed=feed, admit=admit, align=align
+        )
         if pol is not None:
             pol.finish(begin, plan.end, plan.runs, states)
         if self._gate is not None:

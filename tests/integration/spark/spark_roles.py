@@ -3,7 +3,8 @@
 Commands on stdin, one per line; events on stdout as JSON lines:
 
 * ``produce N`` -- publish N frames now (``{"event": "produced", "next_seq": S}`` when done);
-* ``rate N HZ`` -- publish N frames at HZ per second, then report ``produced``;
+* ``rate N HZ [SHIFT_MS]`` -- publish N frames at HZ per second, then report ``produced``
+  (with SHIFT_MS: stamped now + SHIFT_MS, a clock that stepped);
 * ``stamp N HZ T0`` -- publish N frames now, frame ``seq`` stamped ``T0 + seq/HZ`` (simulated
   time: a pulse train at HZ without waiting for it), then report ``produced``;
 * ``sparse N STEP [HZ]`` -- publish N frames whose seqs advance by STEP (a relay's output),
@@ -91,13 +92,15 @@ def main() -> None:
         p.do_work()
         emit(event="ready", epoch=p.epoch, header=p.header_region_path)
 
-        def one(hz: float = 0.0, t0: int = 0) -> None:
+        def one(hz: float = 0.0, t0: int = 0, shift: int | None = None) -> None:
             claim = p.claim(shape, a.dtype)
             assert claim is not None
             fill_checked(claim.array, claim.seq)
             ts = None if a.timestamp_base < 0 else a.timestamp_base + claim.seq
             if hz:
                 ts = t0 + round(claim.seq * 1e9 / hz)
+            if shift is not None:  # a clock that steps by ``shift`` ns (#31.2)
+                ts = time.monotonic_ns() + shift
             p.commit(claim, timestamp_ns=ts)
 
         while not stop:
@@ -143,13 +146,14 @@ def main() -> None:
                         p.do_work()
             elif cmd[0] == "rate":
                 n, hz = int(cmd[1]), float(cmd[2])
+                shift = int(float(cmd[3]) * 1e6) if len(cmd) > 3 else None
                 t0 = time.monotonic()
                 for i in range(n):
                     due = t0 + i / hz
                     while not stop and time.monotonic() < due:
                         p.do_work()
                         time.sleep(min(0.001, max(0.0, due - time.monotonic())))
-                    one()
+                    one(shift=shift)
             emit(event="produced", next_seq=p.next_seq, epoch=p.epoch)
         p.close()
         emit(event="closed", epoch=p.epoch)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensorpool.spark_source.admission import JitterMeter, TokenBucket, lag_count
-from tensorpool.spark_source.eventtime import Aligner, count_below, running_max
+from tensorpool.spark_source.eventtime import Aligner, running_max
 from tensorpool.spark_source.offsets import (
     Limits,
     RingState,
@@ -51,39 +51,39 @@ def ring(epoch: int, first: int, n: int, t0_ns: int, step_ns: int, nslots: int =
 # --- event time --------------------------------------------------------------------------------
 def test_minimum_rule_bound_and_idle_stream_release():
     a = Aligner(skew_ns=100 * MS, idle_ns=1 * S)
-    a.observe(1, head=10, newest_ns=5 * S, now_ns=0)
-    a.observe(2, head=3, newest_ns=2 * S, now_ns=0)
-    assert a.bound(0) == 2 * S + 100 * MS  # slowest live stream + skew
-    a.observe(1, head=20, newest_ns=6 * S, now_ns=S)  # stream 2 silent since t=0
+    a.observe(1, head=10, now_ns=0)
+    a.observe(2, head=3, now_ns=0)
+    delivered = {1: 5 * S, 2: 2 * S}
+    assert a.bound(delivered, 0) == 2 * S + 100 * MS  # slowest live stream + skew
+    a.observe(1, head=20, now_ns=S)  # stream 2 silent since t=0
     assert a.idle(2, S) and a.live(S) == [1]
-    assert a.bound(S) == 6 * S + 100 * MS  # the idle stream holds nobody back
-    a.observe(2, head=4, newest_ns=2 * S + 1, now_ns=S + 1)
-    assert a.bound(S + 1) == 2 * S + 1 + 100 * MS  # back: the minimum rule again
+    assert a.bound({1: 6 * S, 2: 2 * S}, S) == 6 * S + 100 * MS  # the idle one holds nobody
+    a.observe(2, head=4, now_ns=S + 1)
+    assert a.bound({1: 6 * S, 2: 2 * S + 1}, S + 1) == 2 * S + 1 + 100 * MS  # back
 
 
 def test_aligner_with_no_frame_yet_holds_then_releases_and_zero_sources():
     a = Aligner(skew_ns=0, idle_ns=1 * S)
-    assert a.bound(0) is None  # zero sources: nothing to hold
-    a.observe(1, head=5, newest_ns=3 * S, now_ns=0)
-    a.observe(2, head=None, newest_ns=None, now_ns=0)  # not there yet
-    assert a.bound(0) < 0  # its first frames may be older than anything: hold everything
-    a.observe(1, head=6, newest_ns=4 * S, now_ns=S)
-    assert a.bound(S) == 4 * S  # silent for the idle timeout: no longer
+    assert a.bound({}, 0) is None  # zero sources: nothing to hold
+    a.observe(1, head=5, now_ns=0)
+    a.observe(2, head=None, now_ns=0)  # not there yet
+    assert a.bound({1: 3 * S}, 0) < 0  # its first frames may be older than anything: hold
+    a.observe(1, head=6, now_ns=S)
+    assert a.bound({1: 4 * S}, S) == 4 * S  # silent for the idle timeout: no longer
 
 
 def test_global_watermark_is_min_of_live_and_never_decreases():
     a = Aligner(skew_ns=0, idle_ns=10 * S)
     for sid in (1, 2):
-        a.observe(sid, head=1, newest_ns=0, now_ns=0)
+        a.observe(sid, head=1, now_ns=0)
     assert a.advance({1: 5 * S, 2: 3 * S}, 0) == 3 * S
     assert a.advance({1: 5 * S, 2: 2 * S}, 0) == 3 * S  # monotone
 
 
-def test_running_max_and_late_prefix():
+def test_running_max_carries_on_from_the_watermark():
     t = np.array([1, 5, 3, 6, 7], np.int64)
     assert running_max(t).tolist() == [1, 5, 5, 6, 7]
-    assert count_below(running_max(t), 6) == 3
-    assert count_below(running_max(t), None) == 0
+    assert running_max(t, 6).tolist() == [6, 6, 6, 6, 7]
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -95,11 +95,16 @@ def test_lag_sheds_the_aged_prefix():
 
 def test_token_bucket_rate_burst_across_triggers():
     b = TokenBucket(rate=100.0, burst=10)
-    assert b.available(0) == 10  # starts full
+    b.tick(0)
+    assert b.available() == 10  # starts full
     b.take(10)
-    assert b.available(50 * MS) == 5  # 100/s for 50 ms
+    b.tick(50 * MS)
+    assert b.available() == 5  # 100/s for 50 ms
     b.take(5)
-    assert b.available(10 * S) == 10  # never above the burst
+    b.tick(10 * S)
+    assert b.available() == 995  # #31.1: a slow trigger's interval is earned in full ...
+    b.tick(10 * S + 50 * MS)
+    assert b.available() == 15  # ... but unspent tokens are saved only up to the burst
 
 
 def test_jitter_percentiles_and_no_double_count():
@@ -209,7 +214,13 @@ def test_policy_options_streaming_only_and_auto():
 # --- the planner with the policies: offsets record every decision -----------------------------
 def _plan(pol: SourcePolicy, planner: StreamPlanner, start, states, now_wall, now_mono=0):
     pol.begin(start, states, {}, now_mono, now_wall)
-    plan = planner.plan(start, states, pol.limits(Limits()), admit=pol.admit)
+    plan = planner.plan(
+        start,
+        states,
+        pol.limits(Limits()),
+        admit=pol.admit,
+        align=pol.align if pol.p.align else None,
+    )
     pol.finish(start, plan.end, plan.runs, states)
     return plan
 
