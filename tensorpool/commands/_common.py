@@ -152,6 +152,21 @@ def add_metrics_argument(p: argparse.ArgumentParser, *, config_key: str | None =
     )
 
 
+def bind_metrics(bind: str | None) -> MetricsServer | None:
+    """Serve metrics on ``bind`` (None when empty), bound before the command creates anything
+    (#26.6): a bad bind or a taken port is one line and exit 2, with nothing left behind. The
+    command hands the server to :func:`run_agent`, which adds its collectors and closes it;
+    a command that fails before that exits, and the server's daemon thread with it."""
+    if not bind:
+        return None
+    from tensorpool.observe.metrics import start_metrics
+
+    try:
+        return start_metrics(bind)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def run_agent(
     agent: Agent,
     *,
@@ -162,8 +177,7 @@ def run_agent(
     report: Callable[[bool], object] | None = None,
     report_interval_s: float = 0.0,
     duration_s: float = 0.0,
-    metrics_bind: str | None = None,
-    metrics_server: MetricsServer | None = None,
+    metrics: MetricsServer | None = None,
     collectors: Sequence[object] = (),
     fatal: tuple[type[Exception], ...] = (),
 ) -> AgentRunner:
@@ -173,9 +187,9 @@ def run_agent(
     Every command goes through here, so none can forget a duty-cycle service: the runner keeps
     ``ctx``'s media driver (reconnecting after a restart), idles, stops on SIGTERM/SIGINT
     (``stop``: signals the command installed earlier, e.g. before a long attach), watches the
-    parent, reports, and the metrics server (``metrics_bind``) serves ``collectors`` plus the
-    runner's own health (``tensorpool_media_driver_connected``). A command that must refuse a
-    taken port before it creates anything (#26.6) binds first and passes ``metrics_server``.
+    parent, reports, and ``metrics`` (bound by :func:`bind_metrics` before the command created
+    anything) serves ``collectors`` plus the runner's own health
+    (``tensorpool_media_driver_connected``); it is closed when the runner ends.
     """
     from tensorpool.transport.agent import AgentRunner
     from tensorpool.transport.process import StopSignals
@@ -192,20 +206,11 @@ def run_agent(
         duration_s=duration_s,
         fatal=(UserError, *fatal),  # a command's own one-line error ends it (exit 2)
     )
-    metrics = metrics_server
     if metrics is not None:
         from tensorpool.observe.metrics import RunnerCollector
 
         for collector in (*collectors, RunnerCollector(runner.health)):
             metrics.add(collector)  # type: ignore[arg-type]
-    elif metrics_bind:
-        from tensorpool.observe.metrics import RunnerCollector, start_metrics
-
-        try:
-            metrics = start_metrics(metrics_bind, [*collectors, RunnerCollector(runner.health)])  # type: ignore[list-item]
-        except ValueError as exc:
-            agent.on_close()
-            raise UserError(str(exc)) from None
     try:
         runner.run()
     finally:

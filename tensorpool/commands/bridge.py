@@ -24,7 +24,7 @@ import re
 import sys
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
+from tensorpool.commands._common import add_flag, add_metrics_argument, bind_metrics, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_BRIDGE_CONFIG"
@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         log.warning("%s: %s", args.config, warning)
 
+    metrics = bind_metrics(  # #26.6: before anything is created
+        config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind
+    )
     stop = StopSignals().install()
     try:
         app = BridgeApp(config, send_strategy=args.send_strategy)
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         report=report,
         report_interval_s=args.report_interval,
         duration_s=args.duration,
-        metrics_bind=config.bridge.metrics_bind if args.metrics_bind is None else args.metrics_bind,
+        metrics=metrics,
         collectors=[BridgeCollector(app)],
     )
     return 0

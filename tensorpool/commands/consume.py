@@ -13,6 +13,7 @@ from tensorpool.commands._common import (
     add_metrics_argument,
     add_shm_args,
     add_transport_args,
+    bind_metrics,
     client_settings,
     run_agent,
     start_context,
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     settings = client_settings(args)
     mode = MODE_RATE_LIMITED if args.mode == "rate-limited" else MODE_STREAM
     stop = StopSignals((signal.SIGTERM,)).install()
+    metrics = bind_metrics(args.metrics_bind)  # #26.6: before anything is created
     ctx = start_context(settings)
     try:
         consumer = Consumer(
@@ -215,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             report=report,
             report_interval_s=interval,
             duration_s=args.duration,
-            metrics_bind=args.metrics_bind,  # #19.1: read at scrape time, nothing per frame
+            metrics=metrics,  # #19.1: read at scrape time, nothing per frame
             collectors=[ConsumerCollector(consumer)],
         )
     except KeyboardInterrupt:

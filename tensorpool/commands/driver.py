@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_metrics_argument
+from tensorpool.commands._common import add_metrics_argument, bind_metrics
 
 ENV_CONFIG = "TENSORPOOL_DRIVER_CONFIG"
 ENV_TOKEN = "TENSORPOOL_DRIVER_SHUTDOWN_TOKEN"
@@ -143,14 +143,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
         idle=default_idle_strategy(args.idle_max_park_us * 1000),
     )
     bind = config.driver.metrics_bind if args.metrics_bind is None else args.metrics_bind
-    metrics = None
-    if bind:  # #19.1: bound before anything is created, so a taken port changes nothing
-        from tensorpool.observe.metrics import start_metrics
-
-        try:
-            metrics = start_metrics(bind)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+    metrics = bind_metrics(bind)  # #19.1: before anything is created: a taken port changes nothing
     try:
         return run_driver(
             config,

@@ -16,6 +16,7 @@ from tensorpool.commands._common import (
     add_metrics_argument,
     add_shm_args,
     add_transport_args,
+    bind_metrics,
     client_settings,
     run_agent,
     start_context,
@@ -210,14 +211,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
 
-    metrics = None
-    if args.metrics_bind:  # #26.6: a taken port is refused before any file is created
-        from tensorpool.observe.metrics import start_metrics
-
-        try:
-            metrics = start_metrics(args.metrics_bind)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+    metrics = bind_metrics(args.metrics_bind)  # #26.6: before any file is created
     stop = StopSignals((signal.SIGTERM,)).install()
     try:
         ctx = start_context(settings)
@@ -278,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
             report=agent.report,
             report_interval_s=args.report_interval if args.report_interval > 0 else 1.0,
             duration_s=args.duration,
-            metrics_server=metrics,  # #19.1: read at scrape time, nothing per frame
+            metrics=metrics,  # #19.1: read at scrape time, nothing per frame
             collectors=[ProducerCollector(producer, hist)],
         )
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from tensorpool.cli import UserError
-from tensorpool.commands._common import add_flag, add_metrics_argument, run_agent
+from tensorpool.commands._common import add_flag, add_metrics_argument, bind_metrics, run_agent
 from tensorpool.transport.process import StopSignals
 
 ENV_CONFIG = "TENSORPOOL_RATELIMITER_CONFIG"
@@ -104,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from tensorpool.transport.context import AeronContext
     from tensorpool.transport.mediadriver import MediaDriverError
 
+    metrics = bind_metrics(  # #26.6: before anything is created
+        config.metrics_bind if args.metrics_bind is None else args.metrics_bind
+    )
     try:
         ctx = AeronContext(
             config.driver.transport_config(client_name=f"ratelimiter-{config.instance_id}")
@@ -133,9 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 report=report,
                 report_interval_s=args.report_interval,
                 duration_s=args.duration,
-                metrics_bind=config.metrics_bind
-                if args.metrics_bind is None
-                else args.metrics_bind,
+                metrics=metrics,
                 collectors=[RateLimiterCollector(agent)],
                 fatal=(PoolFitError,),
             )

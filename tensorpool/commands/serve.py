@@ -20,6 +20,7 @@ from tensorpool.commands._common import (
     add_metrics_argument,
     add_shm_args,
     add_transport_args,
+    bind_metrics,
     client_settings,
     run_agent,
 )
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     taken = _port_problem(args.bind, args.port)
     if taken:  # #26.6: one line and nothing attached, instead of gRPC's own log lines
         raise UserError(taken)
+    metrics = bind_metrics(args.metrics_bind)  # #26.6: before anything is attached
 
     from tensorpool.observe.metrics import ServeCollector
     from tensorpool.serve.server import TensorPoolFlightServer
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             context_lock=att.lock,
             idle=SleepingIdleStrategy(1_000_000),
             stop=stop,
-            metrics_bind=args.metrics_bind,  # #19.1: the server's own counters, read when scraped
+            metrics=metrics,  # #19.1: the server's own counters, read when scraped
             collectors=[ServeCollector(server)],
         )
         return 0
