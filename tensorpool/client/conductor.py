@@ -260,7 +260,9 @@ class ClientConductor:
         elif isinstance(dec, wire.ConsumerHelloDecoder):
             self._deliver(self._producers.get(stream_id, ()), (dec, None))
         elif isinstance(dec, wire.ConsumerConfigDecoder):
+            # producers too: in driver mode the driver assigns per-consumer streams (§10.1.3)
             self._deliver(self._consumers.get(stream_id, ()), (dec, None))
+            self._deliver(self._producers.get(stream_id, ()), (dec, None))
 
     def _on_metadata(self, buffer: object, header: object) -> None:
         if not self._consumers:

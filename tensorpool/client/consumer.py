@@ -76,6 +76,7 @@ from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.subscription import Subscriber
 from tensorpool.transport.wakeup import DEFAULT_MAX_WAIT_NS, SemaphoreIdleStrategy
 
 if TYPE_CHECKING:
@@ -288,6 +289,10 @@ class Consumer:
         self.metadata: dict[str, tuple[str, bytes]] = {}
         self.source_name = ""
         self.config_declined: bool | None = None
+        """The last ``ConsumerConfig`` for us declined a stream of our own (None: none yet)."""
+        self._fragment_limit = fragment_limit
+        self._since_assigned_ns = 0
+        self._unconnected: tuple[str, int] | None = None  # an assignment nobody published on
         self._buf = bytearray(4096)
         self._wake_strategies: list[SemaphoreIdleStrategy] = []
         # batch path (poll_batch): raw descriptor rows recorded by a minimal fragment handler
@@ -310,13 +315,10 @@ class Consumer:
         self._inbox = conductor.register_consumer(stream_id)
         self._pub_control = conductor.control_pub
         self._pub_qos = conductor.qos_pub
-        self._sub_desc = ctx.add_subscription(
-            ch.descriptor_channel,
-            ch.descriptor_stream_id,
-            self._on_descriptor,
-            fragment_limit=fragment_limit,
-            guard=False,  # _on_descriptor traps handler errors itself (and re-raises them)
-        )
+        self._shared_desc = (ch.descriptor_channel, ch.descriptor_stream_id)
+        self.descriptor_stream = self._shared_desc
+        """Where descriptors come from: the shared stream, or our own (§10.1.3)."""
+        self._sub_desc = self._subscribe_descriptors(*self._shared_desc)
         # Driver mode (Driver Model §2.3): the lease is the licence to map; announces only
         # refresh or move an attached consumer to the epoch the driver bumped.
         self._driver: DriverClient | None = None
@@ -325,7 +327,9 @@ class Consumer:
                 conductor,
                 stream_id,
                 ROLE_CONSUMER,
-                client_id=client_id,
+                # the driver matches a ConsumerHello to the consumer's lease by this id
+                # (Driver Model §11: it assigns per-consumer streams to lease holders)
+                client_id=client_id if client_id is not None else self.consumer_id,
                 timings=lease_timings,
                 clock=clock,
             )
@@ -697,6 +701,7 @@ class Consumer:
         self._conductor.poll(now)  # drains the shared streams (bounded) for every client
         self._take_inbox()
         self._duties(now)
+        self._check_own_stream(now)
 
     def frames(
         self, idle: Callable[[], None] | None = None, *, max_idle_polls: int | None = None
@@ -867,9 +872,53 @@ class Consumer:
                 self._on_announce(dec, max(join or 0, self._inbox.registered_ns))
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 if dec.consumer_id == self.consumer_id:
-                    self.config_declined = dec.descriptor_stream_id == 0
+                    self._on_config(dec.descriptor_channel, dec.descriptor_stream_id)
             else:
                 self._on_metadata(dec)
+
+    def _subscribe_descriptors(self, channel: str, stream_id: int) -> Subscriber:
+        return self._ctx.add_subscription(
+            channel,
+            stream_id,
+            self._on_descriptor,
+            fragment_limit=self._fragment_limit,
+            guard=False,  # _on_descriptor traps handler errors itself (and re-raises them)
+        )
+
+    def _on_config(self, channel: str, stream_id: int) -> None:
+        """Follow a ``ConsumerConfig`` (§10.1.3, §11): read descriptors from the stream it
+        assigns, or from the shared one when it declines (empty channel, id 0; or names the
+        shared stream, the driver's decline when it has no range, Driver Model §11)."""
+        assigned = bool(channel and stream_id) and (channel, stream_id) != self._shared_desc
+        if assigned and (channel, stream_id) == self._unconnected:
+            return  # tried: no publisher came (see _check_own_stream); stay on the shared one
+        self._unconnected = None
+        self.config_declined = not assigned
+        target = (channel, stream_id) if assigned else self._shared_desc
+        if target != self.descriptor_stream:
+            self._switch_descriptors(target, "assigned" if assigned else "declined")
+        self.core.on_consumer_config(assigned)
+
+    def _switch_descriptors(self, target: tuple[str, int], why: str) -> None:
+        old = self._sub_desc
+        self._sub_desc = self._subscribe_descriptors(*target)
+        self._ctx.release(old)
+        self.descriptor_stream = target
+        self._since_assigned_ns = self._clock()
+        self.stats.control.increment(f"descriptor_stream_{why}")
+        log.info("stream %d: descriptors from %s#%d (%s)", self.stream_id, *target, why)
+
+    def _check_own_stream(self, now: int) -> None:
+        """On our own stream with no publisher for a freshness window (the producer does not
+        offer per-consumer streams, or released ours): back to the shared stream (§11)."""
+        if (
+            self.descriptor_stream != self._shared_desc
+            and now - self._since_assigned_ns > self.settings.freshness_ns
+            and not self._sub_desc.is_connected
+        ):
+            self._unconnected = self.descriptor_stream
+            self._switch_descriptors(self._shared_desc, "unconnected")
+            self.core.on_consumer_config(False)
 
     def _count_control(self, reason: str) -> None:
         self.stats.control.increment(reason)

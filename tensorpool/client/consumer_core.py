@@ -194,8 +194,10 @@ class ConsumerCore:
         "_hello_due",
         "_join_floor",
         "_lapping",
+        "_local_gate",
         "_max_gap_cfg",
         "_newest_announce_ns",
+        "_next_hello_ns",
         "_next_qos_ns",
         "_qos_period_ns",
         "_rate_tolerance_ns",
@@ -219,6 +221,7 @@ class ConsumerCore:
         "max_rate_hz",
         "meta_version",
         "mode",
+        "per_consumer",
         "resyncs",
         "segments",
         "stats",
@@ -256,13 +259,17 @@ class ConsumerCore:
         self._qos_period_ns = qos_period_ns
         self._next_qos_ns = 0
         self._hello_due = True
+        self._next_hello_ns = 0
         self._driver_mode = driver_mode
         # §11: frames above max_rate_hz are dropped locally on the rate limiter's grid. Frames
         # a little early for their slot still count (jitter): up to a quarter period.
         limited = mode == MODE_RATE_LIMITED and max_rate_hz > 0
-        self._gate: RateGate[object] | None = (
+        self._local_gate: RateGate[object] | None = (
             RateGate(max_rate_hz, name="consumer.rate") if limited else None
         )
+        self._gate = self._local_gate
+        self.per_consumer = False
+        """On a descriptor stream of its own (§10.1.3): the producer applies the rate."""
         self._rate_tolerance_ns = (_SEC // max_rate_hz) // 4 if limited else 0
         self._max_gap_cfg = max_outstanding_seq_gap
         self.max_gap = max_outstanding_seq_gap
@@ -491,7 +498,10 @@ class ConsumerCore:
             if slot_seq < seq:  # the ring never held it: no gap to count
                 self.drops.increment(SEQ_IMPLAUSIBLE)
                 return SKIP
-            self.stats.drops_gap += seq - last - 1
+            if self.per_consumer:  # the producer skipped them for our rate (§11): not lost
+                self.drops.increment(RATE_LIMITED, seq - last - 1)
+            else:
+                self.stats.drops_gap += seq - last - 1
         elif last_slot_seq < last:
             # §15.2: the ring itself went back (the slot of our last frame now holds an older
             # seq): the stream was recreated under us, remap.
@@ -642,6 +652,11 @@ class ConsumerCore:
             out = [Unmap(decision.reason)]
             if self._driver_mode:  # the driver went quiet: it may have crashed (§10)
                 out.append(DriverSilent())
+        if self._local_gate is not None and now_ns >= self._next_hello_ns:
+            # a RATE_LIMITED consumer's hello asks for its own stream (§11), which the
+            # producer releases once hellos stop (§10.1.3): renew it every QoS period
+            self._next_hello_ns = now_ns + self._qos_period_ns
+            self._hello_due = True
         if self._hello_due:
             out = out if out is not None else []
             out.append(SendHello(self.stream_id, self.consumer_id, self.mode, self.max_rate_hz))
@@ -663,3 +678,13 @@ class ConsumerCore:
 
     def hello_sent(self) -> None:
         self._hello_due = False
+
+    def on_consumer_config(self, assigned: bool) -> None:
+        """The producer (or driver) gave this consumer a descriptor stream of its own, or
+        declined (§10.1.3). On its own stream the producer admits frames at our rate, so the
+        local grid is off (a second grid, anchored elsewhere, would drop admitted frames on
+        arrival jitter) and seq gaps are the frames it skipped, not losses."""
+        self.per_consumer = assigned
+        self._gate = None if assigned else self._local_gate
+        if self._gate is not None:
+            self._gate.reset(0)

@@ -13,8 +13,12 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
 - periodically (`do_work`): `ShmPoolAnnounce` (MONOTONIC clock), superblock
   activity refresh, `DataSourceAnnounce`, `DataSourceMeta`, `QosProducer`;
 - on `ConsumerHello`: an immediate announce (so a new consumer maps without
-  waiting a period) and a `ConsumerConfig` that declines per-consumer streams
-  (§10.1.3): consumers stay on the shared stream and rate-limit locally (§11).
+  waiting a period) and a `ConsumerConfig` (§10.1.3). By default it declines per-consumer
+  streams: consumers stay on the shared stream and rate-limit locally (§11). With
+  ``per_consumer=True`` a consumer asking for one (``RATE_LIMITED``, or a named stream) gets
+  its own descriptor stream, to which only the frames its ``max_rate_hz`` admits go
+  (client/per_consumer.py; ids from ``per_consumer_ids`` standalone, from the driver's
+  ``descriptor_stream_id_range`` in driver mode).
 
 Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
@@ -37,9 +41,12 @@ from tensorpool.client.conductor import ClientConductor
 from tensorpool.client.driver_client import DriverClient
 from tensorpool.client.lease import ROLE_PRODUCER, LeaseTimings
 from tensorpool.client.mapping import map_stream
+from tensorpool.client.per_consumer import STALE_PERIODS, ConsumerStreams, StreamIdPool
 from tensorpool.client.producer_core import (
     AttachWait,
+    CloseConsumerStream,
     MapLease,
+    OpenConsumerStream,
     OpenEpoch,
     ProducerAction,
     ProducerCore,
@@ -51,8 +58,10 @@ from tensorpool.client.producer_core import (
     SendConsumerConfig,
     Unmap,
 )
+from tensorpool.client.rate_gate import RateGate
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
+from tensorpool.config_util import IdRange
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.fsafety import missing_dirs
 from tensorpool.shm.batch import BatchClaim, BatchWriter
@@ -82,6 +91,7 @@ from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import PublishMode
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
+from tensorpool.transport.publication import Publisher
 from tensorpool.transport.wakeup import WakePoster
 
 log = logging.getLogger(__name__)
@@ -154,6 +164,8 @@ class ProducerStats:
     frames: int = 0
     bytes: int = 0
     descriptors_not_sent: int = 0
+    consumer_descriptors: int = 0
+    """Descriptors sent on consumers' own streams (§10.1.3), beside the shared stream's."""
     announces: int = 0
     wake_sems_removed: int = 0
     """Dead consumers' wake semaphore files the rescan removed (transport/wakeup.py)."""
@@ -241,6 +253,8 @@ class Producer:
         file_mode: int = PRIVATE_FILE_MODE,
         takeover: bool = False,
         wake_consumers: bool = True,
+        per_consumer: bool = False,
+        per_consumer_ids: IdRange | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
@@ -284,6 +298,18 @@ class Producer:
         # claim() layouts by (shape, dtype, order): building one costs more than the write
         self._claim_layouts: dict[tuple[object, ...], TensorLayout] = {}
         self._ctl_buf = bytearray(64 * 1024)
+        # per-consumer descriptor streams (§10.1.3), off by default (the spec's MAY): the
+        # publications by consumer id, and (gate, publication) pairs for the frame path
+        self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher]] = {}
+        self._fanout: tuple[tuple[RateGate[object], Publisher], ...] = ()
+        streams = None
+        if per_consumer:
+            streams = ConsumerStreams(
+                ids=None if driver else StreamIdPool(per_consumer_ids),
+                default_channel=ch.descriptor_channel,
+                shared=(ch.descriptor_channel, ch.descriptor_stream_id),
+                stale_ns=STALE_PERIODS * s.qos_period_ns,
+            )
         self._core = ProducerCore(
             self.stream_id,
             driver_mode=driver,
@@ -291,6 +317,7 @@ class Producer:
             qos_period_ns=s.qos_period_ns,
             freshness_ns=s.freshness_ns,
             now_ns=clock(),
+            per_consumer=streams,
         )
 
         self._driver: DriverClient | None = None
@@ -337,7 +364,9 @@ class Producer:
             raise
 
     def _release_transport(self) -> None:
-        """Close this producer's publication, leave the conductor (the context stays open)."""
+        """Close this producer's publications, leave the conductor (the context stays open)."""
+        for cid in list(self._consumer_pubs):
+            self._close_consumer_stream(cid)
         self._ctx.release(self._pub_desc)
         self._conductor.unregister(self._inbox)
         self._conductor.release()
@@ -831,6 +860,8 @@ class Producer:
             if offer(views[k]):
                 sent += 1
         stats.descriptors_not_sent += n - sent
+        if self._fanout:  # a slot admits at most one frame: the newest of the batch
+            self._fan_out(views[n - 1])
         if sent and self._wake is not None:  # once per batch, after the offers
             self._wake.post()
 
@@ -853,6 +884,17 @@ class Producer:
             stats.descriptors_not_sent += 1
         elif self._wake is not None:  # after the offer (no lost wakeup), only if it went out
             self._wake.post()
+        if self._fanout:
+            self._fan_out(buf)
+
+    def _fan_out(self, desc: bytearray | memoryview) -> None:
+        """The descriptor to each consumer's own stream whose rate slot is open (§10.1.3, §11:
+        the rate limiter's grid); a slot is used up only by a descriptor that went out."""
+        now = self._clock()
+        for gate, pub in self._fanout:
+            if gate.is_open(now) and pub.offer(desc):
+                gate.published(now)
+                self.stats.consumer_descriptors += 1
 
     # --- metadata -----------------------------------------------------------------------------
     def set_metadata(
@@ -914,7 +956,23 @@ class Producer:
             if isinstance(dec, wire.ShmPoolAnnounceDecoder):
                 self._core.on_driver_announce(dec.stream_id, self._clock())
             elif isinstance(dec, wire.ConsumerHelloDecoder):
-                self._core.on_consumer_hello(dec.stream_id, dec.consumer_id, dec.mode_raw)
+                self._core.on_consumer_hello(
+                    dec.stream_id,
+                    dec.consumer_id,
+                    dec.mode_raw,
+                    self._clock(),
+                    max_rate_hz=dec.max_rate_hz,
+                    descriptor_channel=dec.descriptor_channel,
+                    descriptor_stream_id=dec.descriptor_stream_id,
+                )
+            elif isinstance(dec, wire.ConsumerConfigDecoder):
+                self._core.on_consumer_config(
+                    dec.stream_id,
+                    dec.consumer_id,
+                    dec.descriptor_channel,
+                    dec.descriptor_stream_id,
+                    self._clock(),
+                )
         return len(items)
 
     def do_work(self, now_ns: int | None = None) -> int:
@@ -947,7 +1005,11 @@ class Producer:
             elif isinstance(action, PublishQos):
                 self._send_qos()
             elif isinstance(action, SendConsumerConfig):
-                self._send_consumer_config(action.consumer_id, action.mode)
+                self._send_consumer_config(action)
+            elif isinstance(action, OpenConsumerStream):
+                self._open_consumer_stream(action)
+            elif isinstance(action, CloseConsumerStream):
+                self._close_consumer_stream(action.consumer_id)
             elif isinstance(action, OpenEpoch):
                 self._execute(self._replace_epoch(action.reason, now), now)
             elif isinstance(action, RetryStreamLock):
@@ -1016,22 +1078,46 @@ class Producer:
             return self._core.on_epoch_failed(now)
         return self._core.on_epoch_opened(now)
 
-    def _send_consumer_config(self, consumer_id: int, mode: int) -> None:
-        """Decline per-consumer streams (§10.1.3): empty channels, zero stream ids."""
+    def _send_consumer_config(self, a: SendConsumerConfig) -> None:
+        """§10.1.3: the assigned descriptor stream, or a decline (empty channel, id 0);
+        per-consumer control streams are always declined."""
         n = wire.ConsumerConfigEncoder.encode(
             self._ctl_buf,
             0,
             stream_id=self.stream_id,
-            consumer_id=consumer_id,
+            consumer_id=a.consumer_id,
             use_shm=int(wire.Bool.TRUE),
-            mode=mode,
-            descriptor_stream_id=0,
+            mode=a.mode,
+            descriptor_stream_id=a.stream_id,
             control_stream_id=0,
             payload_fallback_uri="",
-            descriptor_channel="",
+            descriptor_channel=a.channel,
             control_channel="",
         )
         self._pub_control.offer(self._ctl_buf, 0, n)
+
+    def _open_consumer_stream(self, a: OpenConsumerStream) -> None:
+        streams = self._core.per_consumer
+        if streams is None:  # pragma: no cover - the core opens none then
+            return
+        self._close_consumer_stream(a.consumer_id)
+        pub = self._ctx.add_publication(a.channel, a.stream_id)
+        self._consumer_pubs[a.consumer_id] = (streams.streams[a.consumer_id].gate, pub)
+        self._fanout = tuple(self._consumer_pubs.values())
+        log.info(
+            "producer stream %d: consumer %d gets descriptor stream %s#%d",
+            self.stream_id,
+            a.consumer_id,
+            a.channel,
+            a.stream_id,
+        )
+
+    def _close_consumer_stream(self, consumer_id: int) -> None:
+        entry = self._consumer_pubs.pop(consumer_id, None)
+        if entry is None:
+            return
+        self._fanout = tuple(self._consumer_pubs.values())
+        self._ctx.release(entry[1])
 
     @property
     def has_consumers(self) -> bool:

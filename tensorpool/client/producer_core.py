@@ -32,12 +32,20 @@ from tensorpool.client.lease import (
     LeaseLost,
     is_transient_refusal,
 )
+from tensorpool.client.per_consumer import (
+    CloseConsumerStream,
+    ConsumerStreams,
+    OpenConsumerStream,
+    SendConsumerConfig,
+)
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import ResponseCode
 
 __all__ = [
     "AttachWait",
+    "CloseConsumerStream",
     "MapLease",
+    "OpenConsumerStream",
     "OpenEpoch",
     "ProducerAction",
     "ProducerCore",
@@ -73,14 +81,6 @@ class PublishQos:
     """``QosProducer`` with the current epoch and seq."""
 
     now_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendConsumerConfig:
-    """Answer a ``ConsumerHello``: stay on the shared streams (§10.1.3)."""
-
-    consumer_id: int
-    mode: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,8 @@ ProducerAction = (
     | PublishMetadata
     | PublishQos
     | SendConsumerConfig
+    | OpenConsumerStream
+    | CloseConsumerStream
     | OpenEpoch
     | RetryStreamLock
     | MapLease
@@ -141,6 +143,7 @@ class ProducerCore:
         freshness_ns: int,
         lock_pending: bool = False,
         now_ns: int = 0,
+        per_consumer: ConsumerStreams | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.driver_mode = driver_mode
@@ -157,17 +160,46 @@ class ProducerCore:
         self._next_announce_ns = 0
         self._next_qos_ns = 0
         self._last_driver_announce_ns = now_ns
-        self._pending_configs: list[SendConsumerConfig] = []
+        self._pending: list[ProducerAction] = []
+        self.per_consumer = per_consumer
+        """Per-consumer descriptor streams, when this producer offers them (§10.1.3)."""
 
     # --- inputs -------------------------------------------------------------------------------
-    def on_consumer_hello(self, stream_id: int, consumer_id: int, mode_raw: int) -> None:
-        """§10.1.3: a new consumer gets an announce now (it maps without waiting a period) and
-        a ``ConsumerConfig`` declining per-consumer streams; an unknown mode reads as STREAM."""
+    def on_consumer_hello(
+        self,
+        stream_id: int,
+        consumer_id: int,
+        mode_raw: int,
+        now_ns: int,
+        *,
+        max_rate_hz: int = 0,
+        descriptor_channel: str = "",
+        descriptor_stream_id: int = 0,
+    ) -> None:
+        """§10.1.3: a consumer gets an announce now (it maps without waiting a period) and a
+        ``ConsumerConfig``: a decline unless this producer offers per-consumer streams and
+        one is assigned (:class:`~tensorpool.client.per_consumer.ConsumerStreams`); an
+        unknown mode reads as STREAM."""
         if stream_id != self.stream_id:
             return
         self._announce_now = True
         mode = mode_raw if mode_raw in _MODES else _MODE_STREAM
-        self._pending_configs.append(SendConsumerConfig(consumer_id, mode))
+        if self.per_consumer is None:
+            self._pending.append(SendConsumerConfig(consumer_id, mode))
+            return
+        self._pending += self.per_consumer.on_hello(
+            consumer_id, mode, max_rate_hz, descriptor_channel, descriptor_stream_id, now_ns
+        )
+
+    def on_consumer_config(
+        self, stream_id: int, consumer_id: int, channel: str, descriptor_stream_id: int, now_ns: int
+    ) -> None:
+        """Driver mode: the driver assigned (or declined) a consumer's own stream (Driver
+        Model §11); an offering producer follows it."""
+        if stream_id == self.stream_id and self.per_consumer is not None:
+            self._pending += self.per_consumer.on_config(
+                consumer_id, channel, descriptor_stream_id, now_ns
+            )
 
     def on_driver_announce(self, stream_id: int, now_ns: int) -> None:
         """Driver mode: an announce for our stream proves the driver alive (§10)."""
@@ -236,9 +268,11 @@ class ProducerCore:
         ):  # no announce for our stream: the driver died without notice (§10)
             self._last_driver_announce_ns = now_ns
             out.append(ReportDriverSilent())
-        if self._pending_configs:
-            out += self._pending_configs
-            self._pending_configs = []
+        if self.per_consumer is not None:
+            self._pending += self.per_consumer.tick(now_ns)
+        if self._pending:
+            out += self._pending
+            self._pending = []
         if self.announce_due(now_ns):
             self._announce_now = False
             self._next_announce_ns = now_ns + self._announce_period_ns

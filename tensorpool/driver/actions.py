@@ -46,6 +46,7 @@ __all__ = [
     "ReclaimStream",
     "RetireEpoch",
     "SendAttachResponse",
+    "SendConsumerConfig",
     "SendDetachResponse",
     "ShutdownRequestLike",
     "cap_error_message",
@@ -237,8 +238,23 @@ class ReclaimStream:
     directories: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SendConsumerConfig:
+    """Wire ``ConsumerConfig`` on the control stream (Wire §10.1.3, Driver Model §11): the
+    per-consumer descriptor stream assigned to a consumer, or a decline (``descriptor_channel``
+    "" and id 0; or the shared stream's channel and id when no range is configured, §11).
+    Per-consumer control streams are declined (id 0, channel "")."""
+
+    stream_id: int
+    consumer_id: int
+    mode: int
+    descriptor_channel: str
+    descriptor_stream_id: int
+
+
 Action = (
     SendAttachResponse
+    | SendConsumerConfig
     | SendDetachResponse
     | PublishLeaseRevoked
     | PublishAnnounce

@@ -54,6 +54,7 @@ from tensorpool.driver.actions import (
     ReclaimStream,
     RetireEpoch,
     SendAttachResponse,
+    SendConsumerConfig,
     SendDetachResponse,
     cap_error_message,
 )
@@ -115,6 +116,7 @@ _DRIVER_OUTPUTS = frozenset(
     }
 )
 _OTHER_SCHEMAS = frozenset({WIRE_SCHEMA_ID, BRIDGE_SCHEMA_ID})
+_TEMPLATE_CONSUMER_HELLO = wire.ConsumerHelloDecoder.TEMPLATE_ID
 #: The requests that always get an answer, by template id (counter and log names).
 _REQUEST_NAMES = {TEMPLATE_ATTACH_REQUEST: "attach", TEMPLATE_DETACH_REQUEST: "detach"}
 
@@ -184,6 +186,7 @@ class DriverAgent:
         self._detach_dec = drv.ShmDetachRequestDecoder()
         self._keepalive_dec = drv.ShmLeaseKeepaliveDecoder()
         self._shutdown_dec = drv.ShmDriverShutdownRequestDecoder()
+        self._hello_dec = wire.ConsumerHelloDecoder()
         self._handlers: dict[int, Callable[[Any, int, int], None]] = {
             TEMPLATE_ATTACH_REQUEST: self._on_attach,
             TEMPLATE_DETACH_REQUEST: self._on_detach,
@@ -286,6 +289,9 @@ class DriverAgent:
         except CodecError as exc:
             self._drop(exc.reason)
             return
+        if schema_id == WIRE_SCHEMA_ID and template_id == _TEMPLATE_CONSUMER_HELLO:
+            self._on_consumer_hello(buffer)
+            return
         if schema_id != DRIVER_SCHEMA_ID:
             if schema_id in _OTHER_SCHEMAS:
                 self.counters["rx_other_schema"] += 1
@@ -300,6 +306,24 @@ class DriverAgent:
                 self._drop("unknown_template_id")
             return
         handler(buffer, version, self._clock())
+
+    def _on_consumer_hello(self, buffer: Any) -> None:
+        """Per-consumer stream requests (Driver Model §11): decoded here, decided by the core."""
+        self.counters["rx_consumer_hello"] += 1
+        try:
+            dec = self._hello_dec.wrap(buffer)
+            actions = self.core.on_consumer_hello(
+                dec.stream_id,
+                dec.consumer_id,
+                dec.mode_raw,
+                dec.max_rate_hz,
+                dec.descriptor_channel,
+                dec.descriptor_stream_id,
+            )
+        except (CodecError, ValueError) as exc:
+            self._drop(getattr(exc, "reason", "malformed_consumer_hello"))
+            return
+        self._execute(actions, self._clock())
 
     def _on_attach(self, buffer: Any, version: int, now: int) -> None:
         self._on_request(
@@ -441,6 +465,8 @@ class DriverAgent:
                 self._publish_revoked(action)  # type: ignore[arg-type]
             elif kind is SendDetachResponse:
                 self._send_detach_response(action)  # type: ignore[arg-type]
+            elif kind is SendConsumerConfig:
+                self._send_consumer_config(action)  # type: ignore[arg-type]
             elif kind is CreateRegions:
                 queue.extendleft(reversed(self._create_regions(action, now)))  # type: ignore[arg-type]
             elif kind is RetireEpoch:
@@ -607,6 +633,29 @@ class DriverAgent:
             correlation_id=a.correlation_id,
             code=drv.ResponseCode(a.code).name,
             message=repr(a.error_message),
+        )
+
+    def _send_consumer_config(self, a: SendConsumerConfig) -> None:
+        n = self._encode(
+            wire.ConsumerConfigEncoder.encode,
+            stream_id=a.stream_id,
+            consumer_id=a.consumer_id,
+            use_shm=int(wire.Bool.TRUE),
+            mode=a.mode,
+            descriptor_stream_id=a.descriptor_stream_id,
+            control_stream_id=0,
+            payload_fallback_uri="",
+            descriptor_channel=a.descriptor_channel,
+            control_channel="",
+        )
+        if n:
+            self._send(self._control_pub, n)
+        log_event(
+            logging.INFO,
+            "consumer_config",
+            stream=a.stream_id,
+            consumer=a.consumer_id,
+            descriptor=f"{a.descriptor_channel}#{a.descriptor_stream_id}",
         )
 
     def _publish_revoked(self, a: PublishLeaseRevoked) -> None:

@@ -70,6 +70,7 @@ from tensorpool.driver.actions import (
     ReclaimStream,
     RetireEpoch,
     SendAttachResponse,
+    SendConsumerConfig,
     SendDetachResponse,
     ShutdownRequestLike,
     cap_error_message,
@@ -97,6 +98,7 @@ from tensorpool.specs.generated.driver import (
     ShmDetachRequestDecoder,
     ShutdownReason,
 )
+from tensorpool.stream_ids import INVALID, StreamIdPool, StreamRequest, read_request
 
 __all__ = [
     "DRIVER_SCHEMA_VERSION",
@@ -239,6 +241,8 @@ class DriverCore:
         self._shutdown_message = ""
         self._wake_ns = _NEVER
         self._dyn_cursor = 0
+        # per-consumer descriptor streams (Driver Model §11), by (stream id, consumer id)
+        self._descriptor_ids = StreamIdPool(config.driver.descriptor_stream_id_range)
         floors = dict(epoch_floors or {})
         known = {sid: list(epochs) for sid, epochs in (known_epochs or {}).items()}
         # Histories of stream ids seen on disk; adopted when such a stream is (re)created.
@@ -627,6 +631,55 @@ class DriverCore:
         if self._policies.epoch_gc_enabled:
             self._wake(now_ns + self._policies.epoch_gc_min_age_ns)
         return actions
+
+    # ------------------------------------------------------------------ per-consumer streams
+
+    def on_consumer_hello(
+        self,
+        stream_id: int,
+        consumer_id: int,
+        mode: int,
+        max_rate_hz: int,
+        descriptor_channel: str,
+        descriptor_stream_id: int,
+    ) -> list[Action]:
+        """A wire ``ConsumerHello`` seen on the control stream (Driver Model §11).
+
+        A per-consumer descriptor stream request (``client/per_consumer.py``) from the holder
+        of a consumer lease on ``stream_id`` gets an id of ``driver.descriptor_stream_id_range``
+        (kept while the lease lives, released when it ends) in a ``ConsumerConfig``; the
+        stream's producer, if it offers per-consumer streams, follows that answer. Declines:
+        a half request (Wire §10.1.2), no lease, or an exhausted range -- empty channel, id 0
+        (§10.1.3); no range configured -- the shared descriptor channel and id (§11). A hello
+        that asks for nothing gets no answer here (the producer answers it) and gives back
+        what the consumer held.
+        """
+        key = (stream_id, consumer_id)
+        request = read_request(mode, max_rate_hz, descriptor_channel, descriptor_stream_id)
+        if request is None:
+            if self._descriptor_ids.release(key):
+                self.counters["per_consumer_released"] += 1
+            return []
+        d = self.config.driver
+
+        def answer(channel: str, sid: int, counter: str) -> list[Action]:
+            self.counters[counter] += 1
+            return [SendConsumerConfig(stream_id, consumer_id, mode, channel, sid)]
+
+        if request == INVALID:
+            return answer("", 0, "per_consumer_declined_invalid")
+        assert isinstance(request, StreamRequest)
+        stream = self._streams.get(stream_id)
+        if stream is None or not any(
+            lease.client_id == consumer_id for lease in stream.consumers.values()
+        ):
+            return answer("", 0, "per_consumer_declined_no_lease")
+        if d.descriptor_stream_id_range is None:
+            return answer(d.descriptor_channel, d.descriptor_stream_id, "per_consumer_no_range")
+        sid = self._descriptor_ids.assign(key, request.stream_id)
+        if not sid:
+            return answer("", 0, "per_consumer_declined_exhausted")
+        return answer(request.channel or d.descriptor_channel, sid, "per_consumer_assigned")
 
     # ------------------------------------------------------------------ keepalive / detach
 
@@ -1048,6 +1101,9 @@ class DriverCore:
                 actions.append(self._advance_epoch(stream, now_ns))
         else:
             stream.consumers.pop(lease.lease_id, None)
+            # the consumer left: its per-consumer stream id is free again (§11, §10.1.3)
+            if self._descriptor_ids.release((lease.stream_id, lease.client_id)):
+                self.counters["per_consumer_released"] += 1
         self._note_idle(stream, now_ns)
         return actions
 

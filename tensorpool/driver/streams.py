@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Container
 from dataclasses import dataclass
 
-from tensorpool.config_util import IdRange
 from tensorpool.driver.config import DriverConfig, ProfileConfig
 from tensorpool.shm.epochs import EPOCH_DIR_PREFIX, parse_epoch_dirname
+from tensorpool.stream_ids import allocate_stream_id
 
 __all__ = [
     "EPOCH_DIR_PREFIX",
@@ -187,25 +186,3 @@ def epoch_bytes(profile: ProfileConfig, page_size: int) -> int:
     sizes = [SUPERBLOCK_SIZE + nslots * profile.header_slot_bytes]
     sizes += [SUPERBLOCK_SIZE + nslots * pool.stride_bytes for pool in profile.payload_pools]
     return sum(-(-size // page) * page for size in sizes)
-
-
-def allocate_stream_id(
-    id_range: IdRange, taken: Container[int], requested: int, cursor: int
-) -> int | None:
-    """Pick the id for a new dynamic stream (Driver Model §11).
-
-    The requested id is honoured when it lies inside the range and is free, so a
-    client can name its dynamic stream; otherwise the next free id at or after
-    ``cursor`` (wrapping) is used and returned to the client in the attach response.
-    None means the range is exhausted.
-    """
-    if requested in id_range and requested not in taken:
-        return requested
-    start = cursor if cursor in id_range else id_range.start
-    candidate = start
-    while True:
-        if candidate not in taken:
-            return candidate
-        candidate = id_range.start if candidate == id_range.end else candidate + 1
-        if candidate == start:
-            return None

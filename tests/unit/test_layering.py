@@ -32,6 +32,8 @@ RANK: dict[str, int] = {
     "specs": 0,
     # foundation: small pure helpers every layer may use
     "config_util": 1,
+    # stream ids from configured ranges and what a hello asks for: driver and producer both
+    "stream_ids": 1,
     # the declarative config tables (#26.5): pydantic, imported by the config loaders only
     "config_schema": 1,
     "fsafety": 1,

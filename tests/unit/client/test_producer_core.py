@@ -60,17 +60,17 @@ def test_14_1_hello_gets_a_declining_config_and_an_announce_now() -> None:
     """§10.1.3: a ConsumerHello is answered by a ConsumerConfig and an immediate announce."""
     core = _core()
     core.tick(0)
-    core.on_consumer_hello(5, 77, int(wire.Mode.STREAM))
+    core.on_consumer_hello(5, 77, int(wire.Mode.STREAM), 0)
     assert core.tick(1) == [SendConsumerConfig(77, int(wire.Mode.STREAM)), PublishAnnounce(1),
                             PublishMetadata(1)]  # fmt: skip
-    core.on_consumer_hello(6, 78, int(wire.Mode.STREAM))  # another stream's consumer
+    core.on_consumer_hello(6, 78, int(wire.Mode.STREAM), 0)  # another stream's consumer
     assert core.tick(2) == []
 
 
 def test_14_1_hello_with_an_unknown_mode_is_answered_as_stream() -> None:
     core = _core()
     core.tick(0)
-    core.on_consumer_hello(5, 77, 200)
+    core.on_consumer_hello(5, 77, 200, 0)
     assert core.tick(1)[0] == SendConsumerConfig(77, int(wire.Mode.STREAM))
 
 

@@ -1,0 +1,130 @@
+"""Stream ids handed out from configured ranges, and what a hello asks for (sans-IO).
+
+Shared by the driver (Driver Model §11: dynamic streams and per-consumer descriptor streams)
+and the standalone producer (client/per_consumer.py), which must not disagree on these rules,
+so they live below both (the driver never imports the client). Wire Spec §10.1.2/§10.1.3, §11:
+
+* :func:`read_request` -- what a ``ConsumerHello`` asks for. An explicit request names a
+  channel *and* a non-zero stream id; a half request (one without the other) MUST be
+  rejected. ``mode=RATE_LIMITED`` with a rate and nothing named is an implicit request: §11
+  says such a consumer "expects reduced-rate delivery via per-consumer stream", and Driver
+  Model §11 allocates "when a consumer requests per-consumer streams with
+  ``descriptor_stream_id=0``".
+* :func:`allocate_stream_id` / :class:`StreamIdPool` -- a free id of one range; a holder keeps
+  its id while it asks again, an exhausted or unset range yields 0 (a decline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Hashable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+__all__ = [
+    "INVALID",
+    "IdRangeLike",
+    "StreamIdPool",
+    "StreamRequest",
+    "allocate_stream_id",
+    "read_request",
+]
+
+#: ``ConsumerHello.mode`` RATE_LIMITED (Wire Spec §10.1.2)
+_MODE_RATE_LIMITED: Final = 2
+#: A uint32 ``max_rate_hz`` of all ones is the SBE null value: no rate asked for.
+_NULL_RATE: Final = 0xFFFF_FFFF
+
+#: A uint32 stream id of all ones is the SBE null value: "not given".
+_NULL_ID: Final = 0xFFFF_FFFF
+
+
+class IdRangeLike(Protocol):
+    """An inclusive id range (``tensorpool.config_util.IdRange``)."""
+
+    start: int
+    end: int
+
+    def __contains__(self, value: object) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    """A hello's per-consumer descriptor stream request; ``channel`` "" and ``stream_id`` 0:
+    the answerer chooses (the implicit request of a ``RATE_LIMITED`` consumer)."""
+
+    channel: str
+    stream_id: int
+
+
+INVALID: Final = "invalid_per_consumer_request"
+"""A half request (§10.1.2: producers MUST reject it): answered with a decline."""
+
+
+def read_request(
+    mode: int, max_rate_hz: int, channel: str, stream_id: int
+) -> StreamRequest | str | None:
+    """What a ``ConsumerHello`` asks for: a :class:`StreamRequest`, :data:`INVALID`, or None."""
+    sid = 0 if stream_id == _NULL_ID else stream_id
+    if channel and sid:
+        return StreamRequest(channel, sid)
+    if channel or sid:
+        return INVALID
+    if mode == _MODE_RATE_LIMITED and max_rate_hz not in (0, _NULL_RATE):
+        return StreamRequest("", 0)
+    return None
+
+
+def allocate_stream_id(
+    id_range: IdRangeLike, taken: Container[int], requested: int, cursor: int
+) -> int | None:
+    """Pick a free id of ``id_range`` (Driver Model §11): ``requested`` when it lies inside
+    the range and is free, so a client can name its stream; otherwise the next free id at or
+    after ``cursor`` (wrapping). None means the range is exhausted."""
+    if requested in id_range and requested not in taken:
+        return requested
+    start = cursor if cursor in id_range else id_range.start
+    candidate = start
+    while True:
+        if candidate not in taken:
+            return candidate
+        candidate = id_range.start if candidate == id_range.end else candidate + 1
+        if candidate == start:
+            return None
+
+
+class StreamIdPool:
+    """The ids of one range, each held by one key (a consumer) until released."""
+
+    __slots__ = ("_by_key", "_cursor", "_range", "_taken")
+
+    def __init__(self, id_range: IdRangeLike | None) -> None:
+        self._range = id_range
+        self._by_key: dict[Hashable, int] = {}
+        self._taken: set[int] = set()
+        self._cursor = id_range.start if id_range is not None else 0
+
+    def assign(self, key: Hashable, requested: int = 0) -> int:
+        """The id of ``key`` (kept while it asks again), or a new one; 0 = declined (no
+        range configured, or every id is held)."""
+        held = self._by_key.get(key)
+        if held is not None:
+            return held
+        if self._range is None:
+            return 0
+        sid = allocate_stream_id(self._range, self._taken, requested, self._cursor)
+        if sid is None:
+            return 0
+        self._by_key[key] = sid
+        self._taken.add(sid)
+        rng = self._range
+        self._cursor = rng.start if sid == rng.end else sid + 1
+        return sid
+
+    def release(self, key: Hashable) -> int:
+        """Free ``key``'s id; returns it (0 when it held none)."""
+        sid = self._by_key.pop(key, 0)
+        self._taken.discard(sid)
+        return sid
+
+    def held(self) -> dict[Hashable, int]:
+        return dict(self._by_key)
