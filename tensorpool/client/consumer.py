@@ -415,7 +415,7 @@ class Consumer:
             self._control_duties(now)
         if self._batch_reader is None:
             return empty_batch()
-        n = self._carry  # descriptors recorded last time beyond the ring's wrap
+        n = carried = self._carry  # descriptors recorded last time beyond the ring's wrap
         if max_frames * _DESC_LEN > len(self._rec_buf):
             old = self._rec_buf
             self._rec_buf = bytearray(max_frames * _DESC_LEN)
@@ -429,6 +429,7 @@ class Consumer:
             n = state[0] // _DESC_LEN
         if n == 0:
             return empty_batch()
+        self.stats.descriptors += n - carried
         self._carry = 0
         if n == 1:  # a paced stream: one descriptor, nothing to split or carry
             batch = self._read_one_recorded(copy)
@@ -789,6 +790,7 @@ class Consumer:
 
     # --- descriptors (hot path) ---------------------------------------------------------------
     def _on_descriptor(self, buffer: object, header: object) -> None:
+        self.stats.descriptors += 1
         try:
             stream_id, epoch, seq, index, _ts, _mv = _decode_desc(buffer)
         except CodecError as exc:

@@ -176,6 +176,8 @@ class ConsumerStats:
 
     frames: int = 0
     bytes: int = 0
+    descriptors: int = 0
+    """``FrameDescriptor`` messages received (a per-consumer stream carries fewer, §10.1.3)."""
     drops_gap: int = 0
     remaps: int = 0
     wake_sems_removed: int = 0

@@ -119,16 +119,20 @@ class ConsumerStreams:
         request = read_request(mode, max_rate_hz, channel, stream_id)
         rate = 0 if mode != MODE_RATE_LIMITED or max_rate_hz == NULL_RATE else max_rate_hz
         self._rates[consumer_id] = rate
+        driver_mode = self._ids is None
         if not isinstance(request, StreamRequest):
             out: list[PerConsumerAction] = self._close(consumer_id, "not_requested")
+            if driver_mode and request is not None:
+                return out  # the driver declines a half request (Driver Model §11)
             self.counters["declined"] += 1
             return [*out, SendConsumerConfig(consumer_id, mode)]
-        current = self.streams.get(consumer_id)
-        if self._ids is None:  # driver mode: the driver answers; keep the stream alive
+        if driver_mode:  # the driver answers (Driver Model §11); keep the stream alive
+            current = self.streams.get(consumer_id)
             if current is not None:
                 current.last_seen_ns = now_ns
                 _set_rate(current.gate, rate)
             return []
+        assert self._ids is not None
         sid = self._ids.assign(consumer_id, request.stream_id)
         if not sid:
             self.counters["declined"] += 1

@@ -303,6 +303,18 @@ class Producer:
         self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher]] = {}
         self._fanout: tuple[tuple[RateGate[object], Publisher], ...] = ()
         streams = None
+        if per_consumer_ids is not None and not driver:
+            shared_ids = (
+                ch.control_stream_id,
+                ch.descriptor_stream_id,
+                ch.qos_stream_id,
+                ch.metadata_stream_id,
+            )
+            clash = sorted({i for i in shared_ids if i in per_consumer_ids})
+            if clash:  # Driver Model §11: a range must not hold the shared streams' ids
+                raise ValueError(
+                    f"per_consumer_ids {per_consumer_ids} contains the shared stream ids {clash}"
+                )
         if per_consumer:
             streams = ConsumerStreams(
                 ids=None if driver else StreamIdPool(per_consumer_ids),

@@ -40,6 +40,7 @@ from tensorpool.client.per_consumer import (
 )
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import ResponseCode
+from tensorpool.stream_ids import read_request
 
 __all__ = [
     "AttachWait",
@@ -184,12 +185,15 @@ class ProducerCore:
             return
         self._announce_now = True
         mode = mode_raw if mode_raw in _MODES else _MODE_STREAM
-        if self.per_consumer is None:
+        if self.per_consumer is not None:
+            self._pending += self.per_consumer.on_hello(
+                consumer_id, mode, max_rate_hz, descriptor_channel, descriptor_stream_id, now_ns
+            )
+        elif not (
+            self.driver_mode
+            and read_request(mode, max_rate_hz, descriptor_channel, descriptor_stream_id)
+        ):  # in driver mode the driver answers per-consumer requests (Driver Model §11)
             self._pending.append(SendConsumerConfig(consumer_id, mode))
-            return
-        self._pending += self.per_consumer.on_hello(
-            consumer_id, mode, max_rate_hz, descriptor_channel, descriptor_stream_id, now_ns
-        )
 
     def on_consumer_config(
         self, stream_id: int, consumer_id: int, channel: str, descriptor_stream_id: int, now_ns: int

@@ -264,6 +264,9 @@ def _report(
         # #26.3: a lost media driver, or (driver mode) no lease from the SHM driver
         "media_driver_connected": connected,
         "mapped": consumer.is_mapped,
+        # the shared descriptor stream, or the consumer's own (Wire Spec §10.1.3)
+        "descriptor_stream": "{}#{}".format(*consumer.descriptor_stream),
+        "descriptors": st.descriptors,
         "final": final,
         # per mapping: seq range taken, delivered, drops (the soak's ledger, #30.3)
         "segments": consumer.core.segment_records() if as_json else None,

@@ -21,7 +21,7 @@ from tensorpool.commands._common import (
     run_agent,
     start_context,
 )
-from tensorpool.config_util import parse_octal_mode
+from tensorpool.config_util import IdRange, parse_id_range, parse_octal_mode
 from tensorpool.transport.agent import AgentTermination
 from tensorpool.transport.idle import idle_strategy
 from tensorpool.transport.process import StopSignals
@@ -51,6 +51,13 @@ def parse_file_mode(text: str) -> int:
     if mode is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 600 or 640")
     return mode
+
+
+def parse_stream_id_range(text: str) -> IdRange:
+    rng = parse_id_range(text, lo=1, hi=_INT32_MAX)
+    if not isinstance(rng, IdRange):
+        raise argparse.ArgumentTypeError(rng or "an empty range: use e.g. 31000-31099")
+    return rng
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,6 +110,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="with --driver: seconds to wait for the lease, including waiting out a crashed "
         "predecessor's lease (default %(default)s)",
+    )
+    p.add_argument(
+        "--per-consumer-streams",
+        action="store_true",
+        help="offer per-consumer descriptor streams (Wire Spec §10.1.3): a RATE_LIMITED "
+        "consumer gets its own stream carrying only the frames its max_rate_hz admits; ids "
+        "from --per-consumer-stream-ids, or from the driver's descriptor_stream_id_range "
+        "with --driver (default: off, every consumer reads the shared stream)",
+    )
+    p.add_argument(
+        "--per-consumer-stream-ids",
+        type=parse_stream_id_range,
+        default=None,
+        metavar="START-END",
+        help="standalone: the descriptor stream ids to hand out (with --per-consumer-streams; "
+        "unset: every request is declined)",
     )
     add_transport_args(p)
     add_shm_args(p)
@@ -224,7 +247,12 @@ def run(args: argparse.Namespace) -> int:
         if args.driver:
             t0 = time.monotonic_ns()
             producer = Producer(
-                ctx, args.stream_id, settings, driver=True, attach_timeout_s=args.attach_timeout
+                ctx,
+                args.stream_id,
+                settings,
+                driver=True,
+                attach_timeout_s=args.attach_timeout,
+                per_consumer=args.per_consumer_streams,
             )
             try:
                 producer.wait_until_attached()  # #14.1: the constructor does not block
@@ -240,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
                 producer_id=args.producer_id,
                 file_mode=args.file_mode,
                 takeover=args.takeover,
+                per_consumer=args.per_consumer_streams,
+                per_consumer_ids=args.per_consumer_stream_ids,
             )
     except (AttachError, StreamBusy) as exc:
         ctx.close()

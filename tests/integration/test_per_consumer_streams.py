@@ -1,0 +1,348 @@
+"""Per-consumer descriptor streams (issue #29.1; Wire Spec §10.1.3, §11; Driver Model §11).
+
+Real processes over a real media driver: `tensorpool produce` (and `tensorpool driver`) as
+subprocesses, consumers as real clients in the test. A RATE_LIMITED consumer of a producer that
+offers per-consumer streams gets its own descriptor stream (from the producer's range standalone,
+from the driver's ``descriptor_stream_id_range`` in driver mode) carrying only the frames its
+``max_rate_hz`` admits; declines keep it on the shared stream; a stream nobody publishes on
+sends it back to the shared one; a stale consumer's id is released and handed out again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from driver_fixtures import DriverProcess, driver_toml
+
+from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
+from tensorpool.client.producer import Producer, StreamConfig
+from tensorpool.client.settings import ClientSettings, Endpoints
+from tensorpool.config_util import IdRange
+from tensorpool.transport.config import TransportConfig
+from tensorpool.transport.context import AeronContext
+from tensorpool.transport.mediadriver import MediaDriverProcess
+from tensorpool.transport.process import stop_process
+
+pytestmark = pytest.mark.slow
+SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_controls = iter(range(2900, 3000))  # a control stream per test: no cross-talk
+RANGE = "31000-31001"
+DRIVER_STREAM = 10000  # a stream the driver's config provisions
+DRIVER_ANNOUNCE = 200_000_000  # driver_toml's announce period
+
+
+@pytest.fixture
+def work() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="tp-percons-", dir=SHM_ROOT)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _settings(md: MediaDriverProcess, base: str, control: int, **kw: int) -> ClientSettings:
+    return ClientSettings(
+        transport=TransportConfig(aeron_dir=md.dir),
+        shm_base_dir=base,
+        channels=Endpoints(control_stream_id=control),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _produce(
+    md: MediaDriverProcess, base: str, control: int, *args: str, stream: int = 7
+) -> subprocess.Popen:
+    """`tensorpool produce`: 1 kHz of 64-byte frames for a minute."""
+    cmd = [sys.executable, "-m", "tensorpool", "produce", "--stream-id", str(stream)]
+    cmd += ["--shape", "64"]
+    cmd += ["--dtype", "uint8", "--rate", "1000", "--duration", "60", "--quiet"]
+    cmd += ["--aeron-dir", md.dir, "--shm-base-dir", base, "--control-stream-id", str(control)]
+    cmd += [*args]
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def _poll_until(
+    consumers: list[Consumer], pred: Callable[[], bool], timeout: float, seqs: list[int]
+) -> None:
+    def handler(frame: Frame) -> None:
+        seqs.append(frame.seq)
+
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        if not sum(c.poll(handler) for c in consumers):
+            time.sleep(0.001)
+    assert pred(), [(c.descriptor_stream, c.stats.control.snapshot()) for c in consumers]
+
+
+def _own_stream_at_rate(consumer: Consumer, seqs: list[int], window_s: float) -> None:
+    """On its own stream the consumer receives about max_rate_hz descriptors a second, not
+    the producer's 1000: at most one per grid slot, plus the slots cut at the window's ends."""
+    d0, f0, t0 = consumer.stats.descriptors, consumer.stats.frames, time.monotonic()
+    _poll_until([consumer], lambda: time.monotonic() - t0 >= window_s, window_s + 30, seqs)
+    elapsed = time.monotonic() - t0
+    received = consumer.stats.descriptors - d0
+    assert consumer.stats.frames - f0 >= 3, consumer.stats  # frames do arrive
+    assert received <= 10 * elapsed + 3, (received, elapsed)  # 10 Hz, not 1 kHz
+    assert consumer.drops_gap == 0  # the frames the producer skipped are not losses
+    assert consumer.stats.drops["rate_limited"] > 0  # they are what the rate left out
+
+
+def test_s10_1_3_standalone_rate_limited_consumer_gets_own_stream_from_producer_range(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§10.1.3, §11: a standalone producer offering per-consumer streams answers a RATE_LIMITED
+    hello with its own range's stream id; the consumer follows it and receives ~max_rate_hz
+    descriptors a second, on the RateGate grid, while the shared stream carries 1 kHz."""
+    control = next(_controls)
+    proc = _produce(
+        media_driver, work, control, "--per-consumer-streams", "--per-consumer-stream-ids", RANGE
+    )
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, work, control)
+            limited = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10)
+            shared = Consumer(ctx, 7, settings)
+            try:
+                seqs: list[int] = []
+                _poll_until(
+                    [limited, shared],
+                    lambda: limited.config_declined is False and shared.stats.frames > 50,
+                    60,
+                    seqs,
+                )
+                channel, sid = limited.descriptor_stream
+                assert (
+                    sid in IdRange(31000, 31001) and channel == settings.channels.descriptor_channel
+                )
+                assert shared.descriptor_stream == (channel, settings.channels.descriptor_stream_id)
+                _own_stream_at_rate(limited, seqs, 2.0)
+            finally:
+                limited.close()
+                shared.close()
+    finally:
+        stop_process(proc)
+
+
+def test_s10_1_3_standalone_declines_when_range_unset(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§10.1.3: a producer offering per-consumer streams without a range declines (empty
+    channel, id 0): the consumer stays on the shared stream and drops locally (§11)."""
+    control = next(_controls)
+    proc = _produce(media_driver, work, control, "--per-consumer-streams")
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, work, control)
+            consumer = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10)
+            try:
+                seqs: list[int] = []
+                _poll_until(
+                    [consumer],
+                    lambda: consumer.config_declined is True and consumer.stats.frames >= 3,
+                    60,
+                    seqs,
+                )
+                shared = (
+                    settings.channels.descriptor_channel,
+                    settings.channels.descriptor_stream_id,
+                )
+                assert consumer.descriptor_stream == shared
+            finally:
+                consumer.close()
+    finally:
+        stop_process(proc)
+
+
+def test_s10_1_3_exhausted_range_declines_and_stale_consumer_releases_its_id(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§10.1.3 / Driver Model §11: with one id left, a second consumer is declined; once the
+    first goes stale (no hello for 5 QoS periods) its stream is closed and its id handed out
+    again."""
+    control = next(_controls)
+    settings = _settings(media_driver, work, control, qos_period_ns=100_000_000)
+    with AeronContext(settings.transport) as ctx:
+        ctx.start()
+        producer = Producer(
+            ctx,
+            StreamConfig.for_frame_bytes(7, 64, header_nslots=256),
+            settings,
+            per_consumer=True,
+            per_consumer_ids=IdRange(31000, 31000),
+        )
+        first = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=50)
+        second = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=50)
+        seqs: list[int] = []
+        try:
+
+            def pump(pred: Callable[[], bool], clients: list[Consumer]) -> None:
+                deadline = time.monotonic() + 30
+                while not pred() and time.monotonic() < deadline:
+                    producer.offer(np.zeros(64, np.uint8))
+                    producer.do_work()
+                    for c in clients:
+                        c.poll(lambda f: seqs.append(f.seq))
+                    time.sleep(0.002)
+                assert pred(), [c.descriptor_stream for c in clients]
+
+            pump(
+                lambda: first.config_declined is False and second.config_declined is True,
+                [first, second],
+            )
+            assert first.descriptor_stream[1] == 31000
+            assert second.descriptor_stream[1] == settings.channels.descriptor_stream_id
+            f0 = first.stats.frames
+            pump(lambda: first.stats.frames > f0 + 2, [first, second])
+            assert producer.stats.consumer_descriptors > 0
+            first.close()  # no more hellos: stale after 5 x 100 ms
+            streams = producer._core.per_consumer
+            assert streams is not None
+            pump(lambda: 31000 not in [s.stream_id for s in streams.streams.values()], [second])
+            assert streams.counters["released"] >= 1
+            pump(lambda: second.descriptor_stream[1] == 31000, [second])  # the id again
+        finally:
+            second.close()
+            first.close()
+            producer.close()
+
+
+# --- driver mode --------------------------------------------------------------------------------
+
+
+def _driver(media_driver: MediaDriverProcess, work: str, control: int, rng: str) -> DriverProcess:
+    base = os.path.join(work, "shm")
+    text = driver_toml(base, media_driver.dir, control_stream_id=control)
+    if rng:
+        text = text.replace(
+            'stream_id_range = "20000-20099"',
+            f'stream_id_range = "20000-20099"\ndescriptor_stream_id_range = "{rng}"',
+        )
+    cfg = Path(work, "driver.toml")
+    cfg.write_text(text)
+    return DriverProcess(str(cfg), base, os.path.join(work, "driver.log")).start().wait_ready()
+
+
+def test_driver_s11_assigns_from_descriptor_stream_id_range(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """Driver Model §11: the driver answers a lease holder's RATE_LIMITED hello with an id of
+    its descriptor_stream_id_range; the producer (offering per-consumer streams) follows the
+    driver's ConsumerConfig and publishes the admitted frames there."""
+    control = next(_controls)
+    daemon = _driver(media_driver, work, control, RANGE)
+    base = os.path.join(work, "shm")
+    proc = _produce(
+        media_driver, base, control, "--driver", "--per-consumer-streams", stream=DRIVER_STREAM
+    )
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, base, control, announce_period_ns=DRIVER_ANNOUNCE)
+            consumer = Consumer(
+                ctx, DRIVER_STREAM, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10, driver=True
+            )
+            try:
+                seqs: list[int] = []
+                _poll_until(
+                    [consumer],
+                    lambda: consumer.config_declined is False and consumer.stats.frames >= 3,
+                    60,
+                    seqs,
+                )
+                assert consumer.descriptor_stream[1] in IdRange(31000, 31001)
+                _own_stream_at_rate(consumer, seqs, 2.0)
+            finally:
+                consumer.close()
+    finally:
+        stop_process(proc)
+        daemon.stop()
+    assert "consumer_config" in daemon.log_text()
+
+
+def test_driver_s11_unset_range_declines_with_the_shared_stream(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """Driver Model §11: no descriptor_stream_id_range -- the driver declines by naming the
+    shared descriptor stream; consumer and producer both treat that as a decline."""
+    control = next(_controls)
+    daemon = _driver(media_driver, work, control, "")
+    base = os.path.join(work, "shm")
+    proc = _produce(
+        media_driver, base, control, "--driver", "--per-consumer-streams", stream=DRIVER_STREAM
+    )
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, base, control, announce_period_ns=DRIVER_ANNOUNCE)
+            consumer = Consumer(
+                ctx, DRIVER_STREAM, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10, driver=True
+            )
+            try:
+                seqs: list[int] = []
+                _poll_until(
+                    [consumer],
+                    lambda: consumer.config_declined is True and consumer.stats.frames >= 3,
+                    60,
+                    seqs,
+                )
+                shared = (
+                    settings.channels.descriptor_channel,
+                    settings.channels.descriptor_stream_id,
+                )
+                assert consumer.descriptor_stream == shared
+            finally:
+                consumer.close()
+    finally:
+        stop_process(proc)
+        daemon.stop()
+
+
+def test_s11_assigned_stream_without_publisher_falls_back_to_shared(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§11: the driver assigns a stream, but the producer does not offer per-consumer streams
+    (no publisher ever comes): after a freshness window the consumer goes back to the shared
+    stream and stays there, dropping locally."""
+    control = next(_controls)
+    daemon = _driver(media_driver, work, control, RANGE)
+    base = os.path.join(work, "shm")
+    proc = _produce(media_driver, base, control, "--driver", stream=DRIVER_STREAM)  # not offering
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, base, control, announce_period_ns=DRIVER_ANNOUNCE)
+            consumer = Consumer(
+                ctx, DRIVER_STREAM, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10, driver=True
+            )
+            try:
+                seqs: list[int] = []
+                _poll_until(
+                    [consumer],
+                    lambda: consumer.stats.control["descriptor_stream_unconnected"] >= 1,
+                    60,
+                    seqs,
+                )
+                f0 = consumer.stats.frames
+                _poll_until([consumer], lambda: consumer.stats.frames >= f0 + 3, 30, seqs)
+                shared = (
+                    settings.channels.descriptor_channel,
+                    settings.channels.descriptor_stream_id,
+                )
+                assert consumer.descriptor_stream == shared
+                assert consumer.stats.control["descriptor_stream_assigned"] == 1  # not again
+            finally:
+                consumer.close()
+    finally:
+        stop_process(proc)
+        daemon.stop()
