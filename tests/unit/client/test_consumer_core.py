@@ -594,3 +594,29 @@ def test_15_accept_run_refuses_unmapped_and_rate_limited_consumers() -> None:
     core = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
     _feed(core, 0)
     assert core.accept_run(1, 4) == -1  # the rate grid decides frame by frame
+
+
+# --- per-consumer descriptor streams (#29.1, §10.1.3, §11) ---------------------------------------
+def test_s10_1_3_on_own_stream_skipped_seqs_are_rate_limited_not_gaps() -> None:
+    """On its own stream the producer sends only the frames our rate admits: the seqs between
+    are counted as ``rate_limited``, never as ``drops_gap`` (no loss); on the shared stream the
+    same jump is a gap."""
+    own = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
+    own.on_consumer_config(True)
+    shared = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
+    for core in (own, shared):
+        assert _feed(core, 0) == READ
+        assert _feed(core, 100, now=T0 + 100 * MS) == READ
+    assert own.stats.drops_gap == 0 and own.drops[RATE_LIMITED] == 99
+    assert shared.stats.drops_gap == 99
+
+
+def test_s10_1_3_on_own_stream_the_local_rate_grid_is_off() -> None:
+    """The producer's grid already admitted each frame; a second, local grid anchored on
+    arrival would drop admitted frames that arrive early by jitter. Declined: it is back."""
+    core = _mapped(mode=MODE_RATE_LIMITED, max_rate_hz=10)
+    core.on_consumer_config(True)
+    assert [_feed(core, s, now=T0 + s * MS) for s in range(3)] == [READ, READ, READ]
+    core.on_consumer_config(False)
+    assert _feed(core, 3, now=T0 + 3 * MS) == READ  # the grid restarts at the next frame
+    assert _feed(core, 4, now=T0 + 4 * MS) == SKIP
