@@ -301,6 +301,12 @@ def test_driver_s11_unset_range_declines_with_the_shared_stream(
                     settings.channels.descriptor_stream_id,
                 )
                 assert consumer.descriptor_stream == shared
+                # still rate-limited locally (§11): the shared stream's 1 kHz is cut to 10 Hz
+                f0, t0 = consumer.stats.frames, time.monotonic()
+                _poll_until([consumer], lambda: time.monotonic() - t0 >= 2.0, 30, seqs)
+                elapsed = time.monotonic() - t0
+                assert consumer.stats.frames - f0 <= 10 * elapsed + 3, elapsed
+                assert consumer.config_declined is True and not consumer.core.per_consumer
             finally:
                 consumer.close()
     finally:
