@@ -60,6 +60,7 @@ from tensorpool.client.consumer_core import (
 from tensorpool.client.driver_client import DriverClient
 from tensorpool.client.lease import ROLE_CONSUMER, LeaseTimings
 from tensorpool.client.mapping import map_stream
+from tensorpool.client.per_consumer import STALE_PERIODS
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import Reason
 from tensorpool.shm.batch import REASONS as BATCH_REASONS
@@ -291,8 +292,14 @@ class Consumer:
         self.config_declined: bool | None = None
         """The last ``ConsumerConfig`` for us declined a stream of our own (None: none yet)."""
         self._fragment_limit = fragment_limit
-        self._since_assigned_ns = 0
-        self._unconnected: tuple[str, int] | None = None  # an assignment nobody published on
+        # an assigned stream is read from once its publisher is there (until then the shared
+        # one still is): (target, subscription, since); and an assignment nobody published on
+        self._pending_desc: tuple[tuple[str, int], Subscriber, int] | None = None
+        self._unconnected: tuple[str, int] | None = None  # until the next mapping
+        # as long as a producer takes to release a stale consumer's stream (§10.1.3)
+        self._assign_grace_ns = max(
+            self.settings.freshness_ns, STALE_PERIODS * self.settings.qos_period_ns
+        )
         self._buf = bytearray(4096)
         self._wake_strategies: list[SemaphoreIdleStrategy] = []
         # batch path (poll_batch): raw descriptor rows recorded by a minimal fragment handler
@@ -889,38 +896,55 @@ class Consumer:
 
     def _on_config(self, channel: str, stream_id: int) -> None:
         """Follow a ``ConsumerConfig`` (§10.1.3, §11): read descriptors from the stream it
-        assigns, or from the shared one when it declines (empty channel, id 0; or names the
-        shared stream, the driver's decline when it has no range, Driver Model §11)."""
-        assigned = bool(channel and stream_id) and (channel, stream_id) != self._shared_desc
-        if assigned and (channel, stream_id) == self._unconnected:
+        assigns once a publisher is there, or from the shared one when it declines (empty
+        channel, id 0; or names our shared stream)."""
+        target = (channel, stream_id)
+        assigned = bool(channel and stream_id) and target != self._shared_desc
+        if not assigned:
+            target = self._shared_desc
+        elif target == self._unconnected:
             return  # tried: no publisher came (see _check_own_stream); stay on the shared one
         self._unconnected = None
         self.config_declined = not assigned
-        target = (channel, stream_id) if assigned else self._shared_desc
-        if target != self.descriptor_stream:
-            self._switch_descriptors(target, "assigned" if assigned else "declined")
-        self.core.on_consumer_config(assigned)
+        pending = self._pending_desc
+        if pending is not None and pending[0] != target:
+            self._pending_desc = None
+            self._ctx.release(pending[1])
+        elif pending is not None or target == self.descriptor_stream:
+            return  # already there, or on the way
+        if assigned:
+            self._pending_desc = (target, self._subscribe_descriptors(*target), self._clock())
+        else:
+            self._switch_descriptors(self._subscribe_descriptors(*target), target, "declined")
 
-    def _switch_descriptors(self, target: tuple[str, int], why: str) -> None:
+    def _switch_descriptors(self, sub: Subscriber, target: tuple[str, int], why: str) -> None:
         old = self._sub_desc
-        self._sub_desc = self._subscribe_descriptors(*target)
+        self._sub_desc = sub
         self._ctx.release(old)
         self.descriptor_stream = target
-        self._since_assigned_ns = self._clock()
+        self.core.on_consumer_config(target != self._shared_desc)
         self.stats.control.increment(f"descriptor_stream_{why}")
         log.info("stream %d: descriptors from %s#%d (%s)", self.stream_id, *target, why)
 
     def _check_own_stream(self, now: int) -> None:
-        """On our own stream with no publisher for a freshness window (the producer does not
-        offer per-consumer streams, or released ours): back to the shared stream (§11)."""
-        if (
-            self.descriptor_stream != self._shared_desc
-            and now - self._since_assigned_ns > self.settings.freshness_ns
-            and not self._sub_desc.is_connected
-        ):
-            self._unconnected = self.descriptor_stream
-            self._switch_descriptors(self._shared_desc, "unconnected")
-            self.core.on_consumer_config(False)
+        """Move to an assigned stream once its publisher is there; give it up (until the next
+        mapping) after a grace without one (the producer does not offer them); go
+        back to the shared stream when our own loses its publisher (released, §10.1.3)."""
+        pending = self._pending_desc
+        if pending is not None:
+            target, sub, since = pending
+            if sub.is_connected:
+                self._pending_desc = None
+                self._switch_descriptors(sub, target, "assigned")
+            elif now - since > self._assign_grace_ns:
+                self._pending_desc = None
+                self._ctx.release(sub)
+                self._unconnected = target
+                self.config_declined = True
+                self.stats.control.increment("descriptor_stream_unconnected")
+        elif self.descriptor_stream != self._shared_desc and not self._sub_desc.is_connected:
+            sub = self._subscribe_descriptors(*self._shared_desc)
+            self._switch_descriptors(sub, self._shared_desc, "released")
 
     def _count_control(self, reason: str) -> None:
         self.stats.control.increment(reason)
@@ -1026,6 +1050,7 @@ class Consumer:
         self._reader = SlotReader(header, regions[1:], counters=self.stats.drops)
         self._batch_reader = BatchReader(self._reader)
         self.core.on_mapped(layout, head, now)
+        self._unconnected = None  # a new epoch may be a producer that offers own streams
         self._desc_tmpl = _desc_template(self.stream_id, self.core.epoch, 64)
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
@@ -1103,6 +1128,9 @@ class Consumer:
             self._gpu = None
         if self._driver is not None:
             self._driver.close()
+        if self._pending_desc is not None:
+            self._ctx.release(self._pending_desc[1])
+            self._pending_desc = None
         self._ctx.release(self._sub_desc)
         self._conductor.unregister(self._inbox)
         self._conductor.release()

@@ -242,8 +242,7 @@ class ReclaimStream:
 class SendConsumerConfig:
     """Wire ``ConsumerConfig`` on the control stream (Wire §10.1.3, Driver Model §11): the
     per-consumer descriptor stream assigned to a consumer, or a decline (``descriptor_channel``
-    "" and id 0; or the shared stream's channel and id when no range is configured, §11).
-    Per-consumer control streams are declined (id 0, channel "")."""
+    "" and id 0). Per-consumer control streams are declined (id 0, channel "")."""
 
     stream_id: int
     consumer_id: int

@@ -649,8 +649,13 @@ class DriverCore:
         of a consumer lease on ``stream_id`` gets an id of ``driver.descriptor_stream_id_range``
         (kept while the lease lives, released when it ends) in a ``ConsumerConfig``; the
         stream's producer, if it offers per-consumer streams, follows that answer. Declines:
-        a half request (Wire §10.1.2), no lease, or an exhausted range -- empty channel, id 0
-        (§10.1.3); no range configured -- the shared descriptor channel and id (§11). A hello
+        a half request (Wire §10.1.2), no lease, no range configured or an exhausted one --
+        empty channel, id 0 (Wire §10.1.3). Driver Model §11 words the unset-range decline as
+        "return the shared descriptor/control channel and stream IDs": the driver's shared ids
+        are not every consumer's (a rate limiter's destination consumers read descriptors on
+        the rate limiter's stream), so naming them would move such a consumer onto a stream
+        that never carries its frames; the Wire encoding of a decline means "stay where you
+        are" for every consumer, and the Julia driver answers the same. A hello
         that asks for nothing gets no answer here (the producer answers it) and gives back
         what the consumer held.
         """
@@ -675,7 +680,7 @@ class DriverCore:
         ):
             return answer("", 0, "per_consumer_declined_no_lease")
         if d.descriptor_stream_id_range is None:
-            return answer(d.descriptor_channel, d.descriptor_stream_id, "per_consumer_no_range")
+            return answer("", 0, "per_consumer_declined_no_range")
         sid = self._descriptor_ids.assign(key, request.stream_id)
         if not sid:
             return answer("", 0, "per_consumer_declined_exhausted")

@@ -38,6 +38,7 @@ _controls = iter(range(2900, 3000))  # a control stream per test: no cross-talk
 RANGE = "31000-31001"
 DRIVER_STREAM = 10000  # a stream the driver's config provisions
 DRIVER_ANNOUNCE = 200_000_000  # driver_toml's announce period
+SHARED_ID = Endpoints().descriptor_stream_id
 
 
 @pytest.fixture
@@ -116,7 +117,10 @@ def test_s10_1_3_standalone_rate_limited_consumer_gets_own_stream_from_producer_
                 seqs: list[int] = []
                 _poll_until(
                     [limited, shared],
-                    lambda: limited.config_declined is False and shared.stats.frames > 50,
+                    lambda: (
+                        limited.descriptor_stream != shared.descriptor_stream
+                        and shared.stats.frames > 50
+                    ),
                     60,
                     seqs,
                 )
@@ -197,7 +201,7 @@ def test_s10_1_3_exhausted_range_declines_and_stale_consumer_releases_its_id(
                 assert pred(), [c.descriptor_stream for c in clients]
 
             pump(
-                lambda: first.config_declined is False and second.config_declined is True,
+                lambda: first.descriptor_stream[1] == 31000 and second.config_declined is True,
                 [first, second],
             )
             assert first.descriptor_stream[1] == 31000
@@ -222,7 +226,9 @@ def test_s10_1_3_exhausted_range_declines_and_stale_consumer_releases_its_id(
 
 def _driver(media_driver: MediaDriverProcess, work: str, control: int, rng: str) -> DriverProcess:
     base = os.path.join(work, "shm")
-    text = driver_toml(base, media_driver.dir, control_stream_id=control)
+    # a long lease grace: a loaded host must not revoke the producer under the test
+    policies = {"lease_expiry_grace_intervals": 50}
+    text = driver_toml(base, media_driver.dir, control_stream_id=control, policies=policies)
     if rng:
         text = text.replace(
             'stream_id_range = "20000-20099"',
@@ -256,7 +262,9 @@ def test_driver_s11_assigns_from_descriptor_stream_id_range(
                 seqs: list[int] = []
                 _poll_until(
                     [consumer],
-                    lambda: consumer.config_declined is False and consumer.stats.frames >= 3,
+                    lambda: (
+                        consumer.descriptor_stream[1] != SHARED_ID and consumer.stats.frames >= 3
+                    ),
                     60,
                     seqs,
                 )
@@ -270,21 +278,34 @@ def test_driver_s11_assigns_from_descriptor_stream_id_range(
     assert "consumer_config" in daemon.log_text()
 
 
-def test_driver_s11_unset_range_declines_with_the_shared_stream(
+def test_driver_s11_unset_range_declines_and_consumer_stays_on_its_shared_stream(
     media_driver: MediaDriverProcess, work: str
 ) -> None:
-    """Driver Model §11: no descriptor_stream_id_range -- the driver declines by naming the
-    shared descriptor stream; consumer and producer both treat that as a decline."""
+    """Driver Model §11: no descriptor_stream_id_range -- the driver declines (Wire §10.1.3:
+    empty channel, id 0) and the consumer stays on *its* shared stream, here not the driver's
+    (2100, as a rate limiter's destination consumers read), dropping locally to its rate."""
     control = next(_controls)
     daemon = _driver(media_driver, work, control, "")
     base = os.path.join(work, "shm")
     proc = _produce(
-        media_driver, base, control, "--driver", "--per-consumer-streams", stream=DRIVER_STREAM
+        media_driver,
+        base,
+        control,
+        "--driver",
+        "--per-consumer-streams",
+        "--descriptor-stream-id",
+        "2100",
+        stream=DRIVER_STREAM,
     )
     try:
         with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
             ctx.start()
-            settings = _settings(media_driver, base, control, announce_period_ns=DRIVER_ANNOUNCE)
+            settings = ClientSettings(
+                transport=TransportConfig(aeron_dir=media_driver.dir),
+                shm_base_dir=base,
+                channels=Endpoints(control_stream_id=control, descriptor_stream_id=2100),
+                announce_period_ns=DRIVER_ANNOUNCE,
+            )
             consumer = Consumer(
                 ctx, DRIVER_STREAM, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10, driver=True
             )
@@ -318,8 +339,8 @@ def test_s11_assigned_stream_without_publisher_falls_back_to_shared(
     media_driver: MediaDriverProcess, work: str
 ) -> None:
     """§11: the driver assigns a stream, but the producer does not offer per-consumer streams
-    (no publisher ever comes): after a freshness window the consumer goes back to the shared
-    stream and stays there, dropping locally."""
+    (no publisher ever comes): the consumer keeps reading the shared stream meanwhile, gives
+    the assignment up after a freshness window and does not take it again."""
     control = next(_controls)
     daemon = _driver(media_driver, work, control, RANGE)
     base = os.path.join(work, "shm")
@@ -346,7 +367,8 @@ def test_s11_assigned_stream_without_publisher_falls_back_to_shared(
                     settings.channels.descriptor_stream_id,
                 )
                 assert consumer.descriptor_stream == shared
-                assert consumer.stats.control["descriptor_stream_assigned"] == 1  # not again
+                assert consumer.stats.control["descriptor_stream_assigned"] == 0
+                assert consumer.stats.control["descriptor_stream_unconnected"] == 1  # not again
             finally:
                 consumer.close()
     finally:

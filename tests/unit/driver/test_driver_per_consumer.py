@@ -82,17 +82,14 @@ def test_driver_s11_exhausted_range_declines_with_empty_channel_and_zero() -> No
     assert h.core.counters["per_consumer_declined_exhausted"] == 1
 
 
-def test_driver_s11_unset_range_declines_with_the_shared_stream() -> None:
-    """§11: no range configured -- decline by returning the shared descriptor channel and id."""
+def test_driver_s11_unset_range_declines() -> None:
+    """§11: no range configured -- the request is declined, with the Wire §10.1.3 encoding
+    (empty channel, id 0: the consumer stays on whatever shared stream it reads)."""
     h = _harness(BASE_TOML)
     h.attach_ok(1, CAM, 5, C)
     cfg = _hello(h, 5)
-    d = h.core.config.driver
-    assert cfg is not None
-    assert (cfg.descriptor_channel, cfg.descriptor_stream_id) == (
-        d.descriptor_channel,
-        d.descriptor_stream_id,
-    )
+    assert cfg is not None and (cfg.descriptor_channel, cfg.descriptor_stream_id) == ("", 0)
+    assert h.core.counters["per_consumer_declined_no_range"] == 1
 
 
 def test_driver_s10_1_2_half_request_is_rejected() -> None:
