@@ -6,10 +6,11 @@ so they live below both (the driver never imports the client). Wire Spec §10.1.
 
 * :func:`read_request` -- what a ``ConsumerHello`` asks for. An explicit request names a
   channel *and* a non-zero stream id; a half request (one without the other) MUST be
-  rejected. ``mode=RATE_LIMITED`` with a rate and nothing named is an implicit request: §11
-  says such a consumer "expects reduced-rate delivery via per-consumer stream", and Driver
-  Model §11 allocates "when a consumer requests per-consumer streams with
-  ``descriptor_stream_id=0``".
+  rejected, and so is a channel that is not IPC (the stream serves a consumer mapping this
+  host's SHM; declining is always allowed, §11). ``mode=RATE_LIMITED`` with a rate and nothing
+  named is an implicit request: §11 says such a consumer "expects reduced-rate delivery via
+  per-consumer stream", and Driver Model §11 allocates "when a consumer requests per-consumer
+  streams with ``descriptor_stream_id=0``".
 * :func:`allocate_stream_id` / :class:`StreamIdPool` -- a free id of one range; a holder keeps
   its id while it asks again, an exhausted or unset range yields 0 (a decline).
 """
@@ -20,6 +21,8 @@ from collections.abc import Container, Hashable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from tensorpool.specs.generated.wire import Mode
+
 __all__ = [
     "INVALID",
     "IdRangeLike",
@@ -29,13 +32,10 @@ __all__ = [
     "read_request",
 ]
 
-#: ``ConsumerHello.mode`` RATE_LIMITED (Wire Spec §10.1.2)
-_MODE_RATE_LIMITED: Final = 2
-#: A uint32 ``max_rate_hz`` of all ones is the SBE null value: no rate asked for.
-_NULL_RATE: Final = 0xFFFF_FFFF
-
-#: A uint32 stream id of all ones is the SBE null value: "not given".
-_NULL_ID: Final = 0xFFFF_FFFF
+_MODE_RATE_LIMITED: Final = int(Mode.RATE_LIMITED)
+_IPC: Final = "aeron:ipc"
+#: A uint32 of all ones is the SBE null value: no rate, no stream id given.
+_NULL_U32: Final = 0xFFFF_FFFF
 
 
 class IdRangeLike(Protocol):
@@ -64,12 +64,13 @@ def read_request(
     mode: int, max_rate_hz: int, channel: str, stream_id: int
 ) -> StreamRequest | str | None:
     """What a ``ConsumerHello`` asks for: a :class:`StreamRequest`, :data:`INVALID`, or None."""
-    sid = 0 if stream_id == _NULL_ID else stream_id
+    sid = 0 if stream_id == _NULL_U32 else stream_id
     if channel and sid:
-        return StreamRequest(channel, sid)
+        # the consumer maps this host's SHM: its descriptors travel on this host (IPC)
+        return StreamRequest(channel, sid) if channel.startswith(_IPC) else INVALID
     if channel or sid:
         return INVALID
-    if mode == _MODE_RATE_LIMITED and max_rate_hz not in (0, _NULL_RATE):
+    if mode == _MODE_RATE_LIMITED and max_rate_hz not in (0, _NULL_U32):
         return StreamRequest("", 0)
     return None
 

@@ -913,7 +913,15 @@ class Consumer:
         elif pending is not None or target == self.descriptor_stream:
             return  # already there, or on the way
         if assigned:
-            self._pending_desc = (target, self._subscribe_descriptors(*target), self._clock())
+            try:
+                sub = self._subscribe_descriptors(*target)
+            except Exception as exc:  # pyaeron.AeronError: a channel Aeron refuses
+                self._unconnected = target
+                self.config_declined = True
+                self._count_control("descriptor_stream_invalid")
+                log.warning("stream %d: cannot read %s#%d: %s", self.stream_id, *target, exc)
+                return
+            self._pending_desc = (target, sub, self._clock())
         else:
             self._switch_descriptors(self._subscribe_descriptors(*target), target, "declined")
 

@@ -52,7 +52,9 @@ class SendConsumerConfig:
 @dataclass(frozen=True, slots=True)
 class OpenConsumerStream:
     """Add the publication of a consumer's own descriptor stream; descriptors the consumer's
-    :attr:`ConsumerStream.gate` admits go there."""
+    :attr:`ConsumerStream.gate` admits go there. If it cannot be added the agent calls
+    :meth:`ConsumerStreams.on_open_failed` and sends the ``SendConsumerConfig`` that follows
+    as a decline."""
 
     consumer_id: int
     channel: str
@@ -87,8 +89,8 @@ class ConsumerStreams:
     assigning from ``ids``. Driver mode (``ids`` None): the driver assigns (Driver Model §11)
     and answers; the producer follows the driver's ``ConsumerConfig`` (:meth:`on_config`) and
     learns the rate from the hellos. ``shared`` is the producer's own descriptor stream: an
-    "assignment" naming it (the driver's answer when it has no range, Driver Model §11) is a
-    decline, never a second publication on the shared stream.
+    "assignment" naming it (Driver Model §11's wording of an unset-range decline, which other
+    drivers may follow) is a decline, never a second publication on the shared stream.
     """
 
     def __init__(
@@ -118,19 +120,20 @@ class ConsumerStreams:
     ) -> list[PerConsumerAction]:
         request = read_request(mode, max_rate_hz, channel, stream_id)
         rate = 0 if mode != MODE_RATE_LIMITED or max_rate_hz == NULL_RATE else max_rate_hz
-        self._rates[consumer_id] = rate
         driver_mode = self._ids is None
         if not isinstance(request, StreamRequest):
+            self._rates.pop(consumer_id, None)
             out: list[PerConsumerAction] = self._close(consumer_id, "not_requested")
             if driver_mode and request is not None:
                 return out  # the driver declines a half request (Driver Model §11)
             self.counters["declined"] += 1
             return [*out, SendConsumerConfig(consumer_id, mode)]
+        self._rates[consumer_id] = rate
         if driver_mode:  # the driver answers (Driver Model §11); keep the stream alive
             current = self.streams.get(consumer_id)
             if current is not None:
                 current.last_seen_ns = now_ns
-                _set_rate(current.gate, rate)
+                current.gate.set_fallback_rate(rate)
             return []
         assert self._ids is not None
         sid = self._ids.assign(consumer_id, request.stream_id)
@@ -159,7 +162,7 @@ class ConsumerStreams:
         current = self.streams.get(consumer_id)
         if current is not None and (current.channel, current.stream_id) == (channel, stream_id):
             current.last_seen_ns = now_ns
-            _set_rate(current.gate, rate)
+            current.gate.set_fallback_rate(rate)
             return out
         if current is not None:
             out.append(CloseConsumerStream(consumer_id, "reassigned"))
@@ -169,6 +172,13 @@ class ConsumerStreams:
         self.counters["assigned"] += 1
         out.append(OpenConsumerStream(consumer_id, channel, stream_id))
         return out
+
+    def on_open_failed(self, consumer_id: int) -> None:
+        """The agent could not add the publication (Aeron refused the channel): forget the
+        stream; the answer then goes out as a decline (the agent's execution contract)."""
+        if self.streams.pop(consumer_id, None) is not None and self._ids is not None:
+            self._ids.release(consumer_id)
+        self.counters["open_failed"] = self.counters.get("open_failed", 0) + 1
 
     def _close(self, consumer_id: int, reason: str) -> list[PerConsumerAction]:
         if self.streams.pop(consumer_id, None) is None:
@@ -186,13 +196,3 @@ class ConsumerStreams:
             self._rates.pop(cid, None)
             out += self._close(cid, "stale")
         return out
-
-    def close_all(self) -> list[PerConsumerAction]:
-        out: list[PerConsumerAction] = []
-        for cid in list(self.streams):
-            out += self._close(cid, "closed")
-        return out
-
-
-def _set_rate(gate: RateGate[object], rate: int) -> None:
-    gate.set_fallback_rate(rate)

@@ -1093,6 +1093,8 @@ class Producer:
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
         """§10.1.3: the assigned descriptor stream, or a decline (empty channel, id 0);
         per-consumer control streams are always declined."""
+        if a.stream_id and a.consumer_id not in self._consumer_pubs:
+            a = SendConsumerConfig(a.consumer_id, a.mode)  # its publication failed: decline
         n = wire.ConsumerConfigEncoder.encode(
             self._ctl_buf,
             0,
@@ -1113,7 +1115,19 @@ class Producer:
         if streams is None:  # pragma: no cover - the core opens none then
             return
         self._close_consumer_stream(a.consumer_id)
-        pub = self._ctx.add_publication(a.channel, a.stream_id)
+        try:
+            pub = self._ctx.add_publication(a.channel, a.stream_id)
+        except Exception as exc:  # pyaeron.AeronError (the client does not import pyaeron)
+            log.warning(
+                "producer stream %d: cannot publish consumer %d's stream %s#%d: %s",
+                self.stream_id,
+                a.consumer_id,
+                a.channel,
+                a.stream_id,
+                exc,
+            )
+            streams.on_open_failed(a.consumer_id)
+            return
         self._consumer_pubs[a.consumer_id] = (streams.streams[a.consumer_id].gate, pub)
         self._fanout = tuple(self._consumer_pubs.values())
         log.info(

@@ -27,6 +27,7 @@ from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
 from tensorpool.client.producer import Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings, Endpoints
 from tensorpool.config_util import IdRange
+from tensorpool.specs.generated import wire
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.mediadriver import MediaDriverProcess
@@ -218,6 +219,62 @@ def test_s10_1_3_exhausted_range_declines_and_stale_consumer_releases_its_id(
         finally:
             second.close()
             first.close()
+            producer.close()
+
+
+def test_s10_1_3_channel_aeron_refuses_is_declined_and_the_producer_keeps_running(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """Bad input (#29.1, §10.1.3): a hello naming an IPC channel Aeron refuses (term length 3)
+    does not stop the producer: the publication fails, is counted, the id is released and the
+    answer is a decline."""
+    control = next(_controls)
+    settings = _settings(media_driver, work, control)
+    with AeronContext(settings.transport) as ctx:
+        ctx.start()
+        producer = Producer(
+            ctx,
+            StreamConfig.for_frame_bytes(7, 64),
+            settings,
+            per_consumer=True,
+            per_consumer_ids=IdRange(31000, 31000),
+        )
+        listener = Consumer(ctx, 7, settings, consumer_id=77)  # receives configs for 77
+        hello_pub = ctx.add_publication(settings.channels.control_channel, control)
+        buf = bytearray(512)
+        n = wire.ConsumerHelloEncoder.encode(
+            buf,
+            0,
+            stream_id=7,
+            consumer_id=77,
+            supports_shm=1,
+            supports_progress=0,
+            mode=int(wire.Mode.STREAM),
+            max_rate_hz=0,
+            expected_layout_version=0,
+            descriptor_stream_id=31000,
+            control_stream_id=0,
+            descriptor_channel="aeron:ipc?term-length=3",
+            control_channel="",
+        )
+        streams = producer._core.per_consumer
+        assert streams is not None
+        try:
+            deadline = time.monotonic() + 30
+            while streams.counters.get("open_failed", 0) == 0 and time.monotonic() < deadline:
+                hello_pub.offer(buf, 0, n)
+                producer.do_work()  # must not raise
+                listener.poll(lambda f: None)
+                time.sleep(0.01)
+            assert streams.counters["open_failed"] >= 1
+            assert streams.streams == {} and producer.stats.consumer_descriptors == 0
+            producer.do_work()
+            listener.poll(lambda f: None)
+            assert listener.config_declined is True
+            assert listener.descriptor_stream[1] == SHARED_ID
+        finally:
+            ctx.release(hello_pub)
+            listener.close()
             producer.close()
 
 

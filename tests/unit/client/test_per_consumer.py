@@ -37,6 +37,7 @@ STALE = 500 * MS
         (LIMITED, 0, "", 0, None),  # unlimited: nothing to reduce
         (LIMITED, 0xFFFF_FFFF, "", 0, None),  # null rate
         (STREAM, 0, "aeron:ipc", 0xFFFF_FFFF, INVALID),  # null id = not given
+        (STREAM, 0, "aeron:udp?endpoint=h:1", 31005, INVALID),  # not this host's: declined
     ],
 )
 def test_s10_1_2_read_request(mode: int, rate: int, channel: str, sid: int, expected) -> None:
