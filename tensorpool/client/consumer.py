@@ -907,11 +907,13 @@ class Consumer:
         self._unconnected = None
         self.config_declined = not assigned
         pending = self._pending_desc
-        if pending is not None and pending[0] != target:
+        if pending is not None:
+            if pending[0] == target:
+                return  # on the way
             self._pending_desc = None
             self._ctx.release(pending[1])
-        elif pending is not None or target == self.descriptor_stream:
-            return  # already there, or on the way
+        if target == self.descriptor_stream:
+            return  # already there
         if assigned:
             try:
                 sub = self._subscribe_descriptors(*target)
