@@ -267,14 +267,69 @@ def test_s10_1_3_channel_aeron_refuses_is_declined_and_the_producer_keeps_runnin
                 listener.poll(lambda f: None)
                 time.sleep(0.01)
             assert streams.counters["open_failed"] >= 1
+            for _ in range(50):  # the answers to the bad requests reach the listener
+                hello_pub.offer(buf, 0, n)
+                producer.do_work()
+                listener.poll(lambda f: None)
+                time.sleep(0.01)
             assert streams.streams == {} and producer.stats.consumer_descriptors == 0
-            producer.do_work()
-            listener.poll(lambda f: None)
             assert listener.config_declined is True
             assert listener.descriptor_stream[1] == SHARED_ID
+            # the answer was a decline, not the refused channel (which the consumer would try)
+            assert listener.stats.control["descriptor_stream_invalid"] == 0
         finally:
             ctx.release(hello_pub)
             listener.close()
+            producer.close()
+
+
+def test_s10_1_3_config_naming_the_shared_stream_is_a_decline(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """Driver Model §11 words an unset-range decline as "return the shared channel and stream
+    IDs" (another driver may answer so): a ``ConsumerConfig`` naming the consumer's own shared
+    stream leaves it there with its local rate grid on (§11), not "assigned" to it."""
+    control = next(_controls)
+    settings = _settings(media_driver, work, control)
+    with AeronContext(settings.transport) as ctx:
+        ctx.start()
+        producer = Producer(ctx, StreamConfig.for_frame_bytes(7, 64), settings)
+        consumer = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10)
+        pub = ctx.add_publication(settings.channels.control_channel, control)
+        buf = bytearray(512)
+        n = wire.ConsumerConfigEncoder.encode(
+            buf,
+            0,
+            stream_id=7,
+            consumer_id=consumer.consumer_id,
+            use_shm=1,
+            mode=int(wire.Mode.RATE_LIMITED),
+            descriptor_stream_id=SHARED_ID,
+            control_stream_id=0,
+            payload_fallback_uri="",
+            descriptor_channel=settings.channels.descriptor_channel,
+            control_channel="",
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while consumer.stats.frames < 3 and time.monotonic() < deadline:
+                pub.offer(buf, 0, n)
+                producer.offer(np.zeros(64, np.uint8))
+                producer.do_work()
+                consumer.poll(lambda f: None)
+                time.sleep(0.002)
+            for _ in range(50):  # answers keep coming: still on the shared stream, grid on
+                pub.offer(buf, 0, n)
+                producer.do_work()
+                consumer.poll(lambda f: None)
+                time.sleep(0.002)
+            assert consumer.stats.frames >= 3
+            assert consumer.descriptor_stream[1] == SHARED_ID
+            assert consumer.config_declined is True and not consumer.core.per_consumer
+            assert consumer.stats.control["descriptor_stream_assigned"] == 0
+        finally:
+            ctx.release(pub)
+            consumer.close()
             producer.close()
 
 
