@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from tensorpool.client.rate_gate import MODE_RATE_LIMITED, NULL_RATE, RateGate
-from tensorpool.stream_ids import StreamIdPool, StreamRequest, read_request
+from tensorpool.endpoints import Endpoints
+from tensorpool.stream_ids import IdRangeLike, StreamIdPool, StreamRequest, read_request
 
 __all__ = [
     "STALE_PERIODS",
@@ -32,10 +33,25 @@ __all__ = [
     "ConsumerStreams",
     "OpenConsumerStream",
     "SendConsumerConfig",
+    "check_per_consumer_ids",
 ]
 
 #: A per-consumer stream is released after this many hello periods without a hello (§10.1.3).
 STALE_PERIODS: Final = 5
+
+
+def check_per_consumer_ids(ids: IdRangeLike, channels: Endpoints) -> None:
+    """A standalone producer's range must not hold the shared streams' ids (as Driver Model
+    §11 says of the driver's): ValueError naming them."""
+    shared = (
+        channels.control_stream_id,
+        channels.descriptor_stream_id,
+        channels.qos_stream_id,
+        channels.metadata_stream_id,
+    )
+    clash = sorted({i for i in shared if i in ids})
+    if clash:
+        raise ValueError(f"per-consumer stream ids {ids} contain the shared stream ids {clash}")
 
 
 @dataclass(frozen=True, slots=True)

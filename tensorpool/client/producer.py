@@ -41,7 +41,12 @@ from tensorpool.client.conductor import ClientConductor
 from tensorpool.client.driver_client import DriverClient
 from tensorpool.client.lease import ROLE_PRODUCER, LeaseTimings
 from tensorpool.client.mapping import map_stream
-from tensorpool.client.per_consumer import STALE_PERIODS, ConsumerStreams, StreamIdPool
+from tensorpool.client.per_consumer import (
+    STALE_PERIODS,
+    ConsumerStreams,
+    StreamIdPool,
+    check_per_consumer_ids,
+)
 from tensorpool.client.producer_core import (
     AttachWait,
     CloseConsumerStream,
@@ -257,6 +262,8 @@ class Producer:
         per_consumer_ids: IdRange | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
+        if per_consumer_ids is not None and not driver:  # before anything is acquired
+            check_per_consumer_ids(per_consumer_ids, self.settings.channels)
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
         self.stream = stream_cfg
         self.stream_id = stream_cfg.stream_id
@@ -303,18 +310,6 @@ class Producer:
         self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher]] = {}
         self._fanout: tuple[tuple[RateGate[object], Publisher], ...] = ()
         streams = None
-        if per_consumer_ids is not None and not driver:
-            shared_ids = (
-                ch.control_stream_id,
-                ch.descriptor_stream_id,
-                ch.qos_stream_id,
-                ch.metadata_stream_id,
-            )
-            clash = sorted({i for i in shared_ids if i in per_consumer_ids})
-            if clash:  # Driver Model §11: a range must not hold the shared streams' ids
-                raise ValueError(
-                    f"per_consumer_ids {per_consumer_ids} contains the shared stream ids {clash}"
-                )
         if per_consumer:
             streams = ConsumerStreams(
                 ids=None if driver else StreamIdPool(per_consumer_ids),

@@ -234,6 +234,13 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
 
+    if args.per_consumer_stream_ids is not None:
+        from tensorpool.client.per_consumer import check_per_consumer_ids
+
+        try:
+            check_per_consumer_ids(args.per_consumer_stream_ids, settings.channels)
+        except ValueError as exc:
+            raise UserError(f"--per-consumer-stream-ids: {exc}") from None
     metrics = bind_metrics(args.metrics_bind)  # #26.6: before any file is created
     stop = StopSignals((signal.SIGTERM,)).install()
     try:

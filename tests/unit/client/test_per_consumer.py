@@ -12,9 +12,11 @@ from tensorpool.client.per_consumer import (
     ConsumerStreams,
     OpenConsumerStream,
     SendConsumerConfig,
+    check_per_consumer_ids,
 )
 from tensorpool.client.producer_core import ProducerCore
 from tensorpool.config_util import IdRange
+from tensorpool.endpoints import Endpoints
 from tensorpool.stream_ids import INVALID, StreamIdPool, StreamRequest, read_request
 
 STREAM, LIMITED = 1, 2
@@ -206,3 +208,10 @@ def test_s11_rate_limited_consumer_renews_its_hello_every_qos_period() -> None:
             hellos += sum(type(a).__name__ == "SendHello" for a in core.tick(t))
             core.hello_sent()
         assert hellos == expected, mode
+
+
+def test_s11_standalone_range_must_not_hold_the_shared_stream_ids() -> None:
+    """Like the driver's ranges (Driver Model §11): refused before anything is acquired."""
+    check_per_consumer_ids(IdRange(31000, 31009), Endpoints())
+    with pytest.raises(ValueError, match=r"shared stream ids \[1000, 1100, 1200\]"):
+        check_per_consumer_ids(IdRange(1000, 1200), Endpoints())
