@@ -259,7 +259,7 @@ class ClientConductor:
             self._deliver(self._producers.get(stream_id, ()), item)
         elif isinstance(dec, wire.ConsumerHelloDecoder):
             self._deliver(self._producers.get(stream_id, ()), (dec, None))
-        elif isinstance(dec, wire.ConsumerConfigDecoder):
+        elif isinstance(dec, (wire.ConsumerConfigDecoder, wire.FrameProgressDecoder)):
             self._deliver(self._consumers.get(stream_id, ()), (dec, None))
 
     def _on_metadata(self, buffer: object, header: object) -> None:

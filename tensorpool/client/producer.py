@@ -18,6 +18,10 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
 
 Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
+With `progress=ProgressSettings()` a claimed frame can report how far it is filled
+(`progress(claim, bytes_written)`, Wire §10.2.2): `FrameProgress` STARTED at the claim,
+throttled PROGRESS, COMPLETE after the commit, on the control stream; the policy is
+`progress_core.ProgressThrottle`'s.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from tensorpool.client.producer_core import (
     SendConsumerConfig,
     Unmap,
 )
+from tensorpool.client.progress_core import ProgressSettings, ProgressThrottle
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.counters import DropCounters, Reason
@@ -87,6 +92,10 @@ from tensorpool.transport.wakeup import WakePoster
 log = logging.getLogger(__name__)
 
 _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
+_STARTED = int(wire.FrameProgressState.STARTED)
+_PROGRESS = int(wire.FrameProgressState.PROGRESS)
+_COMPLETE = int(wire.FrameProgressState.COMPLETE)
+_TRUE = int(wire.Bool.TRUE)
 NO_LEASE = "no_lease"
 #: The largest frame one slot can hold: one stride (#13.4).
 MAX_FRAME_BYTES = MAX_STRIDE_BYTES
@@ -154,6 +163,8 @@ class ProducerStats:
     frames: int = 0
     bytes: int = 0
     descriptors_not_sent: int = 0
+    progress_not_sent: int = 0
+    """``FrameProgress`` messages the control publication did not take (back-pressure)."""
     announces: int = 0
     wake_sems_removed: int = 0
     """Dead consumers' wake semaphore files the rescan removed (transport/wakeup.py)."""
@@ -241,6 +252,7 @@ class Producer:
         file_mode: int = PRIVATE_FILE_MODE,
         takeover: bool = False,
         wake_consumers: bool = True,
+        progress: ProgressSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
@@ -284,6 +296,9 @@ class Producer:
         # claim() layouts by (shape, dtype, order): building one costs more than the write
         self._claim_layouts: dict[tuple[object, ...], TensorLayout] = {}
         self._ctl_buf = bytearray(64 * 1024)
+        # FrameProgress (§10.2.2): off unless asked for; the throttle decides, we publish
+        self._progress = ProgressThrottle(progress) if progress is not None else None
+        self._progress_buf = bytearray(wire.FrameProgressEncoder.encoded_length())
         self._core = ProducerCore(
             self.stream_id,
             driver_mode=driver,
@@ -653,7 +668,66 @@ class Producer:
         self._seq = seq
         index = writer.begin(seq)
         view = writer.payload_view(pool_id, index, layout)
+        throttle = self._progress
+        if throttle is not None:
+            self._start_progress(throttle, writer, seq, index, pool_id, layout)
         return FrameClaim(seq, index, pool_id, layout, view)
+
+    def _start_progress(
+        self,
+        throttle: ProgressThrottle,
+        writer: SlotWriter,
+        seq: int,
+        index: int,
+        pool_id: int,
+        layout: TensorLayout,
+    ) -> None:
+        """§10.2.2 STARTED, after writing the whole header now: a consumer reading the prefix
+        needs the frame's layout while it is written (commit writes it again, §8.3)."""
+        now = self._clock()
+        if throttle.start(seq, index, layout.extent_bytes, now) is None:
+            return
+        writer.write_header(
+            index,
+            pool_id=pool_id,
+            layout=layout,
+            values_len_bytes=layout.extent_bytes,
+            timestamp_ns=now,
+            meta_version=self.meta_version,
+        )
+        self._publish_progress(seq, index, 0, _STARTED)
+
+    def progress(self, claim: FrameClaim, bytes_written: int) -> bool:
+        """Report the first ``bytes_written`` bytes of ``claim`` final (Wire §10.2.2); return
+        whether a ``FrameProgress`` went out (the throttle may hold it back). The count must
+        not go backwards nor exceed the frame; without progress settings this does nothing.
+        """
+        throttle = self._progress
+        if throttle is None or self._writer is None:
+            return False
+        if claim.seq != self._seq:
+            raise ValueError(f"claim for seq {claim.seq} is not the open claim ({self._seq})")
+        filled = throttle.update(claim.seq, bytes_written, self._clock())
+        if filled is None:
+            return False
+        return self._publish_progress(claim.seq, claim.header_index, filled, _PROGRESS)
+
+    def _publish_progress(self, frame_id: int, index: int, filled: int, state: int) -> bool:
+        buf = self._progress_buf
+        wire.FrameProgressEncoder.encode(
+            buf,
+            0,
+            stream_id=self.stream_id,
+            epoch=self.epoch,
+            frame_id=frame_id,
+            header_index=index,
+            payload_bytes_filled=filled,
+            state=state,
+        )
+        if self._pub_control.offer(buf):
+            return True
+        self.stats.progress_not_sent += 1
+        return False
 
     def commit(
         self,
@@ -690,6 +764,9 @@ class Producer:
         writer.commit(claim.seq)
         self._seq = claim.seq + 1
         self._publish(claim.seq, claim.header_index, ts, mv, nbytes)
+        throttle = self._progress
+        if throttle is not None and throttle.complete(claim.seq, nbytes) is not None:
+            self._publish_progress(claim.seq, claim.header_index, nbytes, _COMPLETE)
         return claim.seq
 
     # --- batches ------------------------------------------------------------------------------
@@ -915,6 +992,13 @@ class Producer:
                 self._core.on_driver_announce(dec.stream_id, self._clock())
             elif isinstance(dec, wire.ConsumerHelloDecoder):
                 self._core.on_consumer_hello(dec.stream_id, dec.consumer_id, dec.mode_raw)
+                if self._progress is not None and dec.stream_id == self.stream_id:
+                    self._progress.on_hello(
+                        dec.consumer_id,
+                        dec.supports_progress_raw == _TRUE,
+                        dec.progress_interval_us,
+                        dec.progress_bytes_delta,
+                    )
         return len(items)
 
     def do_work(self, now_ns: int | None = None) -> int:
@@ -926,6 +1010,12 @@ class Producer:
         work = self._conductor.poll(now) + self._take_inbox()
         if self._wake is not None:
             self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
+        throttle = self._progress
+        if throttle is not None:  # the latest count the interval held back (§10.2.2)
+            filled = throttle.flush(now)
+            if filled is not None:
+                self._publish_progress(throttle.frame_id, throttle.header_index, filled, _PROGRESS)
+                work += 1
         if self._driver is not None:
             events = self._driver.do_work(now)
             if events:
@@ -1032,6 +1122,11 @@ class Producer:
             control_channel="",
         )
         self._pub_control.offer(self._ctl_buf, 0, n)
+
+    @property
+    def progress_throttle(self) -> ProgressThrottle | None:
+        """The FrameProgress policy in force (None: progress off)."""
+        return self._progress
 
     @property
     def has_consumers(self) -> bool:
