@@ -299,6 +299,7 @@ class Producer:
         # FrameProgress (§10.2.2): off unless asked for; the throttle decides, we publish
         self._progress = ProgressThrottle(progress) if progress is not None else None
         self._progress_buf = bytearray(wire.FrameProgressEncoder.encoded_length())
+        self._progress_extent = 0  # bytes per frame of the open claim with progress
         self._core = ProducerCore(
             self.stream_id,
             driver_mode=driver,
@@ -687,6 +688,7 @@ class Producer:
         now = self._clock()
         if throttle.start(seq, index, layout.extent_bytes, now) is None:
             return
+        self._progress_extent = layout.extent_bytes
         writer.write_header(
             index,
             pool_id=pool_id,
@@ -697,20 +699,33 @@ class Producer:
         )
         self._publish_progress(seq, index, 0, _STARTED)
 
-    def progress(self, claim: FrameClaim, bytes_written: int) -> bool:
+    def progress(self, claim: FrameClaim | BatchClaim, bytes_written: int) -> bool:
         """Report the first ``bytes_written`` bytes of ``claim`` final (Wire §10.2.2); return
         whether a ``FrameProgress`` went out (the throttle may hold it back). The count must
-        not go backwards nor exceed the frame; without progress settings this does nothing.
+        not go backwards nor exceed the claim; without progress settings this does nothing.
+
+        A :class:`BatchClaim` counts bytes over its frames in order (frame ``k`` is bytes
+        ``[k * extent, (k + 1) * extent)``); each report names the frame the count is in.
         """
         throttle = self._progress
         if throttle is None or self._writer is None:
             return False
-        if claim.seq != self._seq:
-            raise ValueError(f"claim for seq {claim.seq} is not the open claim ({self._seq})")
-        filled = throttle.update(claim.seq, bytes_written, self._clock())
+        first = claim.first_seq if isinstance(claim, BatchClaim) else claim.seq
+        if first != self._seq:
+            raise ValueError(f"claim for seq {first} is not the open claim ({self._seq})")
+        filled = throttle.update(first, bytes_written, self._clock())
         if filled is None:
             return False
-        return self._publish_progress(claim.seq, claim.header_index, filled, _PROGRESS)
+        return self._publish_cursor(throttle, filled, _PROGRESS)
+
+    def _publish_cursor(self, throttle: ProgressThrottle, filled: int, state: int) -> bool:
+        """Progress of the open claim at byte ``filled``: for a batch, the frame it lies in
+        (a frame filled exactly to its end is reported full, not the next one as empty)."""
+        extent = self._progress_extent
+        k = (filled - 1) // extent if filled and extent else 0
+        return self._publish_progress(
+            throttle.frame_id + k, throttle.header_index + k, filled - k * extent, state
+        )
 
     def _publish_progress(self, frame_id: int, index: int, filled: int, state: int) -> bool:
         buf = self._progress_buf
@@ -796,7 +811,16 @@ class Producer:
         if pool_id is None:
             self.stats.drops.increment(Reason.NO_POOL_FITS, n)
             return None
-        return bw.claim(self._seq, n, layout, pool_id)
+        claim = bw.claim(self._seq, n, layout, pool_id)
+        throttle = self._progress
+        if throttle is not None:
+            now = self._clock()
+            extent = layout.extent_bytes
+            if throttle.start(claim.first_seq, claim.header_index, claim.n * extent, now) == 0:
+                self._progress_extent = extent
+                bw.write_headers(claim, now, self.meta_version)  # see _start_progress
+                self._publish_progress(claim.first_seq, claim.header_index, 0, _STARTED)
+        return claim
 
     def commit_batch(
         self,
@@ -823,7 +847,17 @@ class Producer:
         first = claim.first_seq
         self._seq = first + claim.n
         self._publish_batch(claim, ts, mv)
+        throttle = self._progress
+        if throttle is not None:
+            filled = throttle.filled  # COMPLETE for the frame progress last reported on
+            if throttle.complete(first, claim.n * claim.layout.extent_bytes) is not None:
+                self._publish_cursor_complete(claim, filled)
         return first
+
+    def _publish_cursor_complete(self, claim: BatchClaim, filled: int) -> None:
+        extent = claim.layout.extent_bytes
+        k = (filled - 1) // extent if filled and extent else 0
+        self._publish_progress(claim.first_seq + k, claim.header_index + k, extent, _COMPLETE)
 
     def offer_batch(
         self,
@@ -1014,7 +1048,7 @@ class Producer:
         if throttle is not None:  # the latest count the interval held back (§10.2.2)
             filled = throttle.flush(now)
             if filled is not None:
-                self._publish_progress(throttle.frame_id, throttle.header_index, filled, _PROGRESS)
+                self._publish_cursor(throttle, filled, _PROGRESS)
                 work += 1
         if self._driver is not None:
             events = self._driver.do_work(now)

@@ -168,6 +168,11 @@ class ProgressThrottle:
         self.bytes_delta = max(min(deltas, default=s.bytes_delta), s.min_bytes_delta)
 
     @property
+    def filled(self) -> int:
+        """The open claim's latest reported count (0 when none is open)."""
+        return self._filled if self.frame_id >= 0 else 0
+
+    @property
     def interested(self) -> int:
         """Consumers whose latest hello asked for progress."""
         return len(self._hints)

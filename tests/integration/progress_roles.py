@@ -7,6 +7,10 @@ Commands (one per line), each answered with one JSON line on stdout once done:
 * ``step K`` -> ``{"event": "stepped", "k", "bytes", "sent"}``: fills row block ``K`` of
   ``STEPS`` (every byte of row ``r`` is ``(seq + r) % 251``) and calls ``progress()``;
 * ``commit`` -> ``{"event": "committed", "seq"}``;
+* ``bclaim N`` -> ``{"event": "bclaimed", "first", "n"}``: a batch claim of N such frames;
+* ``bstep K`` -> ``{"event": "bstepped", "k", "bytes", "sent"}``: fills frame ``K`` of the
+  batch and reports ``(K + 1) * frame_bytes`` over the batch;
+* ``bcommit`` -> ``{"event": "bcommitted", "first"}``;
 * ``offer N`` -> ``{"event": "offered", "last"}``: N whole frames through ``offer`` (to make the
   ring reuse slots);
 * ``stats`` -> ``{"event": "stats", "hellos_with_progress", "progress_not_sent"}``.
@@ -73,6 +77,7 @@ def main() -> None:
         producer = Producer(ctx, stream, settings, progress=progress)
         emit(event="ready")
         claim = None
+        batch = None
         rows_per_step = a.rows // a.steps
         try:
             while True:
@@ -100,6 +105,21 @@ def main() -> None:
                     seq = producer.commit(claim)
                     claim = None
                     emit(event="committed", seq=seq)
+                elif cmd == "bclaim":
+                    batch = producer.claim_batch(int(arg[0]), (a.rows, a.cols), np.uint8)
+                    assert batch is not None
+                    emit(event="bclaimed", first=batch.first_seq, n=batch.n)
+                elif cmd == "bstep":
+                    assert batch is not None
+                    k = int(arg[0])
+                    batch.array[k] = row_pattern(batch.first_seq + k, a.rows, a.cols)
+                    sent = producer.progress(batch, (k + 1) * frame_bytes)
+                    emit(event="bstepped", k=k, bytes=(k + 1) * frame_bytes, sent=sent)
+                elif cmd == "bcommit":
+                    assert batch is not None
+                    first = producer.commit_batch(batch)
+                    batch = None
+                    emit(event="bcommitted", first=first)
                 elif cmd == "offer":
                     last = None
                     for _ in range(int(arg[0])):

@@ -259,3 +259,51 @@ def test_s10_2_2_consumer_without_opt_in_sees_no_progress_and_none_is_published(
     assert progress[1]["fields"]["payload_bytes_filled"] == (ROWS // STEPS) * COLS
     assert progress[2]["fields"]["payload_bytes_filled"] == ROWS * COLS
     assert progress[0]["fields"]["header_index"] == seq % NSLOTS
+
+
+def test_s10_2_2_batch_claim_reports_each_frame_as_it_is_filled(start_producer, ctx) -> None:
+    """The batch path (claim_batch -> progress -> commit_batch): STARTED for the first frame at
+    the claim, then each report names the frame its byte count lies in, whose rows the consumer
+    reads before any descriptor; commit_batch delivers every frame once and COMPLETE closes the
+    frame last reported."""
+    producer, stream_id = start_producer()
+    consumer = _mapped_consumer(ctx, stream_id, progress=ProgressRequest())
+    events: list[FrameProgress] = []
+    consumer.set_progress_handler(events.append)
+    frames: list = []
+    n = 3
+    try:
+        _wait_interested(producer, 1)
+        claimed = producer.do(f"bclaim {n}", "bclaimed")
+        first = claimed["first"]
+        assert claimed["n"] == n
+        _poll_until(consumer, lambda: len(events) >= 1, frames, "STARTED")
+        assert (events[0].state, events[0].frame_id) == (FrameProgressState.STARTED, first)
+        for k in range(n):
+            assert producer.do(f"bstep {k}", "bstepped")["sent"]
+            _poll_until(consumer, lambda k=k: len(events) >= k + 2, frames, f"PROGRESS {k}")
+            ev = events[-1]
+            assert (ev.state, ev.frame_id, ev.header_index) == (
+                FrameProgressState.PROGRESS,
+                first + k,
+                (first + k) % NSLOTS,
+            )
+            assert ev.bytes_filled == ROWS * COLS  # frame k is full; not frame k+1 empty
+            prefix = consumer.read_prefix(ev)
+            assert prefix is not None, consumer.last_prefix_drop_reason
+            np.testing.assert_array_equal(prefix.rows(), row_pattern(first + k))
+        assert frames == [] and consumer.stats.frames == 0
+        producer.do("bcommit", "bcommitted")
+        _poll_until(
+            consumer,
+            lambda: len(frames) == n and events[-1].state is FrameProgressState.COMPLETE,
+            frames,
+            "the batch's frames and COMPLETE",
+        )
+        assert [s for s, _ in frames] == list(range(first, first + n))
+        for seq, array in frames:
+            np.testing.assert_array_equal(array, row_pattern(seq))
+        assert events[-1].frame_id == first + n - 1
+        assert consumer.stats.progress.snapshot() == {}
+    finally:
+        consumer.close()
