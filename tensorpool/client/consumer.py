@@ -769,8 +769,9 @@ class Consumer:
             raise ValueError("set_progress_handler needs Consumer(progress=ProgressRequest())")
         self._progress_handler = handler
 
-    def read_prefix(self, event: FrameProgress) -> PrefixRead | None:
-        """Copy the bytes ``event`` says are filled, from a frame possibly still being written.
+    def read_prefix(self, event: FrameProgress, max_bytes: int | None = None) -> PrefixRead | None:
+        """Copy the bytes ``event`` says are filled (at most ``max_bytes``: e.g. only the
+        first row), from a frame possibly still being written.
 
         Seqlock-validated (shm/seqlock.py, "Prefix reads"): None, with the reason counted in
         ``stats.progress`` and kept in ``last_prefix_drop_reason``, when the slot was reused,
@@ -780,7 +781,9 @@ class Consumer:
         if reader is None or event.epoch != self.core.epoch:
             reason: str = EPOCH_MISMATCH if reader is not None else NOT_MAPPED
         else:
-            got = reader.read_prefix(event.header_index, event.frame_id, event.bytes_filled)
+            got = reader.read_prefix(
+                event.header_index, event.frame_id, event.bytes_filled, max_bytes
+            )
             if not isinstance(got, str):
                 return got
             reason = got

@@ -434,7 +434,8 @@ class SlotRead(NamedTuple):
 class PrefixRead(NamedTuple):
     """The filled prefix of a frame still being written (:meth:`SlotReader.read_prefix`).
 
-    ``data`` is a copy of payload bytes ``[0, bytes_filled)``; ``layout`` is the frame's
+    ``data`` is a copy of payload bytes ``[0, bytes_filled)`` (``bytes_filled`` is what was
+    copied: the producer's count, or less when the reader asked for less); ``layout`` is the frame's
     declared layout. Not a frame: the frame is available only with its descriptor.
     """
 
@@ -573,10 +574,13 @@ class SlotReader:
         self._drop(Reason.TORN_READ)
         return False
 
-    def read_prefix(self, header_index: int, frame_id: int, bytes_filled: int) -> PrefixRead | str:
-        """Copy the first ``bytes_filled`` payload bytes of frame ``frame_id``, written or still
-        being written (see the module notes); the reason instead when refused. Counts nothing:
-        the caller keeps prefix refusals apart from frame drops."""
+    def read_prefix(
+        self, header_index: int, frame_id: int, bytes_filled: int, max_bytes: int | None = None
+    ) -> PrefixRead | str:
+        """Copy the first ``bytes_filled`` payload bytes of frame ``frame_id`` (at most
+        ``max_bytes`` of them), written or still being written (see the module notes); the
+        reason instead when refused. Counts nothing: the caller keeps prefix refusals apart
+        from frame drops."""
         if not 0 <= header_index < self._nslots:
             return Reason.HEADER_INDEX_OUT_OF_RANGE
         off = SUPERBLOCK_SIZE + header_index * HEADER_SLOT_BYTES
@@ -612,6 +616,8 @@ class SlotReader:
         if reason is not None:
             return Reason.TORN_READ if words[qi] >> 1 != frame_id else reason
         start = SUPERBLOCK_SIZE + header_index * stride  # type: ignore[operator]
+        if max_bytes is not None:
+            bytes_filled = min(bytes_filled, max_bytes)
         data = np.frombuffer(self._pool_mm[pool_id], np.uint8, bytes_filled, start).copy()
         if words[qi] >> 1 != frame_id:
             return PREFIX_SLOT_REUSED  # the producer moved on to a newer frame while we copied

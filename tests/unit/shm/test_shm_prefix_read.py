@@ -103,3 +103,12 @@ def test_s10_2_2_strided_layout_with_rows_unit_is_prefix_safe(stream: Stream) ->
     assert not isinstance(got, str)
     assert got.rows() is None  # not dense: the caller interprets rows by progress_stride_bytes
     assert got.layout.progress_stride_bytes == 128
+
+
+def test_s10_2_2_reader_may_copy_less_than_filled(stream: Stream) -> None:
+    """Only the first row of a large prefix (the consumer's choice; still validated)."""
+    layout = TensorLayout.contiguous((8, 16), np.int32)
+    _claim(stream, 3, layout, 6)
+    got = stream.reader.read_prefix(3, 3, 6 * 64, max_bytes=64)
+    assert not isinstance(got, str)
+    assert got.bytes_filled == 64 and got.rows().shape == (1, 16)  # type: ignore[union-attr]
