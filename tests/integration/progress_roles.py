@@ -13,7 +13,8 @@ Commands (one per line), each answered with one JSON line on stdout once done:
 * ``bcommit`` -> ``{"event": "bcommitted", "first"}``;
 * ``offer N`` -> ``{"event": "offered", "last"}``: N whole frames through ``offer`` (to make the
   ring reuse slots);
-* ``stats`` -> ``{"event": "stats", "hellos_with_progress", "progress_not_sent"}``.
+* ``stats`` -> ``{"event": "stats", "interested", "interval_ns", "bytes_delta",
+  "progress_not_sent"}``: the throttle's state (consumers that asked, the policy in force).
 
 Between commands the producer runs its duty cycle (announces, hellos, held-back progress).
 """
@@ -131,6 +132,8 @@ def main() -> None:
                     emit(
                         event="stats",
                         interested=0 if throttle is None else throttle.interested,
+                        interval_ns=None if throttle is None else throttle.interval_ns,
+                        bytes_delta=None if throttle is None else throttle.bytes_delta,
                         progress_not_sent=producer.stats.progress_not_sent,
                     )
         finally:

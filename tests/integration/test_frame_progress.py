@@ -307,3 +307,28 @@ def test_s10_2_2_batch_claim_reports_each_frame_as_it_is_filled(start_producer, 
         assert consumer.stats.progress.snapshot() == {}
     finally:
         consumer.close()
+
+
+def test_s10_1_2_consumer_hints_reach_the_producer_policy(start_producer, ctx) -> None:
+    """§10.1.2 / §10.2.2: an opted-in consumer's ``progressIntervalUs``/``progressBytesDelta``
+    travel in its hello and become the producer's policy (the smallest offered, here above
+    the producer's floors); a second consumer with larger hints changes nothing."""
+    producer, stream_id = start_producer()
+    first = _mapped_consumer(
+        ctx, stream_id, progress=ProgressRequest(interval_us=100, bytes_delta=8192)
+    )
+    second = None
+    try:
+        _wait_interested(producer, 1)
+        stats = producer.do("stats", "stats")
+        assert (stats["interval_ns"], stats["bytes_delta"]) == (100_000, 8192)
+        second = _mapped_consumer(
+            ctx, stream_id, progress=ProgressRequest(interval_us=900, bytes_delta=1 << 20)
+        )
+        _wait_interested(producer, 2)
+        stats = producer.do("stats", "stats")
+        assert (stats["interval_ns"], stats["bytes_delta"]) == (100_000, 8192)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
