@@ -428,6 +428,8 @@ class Producer:
         self._header_uri = format_shm_uri(header.path)
 
     def _uninstall(self) -> None:
+        if self._progress is not None:  # the open claim went with the regions
+            self._progress.cancel()
         self._batch_writer = None
         if self._writer is not None:
             self._writer.close()

@@ -229,6 +229,10 @@ class ProgressThrottle:
         self.published += 1
         return filled
 
+    def cancel(self) -> None:
+        """The open claim is gone (lease lost, epoch replaced): nothing more is said about it."""
+        self.frame_id = -1
+
     def complete(self, frame_id: int, values_len: int) -> int | None:
         """After the commit: ``COMPLETE`` with the committed length, if the frame had progress."""
         if frame_id != self.frame_id:

@@ -165,3 +165,12 @@ def test_s10_2_2_bytes_or_state_going_backwards_within_a_frame_is_dropped() -> N
     assert tr.counters.snapshot() == {PROGRESS_REGRESSED: 3}
     tr.forget()  # a new mapping: the old frame ids mean nothing
     assert _track(tr, 12, 0, 1) is not None
+
+
+def test_s10_2_2_a_cancelled_claim_gets_no_more_progress() -> None:
+    """Lease lost or epoch replaced mid-claim: the held-back count is not sent afterwards."""
+    t = _throttle(interval_us=250, bytes_delta=1)
+    t.start(3, 3, 1000, 0)
+    assert t.update(3, 500, 10 * US) is None  # held back by the interval
+    t.cancel()
+    assert t.flush(10**9) is None and t.complete(3, 1000) is None
