@@ -720,13 +720,19 @@ class Producer:
             return False
         return self._publish_cursor(throttle, filled, _PROGRESS)
 
-    def _publish_cursor(self, throttle: ProgressThrottle, filled: int, state: int) -> bool:
-        """Progress of the open claim at byte ``filled``: for a batch, the frame it lies in
-        (a frame filled exactly to its end is reported full, not the next one as empty)."""
+    def _cursor_frame(self, filled: int) -> int:
+        """Which frame of the open claim byte count ``filled`` lies in (0 for a single claim;
+        a frame filled exactly to its end is that frame, not the next one, empty)."""
         extent = self._progress_extent
-        k = (filled - 1) // extent if filled and extent else 0
+        return (filled - 1) // extent if filled and extent else 0
+
+    def _publish_cursor(self, throttle: ProgressThrottle, filled: int, state: int) -> bool:
+        k = self._cursor_frame(filled)
         return self._publish_progress(
-            throttle.frame_id + k, throttle.header_index + k, filled - k * extent, state
+            throttle.frame_id + k,
+            throttle.header_index + k,
+            filled - k * self._progress_extent,
+            state,
         )
 
     def _publish_progress(self, frame_id: int, index: int, filled: int, state: int) -> bool:
@@ -851,15 +857,11 @@ class Producer:
         self._publish_batch(claim, ts, mv)
         throttle = self._progress
         if throttle is not None:
-            filled = throttle.filled  # COMPLETE for the frame progress last reported on
-            if throttle.complete(first, claim.n * claim.layout.extent_bytes) is not None:
-                self._publish_cursor_complete(claim, filled)
+            k = self._cursor_frame(throttle.filled)  # COMPLETE for the frame last reported on
+            extent = claim.layout.extent_bytes
+            if throttle.complete(first, claim.n * extent) is not None:
+                self._publish_progress(first + k, claim.header_index + k, extent, _COMPLETE)
         return first
-
-    def _publish_cursor_complete(self, claim: BatchClaim, filled: int) -> None:
-        extent = claim.layout.extent_bytes
-        k = (filled - 1) // extent if filled and extent else 0
-        self._publish_progress(claim.first_seq + k, claim.header_index + k, extent, _COMPLETE)
 
     def offer_batch(
         self,
