@@ -32,7 +32,9 @@ Dropped, each with a named reason counted in ``ConsumerStats.progress``:
 * ``progress_bad_state``: ``UNKNOWN`` or a value outside the enum;
 * ``progress_regressed``: ``payloadBytesFilled`` or the state went backwards within a frame
   (§10.2.2 "consumers MUST drop if it regresses");
-* ``progress_late``: a frame the consumer already took from its descriptor.
+* ``progress_late``: ``STARTED``/``PROGRESS`` for a frame the consumer already took from its
+  descriptor. A ``COMPLETE`` that arrives after its descriptor (they travel on different
+  streams) is ignored without a count: it says nothing the descriptor did not.
 
 The prefix read itself is the slot reader's (:meth:`tensorpool.shm.seqlock.SlotReader.
 read_prefix`): seqlock-validated like any read, refused with a reason when the slot was reused.
@@ -272,6 +274,8 @@ class ProgressTracker:
         elif state_raw not in _STATES:
             reason = PROGRESS_BAD_STATE
         elif frame_id <= last_seq:
+            if state_raw == COMPLETE:
+                return None
             reason = PROGRESS_LATE
         else:
             prev = self._frames.get(frame_id)

@@ -155,6 +155,16 @@ def test_s10_2_2_progress_drops_with_a_named_reason(
     assert tr.counters.snapshot() == {reason: 1}
 
 
+def test_s10_2_2_complete_after_its_descriptor_is_ignored_without_a_count() -> None:
+    """COMPLETE and the descriptor travel on different streams: one taken after the frame is
+    no loss (the descriptor said it all), unlike a PROGRESS that late."""
+    tr = ProgressTracker(DropCounters())
+    assert _track(tr, 10, 300, 3) is None
+    assert tr.counters.total() == 0
+    assert _track(tr, 10, 300, 2) is None
+    assert tr.counters.snapshot() == {PROGRESS_LATE: 1}
+
+
 def test_s10_2_2_bytes_or_state_going_backwards_within_a_frame_is_dropped() -> None:
     tr = ProgressTracker(DropCounters())
     assert _track(tr, 12, 500, 2) is not None
