@@ -108,11 +108,15 @@ same as for frames: the word's seq only grows, so if the first and the second lo
 means the slot was reused while we copied: the prefix read fails as ``prefix_slot_reused``.
 The header must be readable during the write, so a tensorpool producer with progress on writes
 the whole header at the claim (§8.3 allows any order inside the in-progress window) and again
-at the commit. The bytes are copied before the second load (no zero-copy prefix: the producer
-is writing the rest of the slot) and only when the layout makes a prefix meaningful: dense with
-``payload_offset == 0``, or a declared ``progress_unit`` (§10.2.2 "prefix safety"). A prefix
-read is never a frame: it changes no frame counter and no ``drops_*``; its refusals are
-returned as reasons for the caller to count apart (``ConsumerStats.progress``).
+at the commit. Interop limit: nothing in a slot ties its header to a seq, so a producer that
+writes the header only at the commit leaves the previous lap's header there during the write,
+and a prefix read of its in-progress frame would take that layout; the C reference sends
+progress only after the commit, where the header is the frame's own. The bytes are copied
+before the second load (no zero-copy prefix: the producer is writing the rest of the slot),
+and only when the layout makes a prefix meaningful: dense with ``payload_offset == 0``, or a
+declared ``progress_unit`` (§10.2.2 "prefix safety"). A prefix read is never a frame: it
+changes no frame counter and no ``drops_*``; its refusals are returned as reasons for the
+caller to count apart (``ConsumerStats.progress``).
 
 Drop accounting (§15.4): ``not_committed``, ``seq_mismatch``, ``seq_commit_regressed`` and
 ``torn_read`` (a failed ``is_current`` included) are *late* drops — the frame existed but we
