@@ -259,7 +259,7 @@ class ClientConductor:
             self._deliver(self._producers.get(stream_id, ()), item)
         elif isinstance(dec, wire.ConsumerHelloDecoder):
             self._deliver(self._producers.get(stream_id, ()), (dec, None))
-        elif isinstance(dec, wire.ConsumerConfigDecoder):
+        elif isinstance(dec, (wire.ConsumerConfigDecoder, wire.FrameProgressDecoder)):
             # producers too: in driver mode the driver assigns per-consumer streams (§10.1.3)
             self._deliver(self._consumers.get(stream_id, ()), (dec, None))
             self._deliver(self._producers.get(stream_id, ()), (dec, None))

@@ -17,6 +17,12 @@ overwrite it at any moment (the ring is lossy). After using the view, call
 `frame.is_current()` and discard your result if it returns False; or call
 `frame.copy()`, which copies and re-validates (None if overwritten). Frames whose
 final check fails are counted as `torn_read` (late).
+
+FrameProgress (Wire §10.2.2), opt-in with `progress=ProgressRequest()`: the hello says
+`supportsProgress`, accepted progress messages go to `set_progress_handler`'s handler
+(`progress_core.ProgressTracker` says which), and `read_prefix(event)` copies the filled
+prefix of a frame still being written, validated like any slot read. Neither is a frame:
+frames come only from descriptors; prefix refusals count in `stats.progress`.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from tensorpool.client.driver_client import DriverClient
 from tensorpool.client.lease import ROLE_CONSUMER, LeaseTimings
 from tensorpool.client.mapping import map_stream
 from tensorpool.client.per_consumer import STALE_PERIODS
+from tensorpool.client.progress_core import FrameProgress, ProgressRequest, ProgressTracker
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import Reason
 from tensorpool.shm.batch import REASONS as BATCH_REASONS
@@ -70,7 +77,7 @@ from tensorpool.shm.layout import MAGIC
 from tensorpool.shm.paths import PathPolicy
 from tensorpool.shm.region import ShmRegion
 from tensorpool.shm.ring import HeaderRingView
-from tensorpool.shm.seqlock import SlotRead, SlotReader
+from tensorpool.shm.seqlock import PrefixRead, SlotRead, SlotReader
 from tensorpool.shm.superblock import is_fresh
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.specs import CodecError
@@ -258,6 +265,7 @@ class Consumer:
         driver: bool = False,
         client_id: int | None = None,
         lease_timings: LeaseTimings | None = None,
+        progress: ProgressRequest | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         self.stream_id = stream_id
@@ -278,6 +286,10 @@ class Consumer:
         self._rate_limited = mode == MODE_RATE_LIMITED and max_rate_hz > 0
         self._clock = clock
         self.stats = self.core.stats
+        self.progress_request = progress
+        self._progress = ProgressTracker(self.stats.progress) if progress is not None else None
+        self._progress_handler: Callable[[FrameProgress], object] | None = None
+        self.last_prefix_drop_reason: str | None = None
         self._next_duty_ns = 0
         self._policy = PathPolicy(self.settings.base_dirs)
         self._regions: list[ShmRegion] = []
@@ -762,6 +774,62 @@ class Consumer:
         self.stats.wake_sems_removed += strategy.removed
         return strategy
 
+    # --- FrameProgress (§10.2.2) --------------------------------------------------------------
+    def set_progress_handler(self, handler: Callable[[FrameProgress], object] | None) -> None:
+        """Call ``handler`` (from ``poll``/``poll_batch``) with each progress message accepted
+        for this stream; needs ``progress=`` at construction (the hello's opt-in)."""
+        if self._progress is None:
+            raise ValueError("set_progress_handler needs Consumer(progress=ProgressRequest())")
+        self._progress_handler = handler
+
+    def read_prefix(self, event: FrameProgress, max_bytes: int | None = None) -> PrefixRead | None:
+        """Copy the bytes ``event`` says are filled (at most ``max_bytes``: e.g. only the
+        first row), from a frame possibly still being written.
+
+        Seqlock-validated (shm/seqlock.py, "Prefix reads"): None, with the reason counted in
+        ``stats.progress`` and kept in ``last_prefix_drop_reason``, when the slot was reused,
+        the layout makes no prefix safe, or the epoch is no longer mapped. Not a frame.
+        """
+        reader = self._reader
+        if reader is None or event.epoch != self.core.epoch:
+            reason: str = EPOCH_MISMATCH if reader is not None else NOT_MAPPED
+        else:
+            got = reader.read_prefix(
+                event.header_index, event.frame_id, event.bytes_filled, max_bytes
+            )
+            if not isinstance(got, str):
+                return got
+            reason = got
+        self.stats.progress.increment(reason)
+        self.last_prefix_drop_reason = reason
+        return None
+
+    def _on_progress(self, dec: wire.FrameProgressDecoder) -> None:
+        tracker = self._progress
+        if tracker is None:
+            return  # §10.2.2: a consumer that did not opt in ignores progress
+        if self._reader is None:
+            self.stats.progress.increment(NOT_MAPPED)
+            return
+        core = self.core
+        try:
+            event = tracker.on_progress(
+                dec.stream_id,
+                dec.epoch,
+                dec.frame_id,
+                dec.header_index,
+                dec.payload_bytes_filled,
+                dec.state_raw,
+                mapped_epoch=core.epoch,
+                mask=core.mask,
+                last_seq=core.last_seq,
+            )
+        except CodecError as exc:
+            self.stats.progress.increment(exc.reason)
+            return
+        if event is not None and self._progress_handler is not None:
+            self._progress_handler(event)
+
     # --- relay hooks (rate limiter, bridge) ------------------------------------------------------
     def reread(self, epoch: int, seq: int, header_index: int) -> SlotRead | None:
         """Read frame ``seq`` again from its slot, from the fields of a descriptor seen earlier.
@@ -882,6 +950,8 @@ class Consumer:
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 if dec.consumer_id == self.consumer_id:
                     self._on_config(dec.descriptor_channel, dec.descriptor_stream_id)
+            elif isinstance(dec, wire.FrameProgressDecoder):
+                self._on_progress(dec)
             else:
                 self._on_metadata(dec)
 
@@ -1061,6 +1131,8 @@ class Consumer:
         self._batch_reader = BatchReader(self._reader)
         self.core.on_mapped(layout, head, now)
         self._unconnected = None  # a new epoch may be a producer that offers own streams
+        if self._progress is not None:
+            self._progress.forget()
         self._desc_tmpl = _desc_template(self.stream_id, self.core.epoch, 64)
         log.info("stream %d mapped epoch %d", self.stream_id, layout.epoch)
 
@@ -1109,16 +1181,19 @@ class Consumer:
             self._execute(action, now)
 
     def _send_hello(self, hello: SendHello) -> bool:
+        want = self.progress_request
         n = wire.ConsumerHelloEncoder.encode(
             self._buf,
             0,
             stream_id=hello.stream_id,
             consumer_id=hello.consumer_id,
             supports_shm=int(wire.Bool.TRUE),
-            supports_progress=int(wire.Bool.FALSE),
+            supports_progress=int(wire.Bool.TRUE if want is not None else wire.Bool.FALSE),
             mode=hello.mode,
             max_rate_hz=hello.max_rate_hz,
             expected_layout_version=0,
+            progress_interval_us=None if want is None else want.interval_us,
+            progress_bytes_delta=None if want is None else want.bytes_delta,
             descriptor_stream_id=0,
             control_stream_id=0,
             descriptor_channel="",

@@ -184,6 +184,8 @@ class ConsumerStats:
     """Dead consumers' wake semaphore files swept when this one made its own (wakeup.py)."""
     drops: DropCounters = field(default_factory=DropCounters)
     control: DropCounters = field(default_factory=DropCounters)
+    progress: DropCounters = field(default_factory=DropCounters)
+    """Refused ``FrameProgress`` messages and prefix reads (§10.2.2): never frame drops."""
 
 
 class ConsumerCore:

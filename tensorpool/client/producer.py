@@ -22,6 +22,10 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
 
 Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
+With `progress=ProgressSettings()` a claimed frame can report how far it is filled
+(`progress(claim, bytes_written)`, Wire §10.2.2): `FrameProgress` STARTED at the claim,
+throttled PROGRESS, COMPLETE after the commit, on the control stream; the policy is
+`progress_core.ProgressThrottle`'s.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from tensorpool.client.producer_core import (
     Unmap,
 )
 from tensorpool.client.rate_gate import RateGate
+from tensorpool.client.progress_core import ProgressSettings, ProgressThrottle
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.config_util import IdRange
@@ -102,6 +107,10 @@ from tensorpool.transport.wakeup import WakePoster
 log = logging.getLogger(__name__)
 
 _CLOCK_MONOTONIC = int(wire.ClockDomain.MONOTONIC)
+_STARTED = int(wire.FrameProgressState.STARTED)
+_PROGRESS = int(wire.FrameProgressState.PROGRESS)
+_COMPLETE = int(wire.FrameProgressState.COMPLETE)
+_TRUE = int(wire.Bool.TRUE)
 NO_LEASE = "no_lease"
 #: The largest frame one slot can hold: one stride (#13.4).
 MAX_FRAME_BYTES = MAX_STRIDE_BYTES
@@ -171,6 +180,8 @@ class ProducerStats:
     descriptors_not_sent: int = 0
     consumer_descriptors: int = 0
     """Descriptors sent on consumers' own streams (§10.1.3), beside the shared stream's."""
+    progress_not_sent: int = 0
+    """``FrameProgress`` messages the control publication did not take (back-pressure)."""
     announces: int = 0
     wake_sems_removed: int = 0
     """Dead consumers' wake semaphore files the rescan removed (transport/wakeup.py)."""
@@ -260,6 +271,7 @@ class Producer:
         wake_consumers: bool = True,
         per_consumer: bool = False,
         per_consumer_ids: IdRange | None = None,
+        progress: ProgressSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         if per_consumer_ids is not None and not driver:  # before anything is acquired
@@ -317,6 +329,10 @@ class Producer:
                 shared=(ch.descriptor_channel, ch.descriptor_stream_id),
                 stale_ns=STALE_PERIODS * s.qos_period_ns,
             )
+        # FrameProgress (§10.2.2): off unless asked for; the throttle decides, we publish
+        self._progress = ProgressThrottle(progress) if progress is not None else None
+        self._progress_buf = bytearray(wire.FrameProgressEncoder.encoded_length())
+        self._progress_extent = 0  # bytes per frame of the open claim with progress
         self._core = ProducerCore(
             self.stream_id,
             driver_mode=driver,
@@ -448,6 +464,8 @@ class Producer:
         self._header_uri = format_shm_uri(header.path)
 
     def _uninstall(self) -> None:
+        if self._progress is not None:  # the open claim went with the regions
+            self._progress.cancel()
         self._batch_writer = None
         if self._writer is not None:
             self._writer.close()
@@ -689,7 +707,86 @@ class Producer:
         self._seq = seq
         index = writer.begin(seq)
         view = writer.payload_view(pool_id, index, layout)
+        throttle = self._progress
+        if throttle is not None:
+            self._start_progress(throttle, writer, seq, index, pool_id, layout)
         return FrameClaim(seq, index, pool_id, layout, view)
+
+    def _start_progress(
+        self,
+        throttle: ProgressThrottle,
+        writer: SlotWriter,
+        seq: int,
+        index: int,
+        pool_id: int,
+        layout: TensorLayout,
+    ) -> None:
+        """§10.2.2 STARTED, after writing the whole header now: a consumer reading the prefix
+        needs the frame's layout while it is written (commit writes it again, §8.3)."""
+        now = self._clock()
+        if throttle.start(seq, index, layout.extent_bytes, now) is None:
+            return
+        self._progress_extent = layout.extent_bytes
+        writer.write_header(
+            index,
+            pool_id=pool_id,
+            layout=layout,
+            values_len_bytes=layout.extent_bytes,
+            timestamp_ns=now,
+            meta_version=self.meta_version,
+        )
+        self._publish_progress(seq, index, 0, _STARTED)
+
+    def progress(self, claim: FrameClaim | BatchClaim, bytes_written: int) -> bool:
+        """Report the first ``bytes_written`` bytes of ``claim`` final (Wire §10.2.2); return
+        whether a ``FrameProgress`` went out (the throttle may hold it back). The count must
+        not go backwards nor exceed the claim; without progress settings this does nothing.
+
+        A :class:`BatchClaim` counts bytes over its frames in order (frame ``k`` is bytes
+        ``[k * extent, (k + 1) * extent)``); each report names the frame the count is in.
+        """
+        throttle = self._progress
+        if throttle is None or self._writer is None:
+            return False
+        first = claim.first_seq if isinstance(claim, BatchClaim) else claim.seq
+        if first != self._seq:
+            raise ValueError(f"claim for seq {first} is not the open claim ({self._seq})")
+        filled = throttle.update(first, bytes_written, self._clock())
+        if filled is None:
+            return False
+        return self._publish_cursor(throttle, filled, _PROGRESS)
+
+    def _cursor_frame(self, filled: int) -> int:
+        """Which frame of the open claim byte count ``filled`` lies in (0 for a single claim;
+        a frame filled exactly to its end is that frame, not the next one, empty)."""
+        extent = self._progress_extent
+        return (filled - 1) // extent if filled and extent else 0
+
+    def _publish_cursor(self, throttle: ProgressThrottle, filled: int, state: int) -> bool:
+        k = self._cursor_frame(filled)
+        return self._publish_progress(
+            throttle.frame_id + k,
+            throttle.header_index + k,
+            filled - k * self._progress_extent,
+            state,
+        )
+
+    def _publish_progress(self, frame_id: int, index: int, filled: int, state: int) -> bool:
+        buf = self._progress_buf
+        wire.FrameProgressEncoder.encode(
+            buf,
+            0,
+            stream_id=self.stream_id,
+            epoch=self.epoch,
+            frame_id=frame_id,
+            header_index=index,
+            payload_bytes_filled=filled,
+            state=state,
+        )
+        if self._pub_control.offer(buf):
+            return True
+        self.stats.progress_not_sent += 1
+        return False
 
     def commit(
         self,
@@ -726,6 +823,9 @@ class Producer:
         writer.commit(claim.seq)
         self._seq = claim.seq + 1
         self._publish(claim.seq, claim.header_index, ts, mv, nbytes)
+        throttle = self._progress
+        if throttle is not None and throttle.complete(claim.seq, nbytes) is not None:
+            self._publish_progress(claim.seq, claim.header_index, nbytes, _COMPLETE)
         return claim.seq
 
     # --- batches ------------------------------------------------------------------------------
@@ -755,7 +855,16 @@ class Producer:
         if pool_id is None:
             self.stats.drops.increment(Reason.NO_POOL_FITS, n)
             return None
-        return bw.claim(self._seq, n, layout, pool_id)
+        claim = bw.claim(self._seq, n, layout, pool_id)
+        throttle = self._progress
+        if throttle is not None:
+            now = self._clock()
+            extent = layout.extent_bytes
+            if throttle.start(claim.first_seq, claim.header_index, claim.n * extent, now) == 0:
+                self._progress_extent = extent
+                bw.write_headers(claim, now, self.meta_version)  # see _start_progress
+                self._publish_progress(claim.first_seq, claim.header_index, 0, _STARTED)
+        return claim
 
     def commit_batch(
         self,
@@ -782,6 +891,12 @@ class Producer:
         first = claim.first_seq
         self._seq = first + claim.n
         self._publish_batch(claim, ts, mv)
+        throttle = self._progress
+        if throttle is not None:
+            k = self._cursor_frame(throttle.filled)  # COMPLETE for the frame last reported on
+            extent = claim.layout.extent_bytes
+            if throttle.complete(first, claim.n * extent) is not None:
+                self._publish_progress(first + k, claim.header_index + k, extent, _COMPLETE)
         return first
 
     def offer_batch(
@@ -972,6 +1087,13 @@ class Producer:
                     descriptor_channel=dec.descriptor_channel,
                     descriptor_stream_id=dec.descriptor_stream_id,
                 )
+                if self._progress is not None and dec.stream_id == self.stream_id:
+                    self._progress.on_hello(
+                        dec.consumer_id,
+                        dec.supports_progress_raw == _TRUE,
+                        dec.progress_interval_us,
+                        dec.progress_bytes_delta,
+                    )
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 self._core.on_consumer_config(
                     dec.stream_id,
@@ -991,6 +1113,12 @@ class Producer:
         work = self._conductor.poll(now) + self._take_inbox()
         if self._wake is not None:
             self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
+        throttle = self._progress
+        if throttle is not None:  # the latest count the interval held back (§10.2.2)
+            filled = throttle.flush(now)
+            if filled is not None:
+                self._publish_cursor(throttle, filled, _PROGRESS)
+                work += 1
         if self._driver is not None:
             events = self._driver.do_work(now)
             if events:
@@ -1139,6 +1267,11 @@ class Producer:
             return
         self._fanout = tuple(self._consumer_pubs.values())
         self._ctx.release(entry[1])
+
+    @property
+    def progress_throttle(self) -> ProgressThrottle | None:
+        """The FrameProgress policy in force (None: progress off)."""
+        return self._progress
 
     @property
     def has_consumers(self) -> bool:

@@ -828,6 +828,21 @@ class BatchWriter:
     ) -> None:
         """Headers (one strided store per field, the TensorHeader blob broadcast), then the
         committed words (one store pass): §8.3 steps 3 and 4 for every row of the claim."""
+        self.write_headers(claim, timestamps_ns, meta_version, values_len_bytes)
+        i0, n = claim.header_index, claim.n
+        seqs = np.arange(claim.first_seq, claim.first_seq + n, dtype=np.uint64)
+        self._words[i0 : i0 + n] = (seqs << _ONE) | _ONE  # §8.3 step 4 for every row
+
+    def write_headers(
+        self,
+        claim: BatchClaim,
+        timestamps_ns: np.ndarray | int,
+        meta_version: int,
+        values_len_bytes: int | None = None,
+    ) -> None:
+        """§8.3 step 3 for every row, slots still in progress. :meth:`commit` calls it; a
+        producer reporting FrameProgress calls it at the claim too, so prefix readers find the
+        frames' layout while they are written (Wire §10.2.2)."""
         i0, n = claim.header_index, claim.n
         layout = claim.layout
         nbytes = layout.extent_bytes if values_len_bytes is None else values_len_bytes
@@ -840,5 +855,3 @@ class BatchWriter:
         slots["meta_version"] = meta_version
         self._pad_rows[i0 : i0 + n] = 0  # the per-frame writer's full overwrite zeroes it too
         self._blob_rows[i0 : i0 + n] = np.frombuffer(layout.blob, np.uint8)
-        seqs = np.arange(claim.first_seq, claim.first_seq + n, dtype=np.uint64)
-        self._words[i0 : i0 + n] = (seqs << _ONE) | _ONE  # §8.3 step 4 for every row

@@ -96,6 +96,28 @@ consumers must therefore call :meth:`SlotReader.is_current` after they are done 
 spec's step "re-read ``seq_commit``" moved to after the payload read. :meth:`SlotReader.read_copy`
 does it for you: it copies the payload before the second load.
 
+Prefix reads of a frame still being written (Wire §10.2.2)
+----------------------------------------------------------
+A consumer that opted in to ``FrameProgress`` may read the first ``payload_bytes_filled`` bytes
+of frame ``S`` before its descriptor: :meth:`SlotReader.read_prefix`. The slot is then usually
+*in progress* (``seq_commit == S << 1``), which a frame read refuses; a prefix read accepts that
+word, or the committed ``(S << 1) | 1``, and nothing else. The rule that makes it safe is the
+same as for frames: the word's seq only grows, so if the first and the second load both name
+``S``, the slot was not reused in between and the bytes copied between them are frame ``S``'s
+(the producer declared them final when it reported them). A second load naming another seq
+means the slot was reused while we copied: the prefix read fails as ``prefix_slot_reused``.
+The header must be readable during the write, so a tensorpool producer with progress on writes
+the whole header at the claim (§8.3 allows any order inside the in-progress window) and again
+at the commit. Interop limit: nothing in a slot ties its header to a seq, so a producer that
+writes the header only at the commit leaves the previous lap's header there during the write,
+and a prefix read of its in-progress frame would take that layout; the C reference sends
+progress only after the commit, where the header is the frame's own. The bytes are copied
+before the second load (no zero-copy prefix: the producer is writing the rest of the slot),
+and only when the layout makes a prefix meaningful: dense with ``payload_offset == 0``, or a
+declared ``progress_unit`` (§10.2.2 "prefix safety"). A prefix read is never a frame: it
+changes no frame counter and no ``drops_*``; its refusals are returned as reasons for the
+caller to count apart (``ConsumerStats.progress``).
+
 Drop accounting (§15.4): ``not_committed``, ``seq_mismatch``, ``seq_commit_regressed`` and
 ``torn_read`` (a failed ``is_current`` included) are *late* drops — the frame existed but we
 lost the race — and belong in QoS ``drops_late`` (:data:`tensorpool.counters.LATE_REASONS`).
@@ -123,6 +145,8 @@ from tensorpool.shm.layout import (
     TENSOR_BLOB_END,
     TENSOR_BLOB_OFFSET,
     TENSOR_BLOB_READ,
+    MajorOrder,
+    ProgressUnit,
 )
 from tensorpool.shm.region import ShmRegion
 from tensorpool.shm.ring import PoolTable, check_ring_shape
@@ -132,6 +156,11 @@ from tensorpool.shm.tensor import TensorLayout
 STRONGLY_ORDERED_MACHINES: Final = frozenset({"x86_64", "amd64", "AMD64", "x64"})
 MAX_SEQ: Final = (1 << 63) - 1
 _KNOWN_LAYOUTS_MAX: Final = 1024
+#: Prefix-read refusals (Wire §10.2.2) beyond the slot reasons; counted by the consumer apart
+#: from frame drops, since the frame itself may still arrive with its descriptor.
+PREFIX_SLOT_REUSED: Final = "prefix_slot_reused"
+PREFIX_EXCEEDS_VALUES_LEN: Final = "prefix_exceeds_values_len"
+PREFIX_NOT_LAYOUT_SAFE: Final = "prefix_not_layout_safe"
 # Bound once: attribute lookups are a measurable share of a ~2 µs hot path.
 _pack_slot_fields = SLOT_FIELDS.pack_into
 _unpack_slot_fields = SLOT_FIELDS_READ.unpack_from
@@ -406,6 +435,44 @@ class SlotRead(NamedTuple):
     array: np.ndarray | None
 
 
+class PrefixRead(NamedTuple):
+    """The filled prefix of a frame still being written (:meth:`SlotReader.read_prefix`).
+
+    ``data`` is a copy of payload bytes ``[0, bytes_filled)`` (``bytes_filled`` is what was
+    copied: the producer's count, or less when the reader asked for less); ``layout`` is the frame's
+    declared layout. Not a frame: the frame is available only with its descriptor.
+    """
+
+    frame_id: int
+    header_index: int
+    bytes_filled: int
+    layout: TensorLayout
+    data: np.ndarray
+
+    def rows(self) -> np.ndarray | None:
+        """The complete major-axis rows in the prefix, shaped ``(k, *dims[1:])`` (ROW-major
+        dense layouts only; None otherwise)."""
+        lay = self.layout
+        if lay.major_order != MajorOrder.ROW or lay.extent_bytes != _dense_bytes(lay):
+            return None
+        row = lay.strides[0] if lay.ndims > 1 else lay.itemsize
+        k = self.bytes_filled // row
+        return self.data[: k * row].view(lay.np_dtype).reshape((k, *lay.dims[1:]))
+
+
+def _dense_bytes(layout: TensorLayout) -> int:
+    n = layout.itemsize
+    for d in layout.dims:
+        n *= d
+    return n
+
+
+def prefix_safe(layout: TensorLayout) -> bool:
+    """§10.2.2 prefix safety: a dense layout (what "strides inferred contiguous" describes), or
+    one that declares a ``progress_unit`` with its stride (validated when the layout was built)."""
+    return layout.progress_unit != ProgressUnit.NONE or layout.extent_bytes == _dense_bytes(layout)
+
+
 class SlotReader:
     """Validating reader of one stream's header ring and payload pools (consumer side).
 
@@ -510,6 +577,55 @@ class SlotReader:
             return True
         self._drop(Reason.TORN_READ)
         return False
+
+    def read_prefix(
+        self, header_index: int, frame_id: int, bytes_filled: int, max_bytes: int | None = None
+    ) -> PrefixRead | str:
+        """Copy the first ``bytes_filled`` payload bytes of frame ``frame_id`` (at most
+        ``max_bytes`` of them), written or still being written (see the module notes); the
+        reason instead when refused. Counts nothing: the caller keeps prefix refusals apart
+        from frame drops."""
+        if not 0 <= header_index < self._nslots:
+            return Reason.HEADER_INDEX_OUT_OF_RANGE
+        off = SUPERBLOCK_SIZE + header_index * HEADER_SLOT_BYTES
+        qi = off >> 3
+        words = self._words
+        w1 = words[qi]
+        if w1 >> 1 != frame_id:
+            return PREFIX_SLOT_REUSED if w1 >> 1 > frame_id else Reason.SEQ_MISMATCH
+        hmm = self._hmm
+        try:
+            layout = TensorLayout.from_blob_fields(
+                TENSOR_BLOB_READ.unpack(hmm[off + TENSOR_BLOB_OFFSET : off + TENSOR_BLOB_END])
+            )
+        except TensorLayoutError as exc:
+            return Reason.TORN_READ if words[qi] >> 1 != frame_id else exc.reason
+        values_len, payload_slot, pool_id, payload_offset, _ts, _mv = _unpack_slot_fields(
+            hmm, off + SLOT_FIELDS_OFFSET
+        )
+        stride = self._pool_stride.get(pool_id)
+        reason = None
+        if payload_offset != 0:
+            reason = Reason.PAYLOAD_OFFSET_NONZERO
+        elif payload_slot != header_index:
+            reason = Reason.PAYLOAD_SLOT_MISMATCH
+        elif stride is None:
+            reason = Reason.UNKNOWN_POOL_ID
+        elif values_len > stride:
+            reason = Reason.VALUES_LEN_EXCEEDS_STRIDE
+        elif not 0 <= bytes_filled <= values_len:
+            reason = PREFIX_EXCEEDS_VALUES_LEN  # §10.2.2: filled <= values_len_bytes
+        elif not prefix_safe(layout):
+            reason = PREFIX_NOT_LAYOUT_SAFE
+        if reason is not None:
+            return Reason.TORN_READ if words[qi] >> 1 != frame_id else reason
+        start = SUPERBLOCK_SIZE + header_index * stride  # type: ignore[operator]
+        if max_bytes is not None:
+            bytes_filled = min(bytes_filled, max_bytes)
+        data = np.frombuffer(self._pool_mm[pool_id], np.uint8, bytes_filled, start).copy()
+        if words[qi] >> 1 != frame_id:
+            return PREFIX_SLOT_REUSED  # the producer moved on to a newer frame while we copied
+        return PrefixRead(frame_id, header_index, bytes_filled, layout, data)
 
     def read(self, header_index: int, seq: int, copy: bool = False) -> SlotRead | None:
         """Seqlock-validated read of frame ``seq`` from ``header_index`` (a descriptor's fields).

@@ -179,6 +179,7 @@ CORES = (
     "tensorpool.client.lease",
     "tensorpool.client.producer_core",
     "tensorpool.client.consumer_core",
+    "tensorpool.client.progress_core",
     "tensorpool.driver.core",
 )
 #: What no core may reach, even transitively: Aeron and the transport layer over it (its
