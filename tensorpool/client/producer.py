@@ -67,8 +67,8 @@ from tensorpool.client.producer_core import (
     SendConsumerConfig,
     Unmap,
 )
-from tensorpool.client.rate_gate import RateGate
 from tensorpool.client.progress_core import ProgressSettings, ProgressThrottle
+from tensorpool.client.rate_gate import RateGate
 from tensorpool.client.settings import ClientSettings
 from tensorpool.client.stream_lock import StreamBusy, StreamLock, stream_lock_path
 from tensorpool.config_util import IdRange
