@@ -47,6 +47,7 @@ from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import bridge as bridge_schema
 from tensorpool.specs.generated import driver as dp
 from tensorpool.specs.generated import wire
+from tensorpool.transport.channels import subscription_channel
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.publication import Publisher
 from tensorpool.transport.subscription import Subscriber
@@ -66,6 +67,12 @@ _FRAGMENT_LIMIT: Final = 64
 
 LaneKey = tuple[str, int]
 """(channel, stream id) of a shared subscription or publication."""
+
+
+def lane_key(channel: str, stream_id: int) -> LaneKey:
+    """The lane that receives ``channel``/``stream_id``: IPC spellings that differ only in
+    publication parameters (``term-length``) share one subscription."""
+    return (subscription_channel(channel), stream_id)
 
 
 class Inbox:
@@ -208,7 +215,7 @@ class ContextConductor:
 
     # --- lanes and registration ---------------------------------------------------------------
     def _lane(self, key: LaneKey) -> _Lane:
-        """The lane of ``key`` with one more holder (under the lock)."""
+        """The lane of ``key`` (a :func:`lane_key`) with one more holder (under the lock)."""
         lane = self._lanes.get(key)
         if lane is None:
             lane = _Lane(key)
@@ -243,8 +250,8 @@ class ContextConductor:
             self.ctx.release(lane.sub)
 
     def register(self, key: LaneKey, table: str, stream_id: int) -> Inbox:
-        """A client's inbox for ``stream_id`` on lane ``key`` (``table``: ``consumers``,
-        ``metadata``, ``producers`` or ``leases``)."""
+        """A client's inbox for ``stream_id`` on lane ``key`` (a :func:`lane_key`; ``table``:
+        ``consumers``, ``metadata``, ``producers`` or ``leases``)."""
         inbox = Inbox(self.ctx.clock())
         with self._lock:
             recipients: dict[int, tuple[Inbox, ...]] = getattr(self._lane(key), table)
@@ -261,7 +268,7 @@ class ContextConductor:
     ) -> Tap:
         """Every message of ``kinds`` on ``channel``/``stream_id`` (the one subscription of
         the process on it); pair with :meth:`unregister`."""
-        key = (channel, stream_id)
+        key = lane_key(channel, stream_id)
         tap = Tap(self.ctx.clock(), key, kinds, all_errors)
         with self._lock:
             lane = self._lane(key)
@@ -408,11 +415,11 @@ class ClientConductor:
         self.endpoints = endpoints
         self._refs = 0
         e = endpoints
-        self.control_lane: LaneKey = (e.control_channel, e.control_stream_id)
-        self.metadata_lane: LaneKey = (e.metadata_channel, e.metadata_stream_id)
-        self.control_pub: Publisher = hub.publication(*self.control_lane)
+        self.control_lane = lane_key(e.control_channel, e.control_stream_id)
+        self.metadata_lane = lane_key(e.metadata_channel, e.metadata_stream_id)
+        self.control_pub: Publisher = hub.publication(e.control_channel, e.control_stream_id)
         self.qos_pub: Publisher = hub.publication(e.qos_channel, e.qos_stream_id)
-        self.meta_pub: Publisher = hub.publication(*self.metadata_lane)
+        self.meta_pub: Publisher = hub.publication(e.metadata_channel, e.metadata_stream_id)
         hub.hold_lane(self.control_lane)
         hub.hold_lane(self.metadata_lane)
 

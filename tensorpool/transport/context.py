@@ -321,6 +321,11 @@ class AeronContext:
         return self._dir
 
     @property
+    def subscriptions(self) -> tuple[tuple[str, int], ...]:
+        """(channel, stream id) of every subscription open through this context."""
+        return tuple((s.channel, s.stream_id) for s in self._subscribers)
+
+    @property
     def owns_driver(self) -> bool:
         return self._driver is not None
 
