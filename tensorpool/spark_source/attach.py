@@ -377,7 +377,7 @@ class Attachment:
 
 
 class AnnounceProbe:
-    """Standalone layouts for batch plans, with two Aeron resources.
+    """Standalone layouts for batch plans, on the process's client and conductor (#28.1).
 
     A :class:`Attachment` builds a full Consumer per stream (five publications and
     subscriptions, ~30 ms each to register with the media driver); a batch read only needs
@@ -566,7 +566,7 @@ class AnnounceProbe:
 
     @property
     def context(self) -> AeronContext:
-        """The probe's Aeron client (a metadata subscription rides along, #16.4)."""
+        """The process's Aeron context the probe uses (its metadata tap rides along, #16.4)."""
         return self._ctx
 
     def hello(self, sid: int) -> None:
@@ -738,7 +738,8 @@ def shared_probe(
 ) -> Iterator[AnnounceProbe]:
     """This process's :class:`AnnounceProbe` of ``settings``' control channel, held for one plan.
 
-    The first plan opens it (Aeron client, control subscription and publication: ~50 ms with
+    The first plan opens it (a tap on the process's control subscription, joining the process's
+    Aeron client if none is open yet: ~50 ms with
     the media driver, and ~15 ms to close); later plans within :data:`PROBE_IDLE_S` reuse it, and
     a keeper thread polls it in between, so the layouts of streams whose producers keep
     announcing are known when the plan starts. Every announce still passes the same rules
