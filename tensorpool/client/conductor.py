@@ -184,11 +184,6 @@ class ContextConductor:
             if self._refs <= 0 and _REGISTRY.get(self.ctx) is self:
                 del _REGISTRY[self.ctx]
 
-    @property
-    def lanes(self) -> tuple[LaneKey, ...]:
-        """The streams this context has one shared subscription on."""
-        return tuple(self._lanes)
-
     # --- publications -------------------------------------------------------------------------
     def publication(self, channel: str, stream_id: int) -> Publisher:
         """The process's one publication on ``channel``/``stream_id``; pair with
@@ -252,10 +247,13 @@ class ContextConductor:
             assert lane.sub is not None
             self.ctx.release(lane.sub)
 
-    def register(self, key: LaneKey, table: str, stream_id: int) -> Inbox:
-        """A client's inbox for ``stream_id`` on lane ``key`` (a :func:`lane_key`; ``table``:
-        ``consumers``, ``metadata``, ``producers`` or ``leases``)."""
-        inbox = Inbox(self.ctx.clock())
+    def register(
+        self, key: LaneKey, table: str, stream_id: int, inbox: Inbox | None = None
+    ) -> Inbox:
+        """A client's inbox (``inbox``, or a new one) for ``stream_id`` on lane ``key`` (a
+        :func:`lane_key`; ``table``: ``consumers``, ``metadata``, ``producers`` or ``leases``)."""
+        if inbox is None:
+            inbox = Inbox(self.ctx.clock())
         with self._lock:
             recipients: dict[int, tuple[Inbox, ...]] = getattr(self._lane(key), table)
             recipients[stream_id] = (*recipients.get(stream_id, ()), inbox)
@@ -474,11 +472,7 @@ class ClientConductor:
     def register_consumer(self, stream_id: int) -> Inbox:
         """Announces and configs of ``stream_id`` (control lane), and its metadata."""
         inbox = self.hub.register(self.control_lane, "consumers", stream_id)
-        hub = self.hub
-        with hub._lock:
-            recipients = hub._lane(self.metadata_lane).metadata
-            recipients[stream_id] = (*recipients.get(stream_id, ()), inbox)
-        return inbox
+        return self.hub.register(self.metadata_lane, "metadata", stream_id, inbox)
 
     def register_producer(self, stream_id: int) -> Inbox:
         return self.hub.register(self.control_lane, "producers", stream_id)
