@@ -18,7 +18,7 @@ from tensorpool.bridge.config import BridgeConfig
 from tensorpool.bridge.receiver import BridgeReceiver
 from tensorpool.bridge.sender import BridgeSender
 from tensorpool.transport.clock import NanoClock, now_ns
-from tensorpool.transport.context import AeronContext
+from tensorpool.transport.context import AeronContext, release_shared_context, shared_context
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,9 @@ class BridgeApp:
         self.config = config
         self.role_name = f"bridge[{config.bridge.instance_id}]"
         self._own_ctx = ctx is None
-        self.ctx = ctx or AeronContext(config.local.client_settings().transport).start()
+        # the process's one client (#28.1) unless given one; sender and receiver share its
+        # conductor: one subscription per local and bridge control stream, decoded once
+        self.ctx = ctx or shared_context(config.local.client_settings().transport)
         self.sender: BridgeSender | None = None
         self.receiver: BridgeReceiver | None = None
         try:
@@ -88,7 +90,8 @@ class BridgeApp:
         self.sender = None
         self.receiver = None
         if self._own_ctx:
-            self.ctx.close()
+            self._own_ctx = False
+            release_shared_context(self.ctx)
 
 
 class RateMeter:

@@ -1,8 +1,10 @@
 """The bridge receiver: chunks in over UDP, ordinary frames out on the local host.
 
 Thin agent around :class:`~tensorpool.bridge.assembler.ReceiverCore` (Bridge Spec §2.2,
-§6-§9). It polls the bridge payload, control and metadata subscriptions, feeds the core,
-and carries out what the core decides:
+§6-§9). It polls the bridge payload subscription, takes the bridge control and metadata
+messages its context's :class:`~tensorpool.client.conductor.ContextConductor` decoded for it
+(#28.1: one subscription per stream in the process, each message decoded once), feeds the
+core, and carries out what the core decides:
 
 * ``OpenDestination`` — attach (or re-attach, on a source epoch change) a
   :class:`~tensorpool.client.producer.Producer` for ``dest_stream_id``: through the host's
@@ -50,17 +52,17 @@ from tensorpool.bridge.assembler import (
 )
 from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, FrameDrop
+from tensorpool.client.conductor import ContextConductor
 from tensorpool.client.producer import AttachError, FrameClaim, Producer, StreamConfig
 from tensorpool.client.producer_core import AttachWait
 from tensorpool.counters import DropCounters, Reason
 from tensorpool.shm.errors import ShmError
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.specs import CodecError, decode_any
+from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.publication import Publisher
-from tensorpool.transport.subscription import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -193,25 +195,30 @@ class BridgeReceiver:
             fragment_limit=fragment_limit,
             guard=False,
         )
-        self._sub_control = ctx.add_subscription(
-            b.receive_control_channel, b.control_stream_id, self._on_control, fragment_limit=32
-        )
+        self._conductor = hub = ContextConductor.acquire(ctx)
+        w = wire
+        kinds = (w.ShmPoolAnnounceDecoder, w.FrameProgressDecoder, w.QosProducerDecoder,
+                 w.QosConsumerDecoder)  # fmt: skip
+        self._taps = [
+            (hub.tap(b.receive_control_channel, b.control_stream_id, kinds, all_errors=True),
+             self._on_control),
+        ]  # fmt: skip
         self._forward_progress = b.forward_progress
         self._forward_qos = b.forward_qos
         self._local_meta: Publisher | None = None
-        self._sub_meta: Subscriber | None = None
         if b.metadata_enabled:
-            self._sub_meta = ctx.add_subscription(
-                b.receive_metadata_channel, b.metadata_stream_id, self._on_metadata,
-                fragment_limit=16,
+            kinds = (w.DataSourceAnnounceDecoder, w.DataSourceMetaDecoder)
+            self._taps.append(
+                (hub.tap(b.receive_metadata_channel, b.metadata_stream_id, kinds, all_errors=True),
+                 self._on_metadata),
             )  # fmt: skip
             ch = local.channels
-            self._local_meta = ctx.add_publication(ch.metadata_channel, ch.metadata_stream_id)
+            self._local_meta = hub.publication(ch.metadata_channel, ch.metadata_stream_id)
         self._local_control: dict[int, Publisher] = {}
         if b.forward_progress or b.forward_qos:
             for m in config.receiver_mappings:
                 if m.dest_control_stream_id and m.dest_control_stream_id not in self._local_control:
-                    self._local_control[m.dest_control_stream_id] = ctx.add_publication(
+                    self._local_control[m.dest_control_stream_id] = hub.publication(
                         local.channels.control_channel, m.dest_control_stream_id
                     )
 
@@ -226,9 +233,11 @@ class BridgeReceiver:
     def do_work(self) -> int:
         now = self._clock()
         self._now = now
-        work = self._sub_control.poll()
-        if self._sub_meta is not None:
-            work += self._sub_meta.poll()
+        work = self._conductor.poll(now)
+        for tap, handler in self._taps:
+            for dec, raw, _join in tap.drain():
+                handler(dec, raw)
+                work += 1
         work += self._sub_payload.poll()
         if self._run_k[0]:
             self._flush_run()
@@ -516,11 +525,9 @@ class BridgeReceiver:
 
     # -- control channel --------------------------------------------------------------------------
 
-    def _on_control(self, buffer: object, header: object) -> None:
-        try:
-            dec = decode_any(buffer)  # type: ignore[arg-type]
-        except CodecError as exc:
-            self.control_drops.increment(ControlDrop.DECODE_ERROR + "_" + exc.reason)
+    def _on_control(self, dec: object, buffer: bytes) -> None:
+        if isinstance(dec, str):  # the conductor could not decode it
+            self.control_drops.increment(ControlDrop.DECODE_ERROR + "_" + dec)
             return
         try:
             if isinstance(dec, wire.ShmPoolAnnounceDecoder):
@@ -584,9 +591,11 @@ class BridgeReceiver:
 
     # -- metadata (§7.1) --------------------------------------------------------------------------
 
-    def _on_metadata(self, buffer: object, header: object) -> None:
+    def _on_metadata(self, dec: object, _raw: bytes) -> None:
+        if isinstance(dec, str):  # the conductor could not decode it
+            self.control_drops.increment(ControlDrop.DECODE_ERROR + "_" + dec)
+            return
         try:
-            dec = decode_any(buffer)  # type: ignore[arg-type]
             if isinstance(dec, wire.DataSourceAnnounceDecoder):
                 dest = self._by_source.get(dec.stream_id)
                 if dest is None:
@@ -703,3 +712,14 @@ class BridgeReceiver:
             if dest.producer is not None:
                 dest.producer.close()
                 dest.producer = None
+        hub, taps, self._taps = self._conductor, self._taps, []
+        if not taps:
+            return  # closed before
+        for tap, _ in taps:
+            hub.unregister(tap)
+        pubs = [*self._local_control.values(), self._local_meta]
+        self._local_control, self._local_meta = {}, None
+        for pub in pubs:
+            if pub is not None:
+                hub.release_publication(pub)
+        hub.release()

@@ -51,16 +51,15 @@ from tensorpool.bridge.chunker import (
 )
 from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, SendDrop
+from tensorpool.client.conductor import ContextConductor, Tap
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.counters import DropCounters
-from tensorpool.specs import CodecError, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.bridge import BridgeFrameChunkDecoder
 from tensorpool.transport.channels import channel_mtu
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.publication import OfferRejected, Publisher
-from tensorpool.transport.subscription import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +72,6 @@ _VER: Final = BridgeFrameChunkDecoder.SCHEMA_VERSION
 _U32: Final = struct.Struct("<I")
 _HDR_END: Final = FIRST_PREFIX.size + HEADER_SLOT_BYTES  # 309
 _AERON_HEADER: Final = 32
-_WIRE_SCHEMA: Final = wire.FrameDescriptorDecoder.SCHEMA_ID
-_T_PROGRESS: Final = wire.FrameProgressDecoder.TEMPLATE_ID
-_T_QOS_P: Final = wire.QosProducerDecoder.TEMPLATE_ID
-_T_QOS_C: Final = wire.QosConsumerDecoder.TEMPLATE_ID
-_T_DS_ANNOUNCE: Final = wire.DataSourceAnnounceDecoder.TEMPLATE_ID
-_T_DS_META: Final = wire.DataSourceMetaDecoder.TEMPLATE_ID
 _CLOCK_MONOTONIC: Final = int(wire.ClockDomain.MONOTONIC)
 _STREAM_ID_AT: Final = struct.Struct("<I")  # every wire message starts with streamId at +8
 _ADMIN_ACTION: Final = pyaeron.ADMIN_ACTION
@@ -564,26 +557,23 @@ class BridgeSender:
         self._by_source = {sm.mapping.source_stream_id: sm for sm in self.mappings}
         self._current: _SenderMapping | None = None
         self._metadata: Publisher | None = None
-        self._subs: list[Subscriber] = []
+        # the local streams come through the process's conductor (#28.1), decoded once
+        self._conductor = hub = ContextConductor.acquire(ctx)
+        self._conductor_held = True
+        self._taps: list[tuple[Tap, Callable[[object, bytes], None]]] = []
+        w = wire
         if b.metadata_enabled and self.mappings:
             self._metadata = ctx.add_publication(b.metadata_channel, b.metadata_stream_id)
-            sub = ctx.add_subscription(
-                local.channels.metadata_channel,
-                b.source_metadata_stream_id,
-                self._on_metadata,
-                fragment_limit=16,
-            )
-            self._subs.append(sub)
+            kinds: tuple[type, ...] = (w.DataSourceAnnounceDecoder, w.DataSourceMetaDecoder)
+            tap = hub.tap(local.channels.metadata_channel, b.source_metadata_stream_id, kinds)
+            self._taps.append((tap, self._on_metadata))
         if b.forward_progress or b.forward_qos:
+            kinds = (w.FrameProgressDecoder,) if b.forward_progress else ()
+            if b.forward_qos:
+                kinds += (w.QosProducerDecoder, w.QosConsumerDecoder)
             for sid in sorted({m.source_control_stream_id for m in config.sender_mappings}):
-                self._subs.append(
-                    ctx.add_subscription(
-                        local.channels.control_channel,
-                        sid,
-                        self._on_source_control,
-                        fragment_limit=32,
-                    )
-                )
+                tap = hub.tap(local.channels.control_channel, sid, kinds)
+                self._taps.append((tap, self._on_source_control))
         self._forward_progress = b.forward_progress
         self._forward_qos = b.forward_qos
 
@@ -598,8 +588,12 @@ class BridgeSender:
     def do_work(self) -> int:
         work = 0
         now = self._now = self._clock()
-        for sub in self._subs:
-            work += sub.poll()
+        work += self._conductor.poll(now)
+        for tap, handler in self._taps:
+            for dec, raw, _join in tap.drain():
+                if not isinstance(dec, str):  # damage: the conductor counted it
+                    handler(dec, raw)
+                work += 1
         for sm in self.mappings:
             chunks = sm.chunks
             chunks.moved = 0
@@ -688,13 +682,7 @@ class BridgeSender:
         except struct.error:
             return None
 
-    def _on_metadata(self, buffer: object, header: object) -> None:
-        try:
-            _bl, tid, sch, _ver = peek_header(buffer)  # type: ignore[arg-type]
-        except CodecError:
-            return
-        if sch != _WIRE_SCHEMA or tid not in (_T_DS_ANNOUNCE, _T_DS_META):
-            return
+    def _on_metadata(self, dec: object, buffer: bytes) -> None:
         sm = self._stream_of(buffer)
         if sm is None or self._metadata is None:
             return
@@ -703,26 +691,12 @@ class BridgeSender:
         else:
             sm.stats.control_drops.increment(ControlDrop.FORWARD_FAILED)
 
-    def _on_source_control(self, buffer: object, header: object) -> None:
-        try:
-            _bl, tid, sch, _ver = peek_header(buffer)  # type: ignore[arg-type]
-        except CodecError:
-            return
-        if sch != _WIRE_SCHEMA:
-            return
-        if tid == _T_PROGRESS:
-            if not self._forward_progress:
-                return
-        elif tid in (_T_QOS_P, _T_QOS_C):
-            if not self._forward_qos:
-                return
-        else:
-            return
+    def _on_source_control(self, dec: object, buffer: bytes) -> None:
         sm = self._stream_of(buffer)
         if sm is None:
             return
         if self._control.offer(buffer):  # type: ignore[arg-type]
-            if tid == _T_PROGRESS:
+            if isinstance(dec, wire.FrameProgressDecoder):
                 sm.stats.progress += 1
             else:
                 sm.stats.qos += 1
@@ -761,3 +735,9 @@ class BridgeSender:
     def close(self) -> None:
         for sm in self.mappings:
             sm.consumer.close()
+        hub, taps, self._taps = self._conductor, self._taps, []
+        for tap, _ in taps:
+            hub.unregister(tap)
+        if self._conductor_held:
+            self._conductor_held = False
+            hub.release()

@@ -3,6 +3,9 @@
 One :class:`RateLimiterAgent` runs one rate limiter instance (one config file). It holds a
 :class:`~tensorpool.ratelimiter.relay.MappingRelay` per mapping and, besides, polls:
 
+all through its context's :class:`~tensorpool.client.conductor.ContextConductor` (#28.1: the
+process's one subscription per stream, each message decoded once; the agent drains its taps):
+
 * the driver control stream for ``ConsumerHello`` of a *destination* stream, whose
   ``max_rate_hz`` (mode ``RATE_LIMITED``) becomes that mapping's rate (§4);
 * with ``forward_metadata`` the shared metadata stream, forwarding the sources'
@@ -35,6 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from tensorpool.client.conductor import ContextConductor, Tap
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.driver_client import LeaseTimings
 from tensorpool.client.producer import Producer
@@ -46,7 +50,7 @@ from tensorpool.ratelimiter.forward import Forwarder, Route
 from tensorpool.ratelimiter.gate import idle_hint_ns
 from tensorpool.ratelimiter.idle import SlotIdleStrategy
 from tensorpool.ratelimiter.relay import MappingRelay
-from tensorpool.specs import CodecError, peek_header
+from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
@@ -57,8 +61,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PoolFitError", "RateLimiterAgent", "client_settings"]
 
-_WIRE: Final = wire.SCHEMA_ID
-_T_HELLO: Final = wire.ConsumerHelloDecoder.TEMPLATE_ID
 _MS: Final = 1_000_000
 #: Longest sleep between duty cycles while every mapping waits for its next slot.
 MAX_SLEEP_NS: Final = 10 * _MS
@@ -170,7 +172,9 @@ class RateLimiterAgent:
         self._meta_pub: Publisher | None = None
         self._progress_pub: Publisher | None = None
         self._qos_pub: Publisher | None = None
-        self._subs: list[Any] = []
+        self._conductor = ContextConductor.acquire(ctx)
+        self._conductor_held = True
+        self._taps: list[tuple[Tap, Callable[[Any, bytes], None]]] = []
         self._fit_checked: dict[int, tuple[object, object]] = {}
         try:
             self._build()
@@ -180,7 +184,6 @@ class RateLimiterAgent:
 
     def _build(self) -> None:
         cfg = self.config
-        ctx = self._ctx
         for m in cfg.mappings:
             route = Route(m.source_stream_id, m.dest_stream_id, m.metadata_stream_id)
             self.routes.append(route)
@@ -214,28 +217,30 @@ class RateLimiterAgent:
             raise
         d = cfg.driver
         self.forwarder = Forwarder(self.routes)
-        self._subs.append(
-            ctx.add_subscription(d.control_channel, d.control_stream_id, self._on_control)
-        )
+        hub = self._conductor
+        w = wire
+        self._tap(d.control_channel, d.control_stream_id, (w.ConsumerHelloDecoder,), self._on_hello)
         if cfg.forward_metadata:
-            self._meta_pub = ctx.add_publication(d.metadata_channel, d.metadata_stream_id)
-            self._subs.append(
-                ctx.add_subscription(d.metadata_channel, d.metadata_stream_id, self._on_metadata)
-            )
+            self._meta_pub = hub.publication(d.metadata_channel, d.metadata_stream_id)
+            kinds = (w.DataSourceAnnounceDecoder, w.DataSourceMetaDecoder)
+            self._tap(d.metadata_channel, d.metadata_stream_id, kinds, self._on_metadata)
         if cfg.forward_progress:  # config validation guarantees nonzero ids (§8)
-            self._progress_pub = ctx.add_publication(
-                cfg.control_channel, cfg.dest_control_stream_id
-            )
-            self._subs.append(
-                ctx.add_subscription(
-                    cfg.control_channel, cfg.source_control_stream_id, self._on_progress
-                )
-            )
+            self._progress_pub = hub.publication(cfg.control_channel, cfg.dest_control_stream_id)
+            kinds = (w.FrameProgressDecoder,)
+            self._tap(cfg.control_channel, cfg.source_control_stream_id, kinds, self._on_progress)
         if cfg.forward_qos:
-            self._qos_pub = ctx.add_publication(cfg.qos_channel, cfg.dest_qos_stream_id)
-            self._subs.append(
-                ctx.add_subscription(cfg.qos_channel, cfg.source_qos_stream_id, self._on_qos)
-            )
+            self._qos_pub = hub.publication(cfg.qos_channel, cfg.dest_qos_stream_id)
+            kinds = (w.QosProducerDecoder, w.QosConsumerDecoder)
+            self._tap(cfg.qos_channel, cfg.source_qos_stream_id, kinds, self._on_qos)
+
+    def _tap(
+        self,
+        channel: str,
+        stream_id: int,
+        kinds: tuple[type, ...],
+        handler: Callable[[Any, bytes], None],
+    ) -> None:
+        self._taps.append((self._conductor.tap(channel, stream_id, kinds), handler))
 
     # --- duty cycle -------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -252,8 +257,11 @@ class RateLimiterAgent:
             route = self._route_of[relay.mapping.dest_stream_id]
             route.source_epoch = relay.consumer.epoch
             self._check_pool_fit(relay)
-        for sub in self._subs:
-            work += sub.poll()
+        work += self._conductor.poll(now)
+        for tap, handler in self._taps:
+            for dec, raw, _join in tap.drain():
+                handler(dec, raw)
+                work += 1
         return work
 
     def _check_pool_fit(self, relay: MappingRelay) -> None:
@@ -289,12 +297,11 @@ class RateLimiterAgent:
         )
 
     # --- ConsumerHello (§4) -----------------------------------------------------------------
-    def _on_control(self, buffer: object, header: object) -> None:
+    def _on_hello(self, dec: wire.ConsumerHelloDecoder | str, _raw: bytes) -> None:
+        if isinstance(dec, str):  # a hello the conductor could not decode
+            self.counters.increment(f"hello_{dec}")
+            return
         try:
-            _, template_id, schema_id, _ = peek_header(buffer)  # type: ignore[arg-type]
-            if schema_id != _WIRE or template_id != _T_HELLO:
-                return
-            dec = wire.ConsumerHelloDecoder().wrap(buffer)  # type: ignore[arg-type]
             relay = self._by_dest.get(dec.stream_id)
             if relay is None:
                 return
@@ -343,10 +350,14 @@ class RateLimiterAgent:
             producer.stream = replace(producer.stream, name=route.name, summary=route.summary)
         producer.meta_version = route.meta_version
 
-    def _on_metadata(self, buffer: object, header: object) -> None:
+    # The forwarder translates from the bytes the conductor decoded (the taps carry both).
+    def _on_metadata(self, dec: object, raw: bytes) -> None:
         fwd = self.forwarder
         assert fwd is not None and self._meta_pub is not None
-        out = fwd.metadata(buffer)
+        if isinstance(dec, str):
+            fwd.counters.increment(f"metadata_{dec}")
+            return
+        out = fwd.metadata(raw)
         if out is None:
             return
         route, data = out
@@ -355,15 +366,21 @@ class RateLimiterAgent:
         if relay is not None:
             self._sync_producer_metadata(relay, route)
 
-    def _on_progress(self, buffer: object, header: object) -> None:
+    def _on_progress(self, dec: object, raw: bytes) -> None:
         assert self.forwarder is not None and self._progress_pub is not None
-        data = self.forwarder.progress(buffer)
+        if isinstance(dec, str):
+            self.forwarder.counters.increment(f"progress_{dec}")
+            return
+        data = self.forwarder.progress(raw)
         if data is not None:
             self._offer(self._progress_pub, data, "progress_not_sent")
 
-    def _on_qos(self, buffer: object, header: object) -> None:
+    def _on_qos(self, dec: object, raw: bytes) -> None:
         assert self.forwarder is not None and self._qos_pub is not None
-        data = self.forwarder.qos(buffer)
+        if isinstance(dec, str):
+            self.forwarder.counters.increment(f"qos_{dec}")
+            return
+        data = self.forwarder.qos(raw)
         if data is not None:
             self._offer(self._qos_pub, data, "qos_not_sent")
 
@@ -416,10 +433,14 @@ class RateLimiterAgent:
                 relay.close()
             except Exception:
                 log.exception("closing mapping %d failed", relay.mapping.source_stream_id)
-        for sub in self._subs:
-            sub.close()
-        self._subs = []
+        hub = self._conductor
+        for tap, _ in self._taps:
+            hub.unregister(tap)
+        self._taps = []
         for pub in (self._meta_pub, self._progress_pub, self._qos_pub):
             if pub is not None:
-                pub.close()
+                hub.release_publication(pub)
         self._meta_pub = self._progress_pub = self._qos_pub = None
+        if self._conductor_held:
+            self._conductor_held = False
+            hub.release()

@@ -55,14 +55,15 @@ from tensorpool.client.announce import (
     StreamLayout,
     Verdict,
 )
+from tensorpool.client.conductor import ClientConductor
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import DropInfo, IngressBuffer
 from tensorpool.spark_source.stream_meta import MetaTracker
-from tensorpool.specs import CodecError, decode_any, peek_header
+from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.agent import AgentRunner, AgentTermination
-from tensorpool.transport.context import AeronContext
+from tensorpool.transport.context import AeronContext, release_shared_context, shared_context
 from tensorpool.transport.idle import SleepingIdleStrategy
 from tensorpool.transport.process import watch_parent as watch_parent_process
 
@@ -171,13 +172,15 @@ class Attachment:
         #: one descriptor queue per stream (lanes that can be drained with their own budget)
         self.intakes: dict[int, IngressBuffer] = {}
         self._drops: dict[int, _DropLog] = {}
-        self._ctx = AeronContext(settings.transport).start()
+        self._ctx = shared_context(settings.transport)  # the process's one client (#28.1)
         self._consumers: dict[int, _IntakeConsumer] = {}
         try:
             for sid in streams:
                 self._add_consumer(sid)
         except BaseException:
-            self._ctx.close()
+            for c in self._consumers.values():
+                c.close()
+            release_shared_context(self._ctx)
             raise
         _register(self)
         if background:  # #26.1: the runner keeps the media driver, idles, counts errors
@@ -358,7 +361,7 @@ class Attachment:
                     c.close()
                 except Exception:
                     log.exception("closing the consumer of stream %d failed", c.stream_id)
-            self._ctx.close()
+            release_shared_context(self._ctx)
         _unregister(self)
         log.info("tensorpool attachment to streams %s closed", list(self.streams))
 
@@ -374,7 +377,7 @@ class Attachment:
 
 
 class AnnounceProbe:
-    """Standalone layouts for batch plans, with two Aeron resources.
+    """Standalone layouts for batch plans, on the process's client and conductor (#28.1).
 
     A :class:`Attachment` builds a full Consumer per stream (five publications and
     subscriptions, ~30 ms each to register with the media driver); a batch read only needs
@@ -420,26 +423,31 @@ class AnnounceProbe:
         self._buf = bytearray(1024)
         self._consumer_id = random.getrandbits(31) + 1
         self._meta: MetaTracker | None = None
-        self._ctx = AeronContext(settings.transport).start()
+        # the process's one client and conductor (#28.1): announces arrive decoded on a tap of
+        # the shared control subscription, hellos go out on the shared control publication
+        self._ctx = shared_context(settings.transport)
         self.generation = self._ctx.generation
         """The media driver generation this probe's layouts were learnt on (#13.2)."""
         ch = settings.channels
         try:
-            self._sub = self._ctx.add_subscription(
-                ch.control_channel, ch.control_stream_id, self._on_control, fragment_limit=64
+            self._conductor = ClientConductor.acquire(self._ctx, ch)
+            self._tap = self._conductor.hub.tap(
+                ch.control_channel, ch.control_stream_id, (wire.ShmPoolAnnounceDecoder,)
             )
-            self._pub = self._ctx.add_publication(ch.control_channel, ch.control_stream_id)
+            self._pub = self._conductor.control_pub
         except BaseException:
-            self._ctx.close()
+            release_shared_context(self._ctx)
             raise
 
-    def _on_control(self, buffer: object, header: object) -> None:
+    def _take_announces(self) -> int:
+        items = self._tap.drain()
+        for dec, _raw, join in items:
+            if not isinstance(dec, str):  # a damaged announce: the conductor counted it
+                self._on_announce(dec, join)
+        return len(items)
+
+    def _on_announce(self, dec: wire.ShmPoolAnnounceDecoder, join: int) -> None:
         try:
-            if peek_header(buffer)[2] != wire.FrameDescriptorDecoder.SCHEMA_ID:
-                return
-            dec = decode_any(buffer)
-            if not isinstance(dec, wire.ShmPoolAnnounceDecoder):
-                return
             sid = dec.stream_id
             now = self._clock()
             if len(self._announced) >= MAX_HEARD_STREAMS and sid not in self._announced:
@@ -454,7 +462,7 @@ class AnnounceProbe:
                 dec.announce_timestamp_ns,
                 dec.announce_clock_domain_raw,
                 dec.header_slot_bytes,
-                self._sub.join_time_ns(header.session_id),  # type: ignore[attr-defined]
+                join,
                 now,
             )
             if decision.verdict is Verdict.IGNORE:
@@ -518,7 +526,7 @@ class AnnounceProbe:
         than that listens for the rest of it first): stream discovery for a batch read."""
         window = int(window_s * 1e9)
         while self._clock() - self._opened_ns < window:
-            if not self._sub.poll():
+            if not self.poll():
                 time.sleep(0.005)
         self.poll()
         now = self._clock()
@@ -527,10 +535,10 @@ class AnnounceProbe:
         )
 
     def poll(self) -> int:
-        """Drain the control subscription (announces in it are applied now), and the
-        metadata one once :meth:`meta_tracker` made it."""
+        """Poll the process's conductor and apply the announces it decoded for this probe,
+        and the metadata once :meth:`meta_tracker` made it."""
         work = 0
-        while n := self._sub.poll():
+        while n := self._conductor.poll() + self._take_announces():
             work += n
         meta = self._meta
         if meta is not None:
@@ -558,7 +566,7 @@ class AnnounceProbe:
 
     @property
     def context(self) -> AeronContext:
-        """The probe's Aeron client (a metadata subscription rides along, #16.4)."""
+        """The process's Aeron context the probe uses (its metadata tap rides along, #16.4)."""
         return self._ctx
 
     def hello(self, sid: int) -> None:
@@ -614,7 +622,7 @@ class AnnounceProbe:
                     + "; check streams / aeronDir / controlChannel / controlStreamId / "
                     "shmBaseDir / attachTimeoutMs"
                 )
-            if not self._sub.poll():
+            if not self.poll():
                 time.sleep(0.001)
 
     @property
@@ -623,8 +631,14 @@ class AnnounceProbe:
         return None if self.closed else self._ctx.dir
 
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
-        self._ctx.close()
+        if self._meta is not None:
+            self._meta.close()
+        self._conductor.unregister(self._tap)
+        self._conductor.release()
+        release_shared_context(self._ctx)
 
     def __enter__(self) -> AnnounceProbe:
         return self
@@ -724,7 +738,8 @@ def shared_probe(
 ) -> Iterator[AnnounceProbe]:
     """This process's :class:`AnnounceProbe` of ``settings``' control channel, held for one plan.
 
-    The first plan opens it (Aeron client, control subscription and publication: ~50 ms with
+    The first plan opens it (a tap on the process's control subscription, joining the process's
+    Aeron client if none is open yet: ~50 ms with
     the media driver, and ~15 ms to close); later plans within :data:`PROBE_IDLE_S` reuse it, and
     a keeper thread polls it in between, so the layouts of streams whose producers keep
     announcing are known when the plan starts. Every announce still passes the same rules

@@ -18,20 +18,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
+from tensorpool.client.conductor import ContextConductor
 from tensorpool.spark_source.options import SourceOptions
-from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
-from tensorpool.transport.context import AeronContext
+from tensorpool.transport.context import AeronContext, release_shared_context, shared_context
 
 if TYPE_CHECKING:
     from tensorpool.spark_source.attach import AnnounceProbe
 
 log = logging.getLogger(__name__)
 
-_ANNOUNCE: Final = (wire.ShmPoolAnnounceDecoder.TEMPLATE_ID, wire.ShmPoolAnnounceDecoder.SCHEMA_ID)
 #: added to the announce period when waiting for the first announces (delivery, scheduling)
 WAIT_SLACK_S: Final = 0.2
 
@@ -45,25 +45,24 @@ class StreamDiscovery:
     """Stream ids in ``[lo, hi]`` announced on one control channel (thread-safe reads).
 
     ``poll()`` runs on the thread that polls the Aeron client (the attachment's background
-    thread); ``found()`` may be called from any thread.
+    thread); ``found()`` may be called from any thread. The announces come decoded from a tap
+    of ``ctx``'s conductor (#28.1: the process's one control subscription), not a subscription
+    of its own; the tap goes with this object (:meth:`close`, or when it is collected).
     """
 
     def __init__(self, ctx: AeronContext, channel: str, stream_id: int, pattern: tuple[int, int]):
         self.lo, self.hi = pattern
         self._found: set[int] = set()
         self._lock = threading.Lock()
-        self._sub = ctx.add_subscription(channel, stream_id, self._on_control, fragment_limit=64)
+        self._conductor = conductor = ContextConductor.acquire(ctx)
+        self._tap = conductor.tap(channel, stream_id, (wire.ShmPoolAnnounceDecoder,))
+        self._finalizer = weakref.finalize(self, _untap, conductor, self._tap)
 
-    def _on_control(self, buffer: object, header: object) -> None:
-        try:
-            _bl, template, schema, _v = peek_header(buffer)  # type: ignore[arg-type]
-            if (template, schema) != _ANNOUNCE:
-                return
-            dec = decode_any(buffer)
-        except CodecError:
-            return  # not ours to judge: the consumers' announce rules reject bad announces
-        if not isinstance(dec, wire.ShmPoolAnnounceDecoder):
-            return
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        self._finalizer()
+
+    def _on_announce(self, dec: wire.ShmPoolAnnounceDecoder) -> None:
         sid = dec.stream_id
         if self.lo <= sid <= self.hi and sid not in self._found:
             with self._lock:
@@ -71,7 +70,12 @@ class StreamDiscovery:
             log.info("tensorpool: discovered stream %d (announced on the control channel)", sid)
 
     def poll(self) -> int:
-        return self._sub.poll()
+        work = self._conductor.poll()
+        for dec, _raw, _join in self._tap.drain():
+            work += 1
+            if not isinstance(dec, str):  # a damaged announce is the consumers' to count
+                self._on_announce(dec)
+        return work
 
     def found(self) -> set[int]:
         """Every stream id announced in the range so far."""
@@ -95,10 +99,21 @@ def discover_once(
 
     assert isinstance(settings, ClientSettings)
     ch = settings.channels
-    with AeronContext(settings.transport).start() as ctx:
+    ctx = shared_context(settings.transport)  # the process's one client (#28.1)
+    try:
         disc = StreamDiscovery(ctx, ch.control_channel, ch.control_stream_id, pattern)
-        wait = min(timeout_s, announce_period_s(freshness_ms) + WAIT_SLACK_S)
-        return tuple(sorted(disc.wait(wait, poll=True)))
+        try:
+            wait = min(timeout_s, announce_period_s(freshness_ms) + WAIT_SLACK_S)
+            return tuple(sorted(disc.wait(wait, poll=True)))
+        finally:
+            disc.close()
+    finally:
+        release_shared_context(ctx)
+
+
+def _untap(conductor: ContextConductor, tap: object) -> None:
+    conductor.unregister(tap)  # type: ignore[arg-type]
+    conductor.release()
 
 
 def discovered_from(probe: AnnounceProbe, opts: SourceOptions) -> SourceOptions:

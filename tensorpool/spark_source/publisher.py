@@ -189,7 +189,7 @@ class SinkPublisher:
         from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
         from tensorpool.client.settings import ClientSettings
         from tensorpool.transport.config import TransportConfig
-        from tensorpool.transport.context import AeronContext
+        from tensorpool.transport.context import release_shared_context, shared_context
 
         self.state_dir = state_dir
         self.cfg = cfg
@@ -200,7 +200,7 @@ class SinkPublisher:
             shm_base_dir=cfg.shm_base_dir,
             announce_period_ns=cfg.announce_period_ms * 1_000_000,
         )
-        self.ctx = AeronContext(settings.transport).start()
+        self.ctx = shared_context(settings.transport)  # the process's one client (#28.1)
         try:
             stream = StreamConfig(
                 cfg.stream,
@@ -217,7 +217,7 @@ class SinkPublisher:
                 self.producer.close()
                 raise
         except BaseException:
-            self.ctx.close()
+            release_shared_context(self.ctx)
             raise
         self.producer.do_work()
         path = os.path.join(state_dir, COMMITTED)
@@ -281,9 +281,11 @@ class SinkPublisher:
                     os.unlink(f)
 
     def close(self) -> None:
+        from tensorpool.transport.context import release_shared_context
+
         with contextlib.suppress(Exception):
             self.producer.close()
-        self.ctx.close()
+        release_shared_context(self.ctx)
 
 
 def serve(state_dir: str, cfg: PublisherConfig) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -57,8 +58,9 @@ def attribute_text(fmt: str, raw: bytes) -> str:
 class MetaTracker:
     """``DataSourceAnnounce`` / ``DataSourceMeta`` of every stream, by (stream, epoch, version).
 
-    Fed by a subscription on the metadata channel (:meth:`subscribe`); thread-safe (an
-    attachment polls it on its own thread, the planner reads it on Spark's).
+    Fed by a tap of the context's conductor on the metadata channel (:meth:`subscribe`: the
+    process's one metadata subscription, #28.1); thread-safe (an attachment polls it on its own
+    thread, the planner reads it on Spark's).
     """
 
     def __init__(self) -> None:
@@ -66,19 +68,44 @@ class MetaTracker:
         # (stream, epoch) -> {version: (name or None, attributes or None)}
         self._seen: dict[tuple[int, int], dict[int, tuple[str | None, Entries | None]]] = {}
         self._epoch: dict[int, int] = {}  # stream -> epoch of its last DataSourceAnnounce
-        self._sub: Any = None
+        self._conductor: Any = None
+        self._tap: Any = None
+        self._finalizer: Any = None
 
     def subscribe(self, ctx: AeronContext, channel: str, stream_id: int) -> Callable[[], int]:
-        """Listen on the metadata channel of ``ctx``; returns the poll function."""
-        self._sub = ctx.add_subscription(channel, stream_id, self.on_message, fragment_limit=64)
+        """Listen on the metadata channel of ``ctx``; returns the poll function. The tap
+        goes with this tracker (:meth:`close`, or when it is collected)."""
+        from tensorpool.client.conductor import ContextConductor
+
+        self._conductor = conductor = ContextConductor.acquire(ctx)
+        kinds = (wire.DataSourceAnnounceDecoder, wire.DataSourceMetaDecoder)
+        self._tap = conductor.tap(channel, stream_id, kinds)
+        self._finalizer = weakref.finalize(self, _untap, conductor, self._tap)
         return self.poll
 
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
     def poll(self) -> int:
-        return 0 if self._sub is None else int(self._sub.poll())
+        if self._tap is None:
+            return 0
+        work = self._conductor.poll()
+        for dec, _raw, _join in self._tap.drain():
+            work += 1
+            if not isinstance(dec, str):  # damage on the channel is not ours to count
+                self.on_decoded(dec)
+        return work
 
     def on_message(self, buffer: object, header: object = None) -> None:
         try:
-            dec = decode_any(buffer)
+            self.on_decoded(decode_any(buffer))
+        except CodecError:
+            return  # other traffic (and damage) on the channel is not ours to count
+
+    def on_decoded(self, dec: object) -> None:
+        try:
             if isinstance(dec, wire.DataSourceAnnounceDecoder):
                 self._record(dec.stream_id, dec.epoch, dec.meta_version, name=str(dec.name))
             elif isinstance(dec, wire.DataSourceMetaDecoder):
@@ -167,6 +194,11 @@ class MetaTracker:
             if not (poll and self.poll()):
                 time.sleep(0.002)
         return missing
+
+
+def _untap(conductor: Any, tap: object) -> None:
+    conductor.unregister(tap)
+    conductor.release()
 
 
 def watch(ctx: AeronContext, opts: SourceOptions) -> MetaTracker | None:

@@ -161,3 +161,20 @@ def channel_term_length(channel: str) -> int | None:
 def channel_mtu(channel: str) -> int | None:
     value = channel_params(channel).get("mtu")
     return None if value is None else parse_size(value)
+
+
+#: IPC channel parameters that only shape a publication's log: a subscription on the same stream
+#: receives from every IPC publication whatever they say.
+_IPC_PUBLICATION_ONLY: Final = frozenset(
+    {"term-length", "mtu", "sparse", "alias", "linger", "init-term-id", "term-id", "term-offset"}
+)
+
+
+def subscription_channel(channel: str) -> str:
+    """The channel as a subscription sees it: ``aeron:ipc?term-length=16m`` and ``aeron:ipc``
+    receive the same messages, so a process needs one subscription for both (#28.1). Other
+    media, and parameters that select what is received, are kept as given."""
+    if not channel.startswith(IPC):
+        return channel
+    params = {k: v for k, v in channel_params(channel).items() if k not in _IPC_PUBLICATION_ONLY}
+    return IPC + ("?" + "|".join(f"{k}={v}" for k, v in sorted(params.items())) if params else "")

@@ -27,6 +27,8 @@ know that whatever they had through the old driver is gone.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from types import TracebackType
 from typing import Self
 
@@ -93,6 +95,7 @@ class AeronContext:
         self.reconnect_attempts = 0
         """Reconnect attempts since the loss was noticed (0 while connected)."""
         self._cnc: CncIdentity | None = None
+        self._maintain_lock = threading.Lock()  # holders of a shared context check it in turn
         self._next_check_ns = 0
         self._reconnect_backoff_ns = HEALTH_CHECK_PERIOD_NS
 
@@ -142,6 +145,14 @@ class AeronContext:
         """
         if self._aeron is None or self._driver is not None or self._closed:
             return False
+        if not self._maintain_lock.acquire(blocking=False):
+            return False  # another holder of this context is checking it now
+        try:
+            return self._maintain(now)
+        finally:
+            self._maintain_lock.release()
+
+    def _maintain(self, now: int | None) -> bool:
         now = self.clock() if now is None else now
         if now < self._next_check_ns:
             return False
@@ -310,6 +321,11 @@ class AeronContext:
         return self._dir
 
     @property
+    def subscriptions(self) -> tuple[tuple[str, int], ...]:
+        """(channel, stream id) of every subscription open through this context."""
+        return tuple((s.channel, s.stream_id) for s in self._subscribers)
+
+    @property
     def owns_driver(self) -> bool:
         return self._driver is not None
 
@@ -380,3 +396,52 @@ class AeronContext:
                 self._publishers.remove(resource)
         elif resource in self._subscribers:
             self._subscribers.remove(resource)
+
+
+# -- one context per process (#28.1) ------------------------------------------------------------
+_SHARED: dict[tuple[int, TransportConfig], list[object]] = {}  # key -> [context, holders]
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_context(config: TransportConfig) -> AeronContext:
+    """This process's one started :class:`AeronContext` for ``config``: the components of a
+    process that are not handed a context (the Spark source's attachments, probes and
+    discovery) share it, so the process has one Aeron client and, through its
+    :class:`~tensorpool.client.conductor.ContextConductor`, one subscription per stream.
+    Pair with :func:`release_shared_context`; the last release closes it."""
+    key = (os.getpid(), config)
+    with _SHARED_LOCK:
+        held = _SHARED.get(key)
+        if held is None or held[0].is_closed:  # type: ignore[attr-defined]
+            held = _SHARED[key] = [AeronContext(config).start(), 0]
+        held[1] += 1  # type: ignore[operator]
+        return held[0]  # type: ignore[return-value]
+
+
+def release_shared_context(ctx: AeronContext) -> None:
+    """Give back a :func:`shared_context`; the last holder closes it."""
+    with _SHARED_LOCK:
+        for key, held in list(_SHARED.items()):
+            if held[0] is ctx:
+                held[1] -= 1  # type: ignore[operator]
+                if held[1] > 0:  # type: ignore[operator]
+                    return
+                del _SHARED[key]
+                break
+    ctx.close()
+
+
+def shared_contexts() -> int:
+    """How many shared contexts this process holds open."""
+    with _SHARED_LOCK:
+        return len(_SHARED)
+
+
+def _forget_shared_after_fork() -> None:
+    """A forked child must not use its parent's clients (their threads did not fork)."""
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    _SHARED.clear()
+
+
+os.register_at_fork(after_in_child=_forget_shared_after_fork)

@@ -82,3 +82,18 @@ def test_parse_back_sizes() -> None:
 def test_max_message_length_rule() -> None:
     assert max_message_length(64 * 1024) == 8 * 1024
     assert max_message_length(1024**3) == 16 * 1024 * 1024
+
+
+def test_28_1_ipc_spellings_that_differ_in_publication_params_share_one_subscription() -> None:
+    """#28.1: one subscription per stream in a process. A subscription on ``aeron:ipc``
+    receives from every IPC publication of the stream whatever its ``term-length``, so the
+    conductor's lane for ``aeron:ipc?term-length=1m`` is the one for ``aeron:ipc``; a
+    parameter that selects what is received (``session-id``) and other media are kept."""
+    from tensorpool.transport.channels import subscription_channel
+
+    assert subscription_channel("aeron:ipc?term-length=1m") == "aeron:ipc"
+    assert subscription_channel("aeron:ipc?mtu=8k|term-length=16m|alias=x") == "aeron:ipc"
+    assert subscription_channel("aeron:ipc") == "aeron:ipc"
+    assert subscription_channel("aeron:ipc?term-length=1m|session-id=7") == "aeron:ipc?session-id=7"
+    udp = "aeron:udp?endpoint=127.0.0.1:40123|term-length=1m"
+    assert subscription_channel(udp) == udp
