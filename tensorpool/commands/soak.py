@@ -582,6 +582,7 @@ class Injected:
     replaced: Instance | None = None  # a killed part: its replacement must run first
     failed: str = ""  # why a fault without client recovery (fs-full) was not survived
     pending: bool = False  # its action still runs on a thread
+    deferred_s: float = 0.0  # how long it waited for the previous fault's recovery
 
 
 def affected_clients(topo: Topology, target: str) -> list[str]:
@@ -852,6 +853,22 @@ class Injector:
             self.fs_mount = None
 
 
+def _recovering(faults: list[Injected], now: float) -> bool:
+    """A fault is still open: its action runs, its stall holds, or a client it affected has
+    not delivered again and its recovery window has not ended. The next fault waits, so each
+    is judged alone: on a loaded host a part restarted after a kill can take longer to start
+    than the schedule's slot, and a second fault on it then would count against the first
+    (#30 soak defect (c): a restarted rate limiter killed again before it had started)."""
+    for inj in faults:
+        if not inj.injected:
+            continue
+        if inj.pending or not inj.baseline_taken:
+            return True
+        if len(inj.recovered) < len(inj.affected) and now - inj.at <= RECOVERY_TIMEOUT_S:
+            return True
+    return False
+
+
 def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
     with topo.lock:
         for inj in faults:
@@ -1100,6 +1117,9 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"faults injected {report['faults_injected']}, survived {report['faults_survived']}; "
         f"recovery p50 {report['recovery_p50_s']} s, p99 {report['recovery_p99_s']} s",
+        f"faults planned {report.get('faults_planned')}, not reached "
+        f"{report.get('faults_not_reached')} (each waits for the previous one's recovery; "
+        f"longest wait {report.get('fault_deferral_max_s')} s)",
         f"crashes {report['crashes']}; unaccounted frames {report['unaccounted_frames']}; "
         f"leftovers {report['leftovers']}",
         f"ledger: delivered {report['ledger']['delivered']}, overcounted "
@@ -1295,8 +1315,10 @@ def run(args: argparse.Namespace) -> int:
             elapsed = now - t0
             if elapsed >= args.duration:
                 break
-            while pending and pending[0].at_s <= elapsed:
-                faults.append(injector.inject(pending.pop(0), now))
+            while pending and pending[0].at_s <= elapsed and not _recovering(faults, now):
+                fault = pending.pop(0)
+                faults.append(injector.inject(fault, now))
+                faults[-1].deferred_s = max(0.0, elapsed - fault.at_s)
             injector.due(now)
             topo.reap(now)
             _track_recovery(topo, faults, now)
@@ -1341,6 +1363,11 @@ def run(args: argparse.Namespace) -> int:
         leftovers["files"] = [str(work)]
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
     report["files_left_in_work_dir_at_stop"] = files_left
+    # each fault waits for the previous one's recovery (_recovering): how many the run reached
+    deferred = [f.deferred_s for f in faults]
+    report["faults_planned"] = len(schedule)
+    report["faults_not_reached"] = len(schedule) - len(faults)
+    report["fault_deferral_max_s"] = round(max(deferred), 1) if deferred else 0.0
     report["fault_kinds_skipped"] = skipped_kinds
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2, default=str) + "\n")
