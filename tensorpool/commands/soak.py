@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands import soak_hostnet as hostnet
+from tensorpool.commands.soak_hostnet import HostNet
 from tensorpool.soak.ledger import (
     LedgerResult,
     Published,
@@ -141,11 +143,11 @@ BRIDGE_TOML = """\
 [bridge]
 instance_id = "soak-bridge-{role}"
 role = "{role}"
-payload_channel = "aeron:udp?endpoint=127.0.0.1:{p0}|term-length=16m"
+payload_channel = "aeron:udp?endpoint={addr}:{p0}|term-length=16m"
 payload_stream_id = 3000
-control_channel = "aeron:udp?endpoint=127.0.0.1:{p1}"
+control_channel = "aeron:udp?endpoint={addr}:{p1}"
 control_stream_id = 3001
-metadata_channel = "aeron:udp?endpoint=127.0.0.1:{p2}"
+metadata_channel = "aeron:udp?endpoint={addr}:{p2}"
 metadata_stream_id = 3002
 forward_progress = false
 assembly_timeout_ms = 5000
@@ -382,8 +384,10 @@ def _stride(nbytes: int) -> int:
     return stride
 
 
-def build(work: Path, keep_lines: bool = False) -> Topology:
-    """Write the configs and declare every part (nothing is started here)."""
+def build(work: Path, keep_lines: bool = False, net: HostNet | None = None) -> Topology:
+    """Write the configs and declare every part (nothing is started here); host B's parts
+    run in ``net``'s network namespace when it has one."""
+    net = net or HostNet("127.0.0.1", reason="not asked for")
     topo = Topology(work, keep_lines)
     (work / "logs").mkdir()
     hosts = {h: (work / h / "aeron", work / h / "shm") for h in ("a", "b")}
@@ -430,23 +434,25 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
                 shm=shm,
                 src=BRIDGE_SOURCE,
                 dest=BRIDGE_DEST,
+                addr=net.addr,
                 **{f"p{i}": port for i, port in enumerate(ports)},
             )
         )
     md = ("--ipc-term-length", str(4 << 20))
+    on = {"a": lambda argv: argv, "b": net.wrap}  # host B's parts in its network namespace
     for h, (aeron, _shm) in hosts.items():
         topo.add(
             Role(
                 f"mediadriver-{h}",
                 "mediadriver",
-                _tp("mediadriver", "--aeron-dir", str(aeron), *md),
+                on[h](_tp("mediadriver", "--aeron-dir", str(aeron), *md)),
             )
         )
         topo.add(
             Role(
                 f"driver-{h}",
                 "driver",
-                _tp("driver", "--config", str(cfg[h]), "--log-level", "warning"),
+                on[h](_tp("driver", "--config", str(cfg[h]), "--log-level", "warning")),
                 deps=frozenset({f"mediadriver-{h}"}),
             )
         )
@@ -479,10 +485,11 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
     topo.add(Role("ratelimiter", "ratelimiter", [*rl, "--report-interval", "1"], host_a))
     for role, deps in (("sender", host_a), ("receiver", host_b)):
         argv = _tp("bridge", "--config", str(work / f"bridge-{role}.toml"), "--json")
+        argv = net.wrap(argv) if role == "receiver" else argv
         topo.add(Role(f"bridge-{role}", "bridge", argv, deps))
     opts = f"--driver --stream-id {BRIDGE_DEST} {report} --batch 16"
     deps = host_a | host_b | {"bridge-sender", "bridge-receiver", f"producer-{BRIDGE_SOURCE}"}
-    argv = _tp("consume", *client_b, *opts.split())
+    argv = net.wrap(_tp("consume", *client_b, *opts.split()))
     topo.add(Role(f"consumer-{BRIDGE_DEST}", "consumer", argv, deps, BRIDGE_DEST))
     opts = f"--driver --stream-id {SERVED} --port {_free_tcp_port()}"
     topo.add(Role("serve", "serve", _tp("serve", *client_a, *opts.split()), host_a))
@@ -1120,6 +1127,7 @@ def render(report: dict[str, Any]) -> str:
         f"faults planned {report.get('faults_planned')}, not reached "
         f"{report.get('faults_not_reached')} (each waits for the previous one's recovery; "
         f"longest wait {report.get('fault_deferral_max_s')} s)",
+        f"host B network: {report.get('host_b_network')}",
         f"crashes {report['crashes']}; unaccounted frames {report['unaccounted_frames']}; "
         f"leftovers {report['leftovers']}",
         f"ledger: delivered {report['ledger']['delivered']}, overcounted "
@@ -1259,7 +1267,12 @@ def run(args: argparse.Namespace) -> int:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     work = Path(tempfile.mkdtemp(prefix="tensorpool-soak-", dir=root))
-    topo = build(work, args.keep)
+    net = hostnet.setup()
+    try:
+        topo = build(work, args.keep, net)
+    except BaseException:
+        net.close()
+        raise
     targets: dict[str, list[str]] = {}
     for name, role in topo.roles.items():
         targets.setdefault(role.kind, []).append(name)
@@ -1355,14 +1368,18 @@ def run(args: argparse.Namespace) -> int:
         injector.cleanup()
         topo.stop_all(STOP_ORDER)
         stop.restore()
+        net_left = net.close()
     files_left = _files_left(work)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     leftovers = _leftovers(topo, work, shm_before, args.keep)
     if work.exists() and not args.keep:
         leftovers["files"] = [str(work)]
+    if net_left:
+        leftovers["network"] = net_left
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
     report["files_left_in_work_dir_at_stop"] = files_left
+    report["host_b_network"] = net.describe()
     # each fault waits for the previous one's recovery (_recovering): how many the run reached
     deferred = [f.deferred_s for f in faults]
     report["faults_planned"] = len(schedule)
