@@ -539,8 +539,34 @@ def _resources(topo: Topology) -> dict[str, dict[str, int]]:
     for name, inst in sorted(topo.current.items()):
         got = _proc_resources(inst.proc.pid) if inst.proc.poll() is None else None
         if got is not None:
-            out[name] = got
+            out[name] = {**got, "pid": inst.proc.pid}
     return out
+
+
+#: The goal's window for memory growth (#30.5): from minute 5 of the run to its end.
+GROWTH_FROM_S = 300.0
+
+
+def _growth(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """RSS and private-memory growth (percent) of every part that ran as the same process at
+    both snapshots (a restarted part is a new process: its growth says nothing)."""
+    parts = {}
+    for name, b in before.items():
+        a = after.get(name)
+        if a is None or a["pid"] != b["pid"]:
+            continue
+        parts[name] = {
+            k.removesuffix("_kib") + "_pct": round(100.0 * (a[k] - b[k]) / b[k], 2)
+            for k in ("rss_kib", "anon_kib")
+            if b[k]
+        }
+    rss = [v["rss_pct"] for v in parts.values() if "rss_pct" in v]
+    anon = [v["anon_pct"] for v in parts.values() if "anon_pct" in v]
+    return {
+        "parts": parts,
+        "max_rss_pct": max(rss, default=None),
+        "max_anon_pct": max(anon, default=None),
+    }
 
 
 class ServeProbe:
@@ -1082,7 +1108,7 @@ def build_report(
             "tail_after_last_seen": res.tail,
             "segments_without_complete_producer_report": res.unverified_segments,
         },
-        "resources": {"warmup": warm, "end": end},
+        "resources": {"warmup": warm, "end": end},  # minute 5 and growth: added by run()
         "leftovers": n_left,
         "leftover_list": leftovers,
     }
@@ -1135,6 +1161,12 @@ def render(report: dict[str, Any]) -> str:
         f"{report['rate_limiter']['frames_over_rule']}, bridge frames not from source "
         f"{report['bridge']['frames_not_from_source']}",
     ]
+    growth = report["resources"].get("growth_minute_5_to_end")
+    if growth is not None:
+        out.append(
+            f"memory growth, minute 5 to the end (parts that ran as one process): max RSS "
+            f"{growth['max_rss_pct']} %, max private {growth['max_anon_pct']} %"
+        )
     for u in report["unaccounted"][:10]:
         out.append(
             f"  UNACCOUNTED {u['frames']} frame(s): {u['consumer']} stream {u['stream_id']} "
@@ -1289,6 +1321,7 @@ def run(args: argparse.Namespace) -> int:
     stop = StopSignals().install()
     faults: list[Injected] = []
     warm: dict[str, dict[str, int]] = {}
+    minute5: dict[str, dict[str, int]] = {}
     end: dict[str, dict[str, int]] = {}
     interrupted = False
     held_s = 0.0
@@ -1335,6 +1368,8 @@ def run(args: argparse.Namespace) -> int:
             injector.due(now)
             topo.reap(now)
             _track_recovery(topo, faults, now)
+            if not minute5 and elapsed >= GROWTH_FROM_S:
+                minute5 = _resources(topo)
             progress.update(
                 elapsed,
                 f"faults {sum(f.injected for f in faults)}/{len(schedule)}  "
@@ -1379,6 +1414,9 @@ def run(args: argparse.Namespace) -> int:
         leftovers["network"] = net_left
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
     report["files_left_in_work_dir_at_stop"] = files_left
+    if minute5:
+        report["resources"]["minute_5"] = minute5
+        report["resources"]["growth_minute_5_to_end"] = _growth(minute5, end)
     report["host_b_network"] = net.describe()
     # each fault waits for the previous one's recovery (_recovering): how many the run reached
     deferred = [f.deferred_s for f in faults]
