@@ -895,9 +895,11 @@ def _recovering(faults: list[Injected], now: float) -> bool:
     for inj in faults:
         if not inj.injected:
             continue
-        if inj.pending or not inj.baseline_taken:
+        if inj.pending:  # bounded by the action's own timeouts
             return True
-        if len(inj.recovered) < len(inj.affected) and now - inj.at <= RECOVERY_TIMEOUT_S:
+        if now - inj.at > RECOVERY_TIMEOUT_S:  # over, recovered or not
+            continue
+        if not inj.baseline_taken or len(inj.recovered) < len(inj.affected):
             return True
     return False
 

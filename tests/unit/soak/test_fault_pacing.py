@@ -36,6 +36,8 @@ def test_30_next_fault_waits_for_a_replacement_to_run_and_for_a_slow_action() ->
 
 def test_30_an_unrecovered_fault_stops_holding_the_schedule_when_its_window_ends() -> None:
     assert not _recovering([_inj()], 100.0 + RECOVERY_TIMEOUT_S + 0.1)
+    # a replacement that never ran holds it no longer either
+    assert not _recovering([_inj(baseline_taken=False)], 100.0 + RECOVERY_TIMEOUT_S + 0.1)
 
 
 def test_30_skipped_faults_and_faults_without_clients_hold_nothing() -> None:
