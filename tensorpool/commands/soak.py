@@ -827,6 +827,9 @@ class Injector:
     def _fs_full(self) -> str:
         """A dedicated 64 MiB tmpfs, driven to 256 KiB from full; a standalone producer is
         pointed at it by restart (its regions then do not fit: counted, refused cleanly)."""
+        self._unmount()  # never a mount over a mount
+        if self.fs_mount is not None:
+            return "skipped: the previous fs-full tmpfs could not be unmounted"
         mnt = self.work / "fsfull"
         mnt.mkdir(exist_ok=True)
         res = subprocess.run(
@@ -860,6 +863,9 @@ class Injector:
         )
         err = probe.stderr.decode(errors="replace").strip().splitlines()
         left = sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*") if p.name != "soak-filler")
+        # unmounted now, not at the end: each fs-full fault mounts afresh, and a mount left
+        # under the next one was stacked out of cleanup()'s reach (9 left after 10 faults)
+        self._unmount()
         return (
             f"{note}; a producer on it exited {probe.returncode}"
             + (f" ({err[-1][:160]})" if err else "")
@@ -881,9 +887,13 @@ class Injector:
         for _t, name in self.pending_cont:
             self.topo.signal(name, signal.SIGCONT, expected=False)
         self.pending_cont.clear()
+        self._unmount()
+
+    def _unmount(self) -> None:
         if self.fs_mount is not None:
-            subprocess.run(["umount", str(self.fs_mount)], capture_output=True, check=False)
-            self.fs_mount = None
+            res = subprocess.run(["umount", str(self.fs_mount)], capture_output=True, check=False)
+            if res.returncode == 0:
+                self.fs_mount = None
 
 
 def _recovering(faults: list[Injected], now: float) -> bool:
