@@ -872,14 +872,32 @@ class Injector:
             + (f"; left behind: {left}" if left else "; nothing left behind")
         )
 
-    def due(self, now: float) -> None:
-        """SIGCONT stalled parts and stop churned consumers whose time came."""
+    def due(self, now: float, faults: list[Injected] | None = None) -> None:
+        """SIGCONT stalled parts and stop churned consumers whose time came.
+
+        A churned consumer leaves after its hold, but not before its first frame (at most
+        the recovery window after it joined): on a loaded host a consumer takes seconds to
+        start. Once it left it is nobody's client: a fault it had not recovered from is judged
+        by its other clients (the 30-minute run counted three faults as not survived because
+        a churned consumer left by plan before it delivered again)."""
         for item in [x for x in self.pending_cont if x[0] <= now]:
             self.pending_cont.remove(item)
             self.topo.signal(item[1], signal.SIGCONT, expected=False)
         for item in [x for x in self.pending_stop if x[0] <= now]:
+            name = item[1]
+            inst = self.topo.current.get(name)
+            if (
+                inst is not None
+                and not self.topo.delivered.get(name)
+                and now - inst.started < RECOVERY_TIMEOUT_S
+            ):
+                continue
             self.pending_stop.remove(item)
-            self.topo.signal(item[1], signal.SIGTERM)
+            self.topo.signal(name, signal.SIGTERM)
+            for inj in faults or []:
+                gone = name in inj.affected and name not in inj.recovered
+                if gone and inj.fault.kind != "consumer-churn":
+                    inj.affected.remove(name)
 
     def cleanup(self) -> None:
         for thread in self.threads:  # bounded by the forger's and the probe's own timeouts
@@ -1377,7 +1395,7 @@ def run(args: argparse.Namespace) -> int:
                 fault = pending.pop(0)
                 faults.append(injector.inject(fault, now))
                 faults[-1].deferred_s = max(0.0, elapsed - fault.at_s)
-            injector.due(now)
+            injector.due(now, faults)
             topo.reap(now)
             _track_recovery(topo, faults, now)
             if not minute5 and elapsed >= GROWTH_FROM_S:
@@ -1400,7 +1418,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             if all(len(f.recovered) == len(f.affected) and not f.pending for f in faults):
                 break
-            injector.due(time.monotonic())
+            injector.due(time.monotonic(), faults)
             topo.reap(time.monotonic())
             _track_recovery(topo, faults, time.monotonic())
             time.sleep(0.1)
