@@ -1182,7 +1182,7 @@ def render(report: dict[str, Any]) -> str:
         f"recovery p50 {report['recovery_p50_s']} s, p99 {report['recovery_p99_s']} s",
         f"faults planned {report.get('faults_planned')}, not reached "
         f"{report.get('faults_not_reached')} (each waits for the previous one's recovery; "
-        f"longest wait {report.get('fault_deferral_max_s')} s)",
+        f"at most {report.get('fault_deferral_max_s')} s behind plan)",
         f"host B network: {report.get('host_b_network')}",
         f"crashes {report['crashes']}; unaccounted frames {report['unaccounted_frames']}; "
         f"leftovers {report['leftovers']}",
