@@ -53,6 +53,7 @@ from tensorpool.bridge.assembler import (
 from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, FrameDrop
 from tensorpool.client.conductor import ContextConductor
+from tensorpool.client.driver_client import default_client_id
 from tensorpool.client.producer import AttachError, FrameClaim, Producer, StreamConfig
 from tensorpool.client.producer_core import AttachWait
 from tensorpool.counters import DropCounters, Reason
@@ -97,6 +98,11 @@ class _Dest:
     meta_version: int | None = None
     meta_attrs: dict[str, tuple[str, bytes]] | None = None
     meta_attrs_version: int = 0
+    client_id: int = field(default_factory=default_client_id)
+    """The one client id of every producer this destination opens (Driver Model §4.8): a
+    grant that came for an attempt given up on (a stalled or restarting driver answers a
+    queued request late) then names *our* id, and the next attempt releases it at once
+    instead of meeting "already has a producer" until it expires (#30 soak defect (b))."""
 
 
 class LocalSink:
@@ -375,6 +381,7 @@ class BridgeReceiver:
                 self._settings,
                 driver=local.driver_mode,
                 instance_id=f"{self.config.bridge.instance_id}-{dest.dest_stream_id}",
+                producer_id=dest.client_id if local.driver_mode else None,
                 clock=self._clock,
                 attach_timeout_s=local.attach_timeout_ms / 1000,
                 # a taken destination is not waited for here (that would stall the receiver's

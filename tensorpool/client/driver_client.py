@@ -214,6 +214,11 @@ class DriverClient:
         """Report that the driver stopped announcing; the lease is dropped and retried."""
         return self.machine.on_driver_silent(self._clock() if now is None else now)
 
+    def confirm_lease(self, reason: str, now: int | None = None) -> None:
+        """The owner doubts the lease (the driver announces a newer epoch of the stream): the
+        confirmation probe goes out at the next :meth:`do_work`, its outcome as events."""
+        self._events += self.machine.on_lease_doubted(reason, self._clock() if now is None else now)
+
     def close(self, timeout_ns: int = SEC) -> None:
         """Best-effort detach (§4.9): send it, wait briefly for the response."""
         now = self._clock()

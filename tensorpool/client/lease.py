@@ -540,6 +540,15 @@ class LeaseMachine:
             self._to_backoff(now, LeaseEvent.LEASE_LOST)
         return []
 
+    def on_lease_doubted(self, reason: str, now: int) -> list[Action]:
+        """The owner saw the driver move the stream on (an announce of a newer epoch while we
+        hold a lease of an older one): a revoke we never read, or a forged announce. The
+        driver's word decides, as for a notice (#14 §2): a grant replaces the lease, "already
+        holds lease L" with our L keeps it."""
+        if self.state is AttachPhase.ATTACHED:
+            return self._begin_confirm(reason, now)
+        return []
+
     def on_driver_silent(self, now: int) -> list[Action]:
         """§10: no announce from the driver for a freshness window means it died (a crash
         sends no notice); keepalives may still "succeed" into a log other processes read, so

@@ -54,6 +54,7 @@ from tensorpool.client.per_consumer import (
 from tensorpool.client.producer_core import (
     AttachWait,
     CloseConsumerStream,
+    ConfirmLease,
     MapLease,
     OpenConsumerStream,
     OpenEpoch,
@@ -547,7 +548,7 @@ class Producer:
             summary=self.stream.summary,
         )
         self._install(regions, layout.epoch)
-        self._core.on_mapped(self._clock())
+        self._core.on_mapped(layout.epoch, self._clock())
         log.info("producer stream=%d attached, epoch %d", self.stream_id, layout.epoch)
 
     @property
@@ -1076,7 +1077,8 @@ class Producer:
         items = self._inbox.drain()
         for dec, _ in items:
             if isinstance(dec, wire.ShmPoolAnnounceDecoder):
-                self._core.on_driver_announce(dec.stream_id, self._clock())
+                now = self._clock()
+                self._execute(self._core.on_driver_announce(dec.stream_id, dec.epoch, now), now)
             elif isinstance(dec, wire.ConsumerHelloDecoder):
                 self._core.on_consumer_hello(
                     dec.stream_id,
@@ -1158,6 +1160,15 @@ class Producer:
                 log.warning("producer stream %d: driver silent, reattaching", self.stream_id)
                 lost = self._driver.driver_silent(now)
                 self._execute(self._core.on_lease_events(lost, now), now)
+            elif isinstance(action, ConfirmLease) and self._driver is not None:
+                log.warning(
+                    "producer stream %d: the driver announces epoch %d, ours is %d; "
+                    "asking it whether our lease still holds",
+                    self.stream_id,
+                    action.announced_epoch,
+                    self.epoch,
+                )
+                self._driver.confirm_lease("superseded_epoch", now)
         return len(actions)
 
     def _send_qos(self) -> None:

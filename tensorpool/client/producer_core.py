@@ -45,6 +45,7 @@ from tensorpool.stream_ids import read_request
 __all__ = [
     "AttachWait",
     "CloseConsumerStream",
+    "ConfirmLease",
     "MapLease",
     "OpenConsumerStream",
     "OpenEpoch",
@@ -116,6 +117,17 @@ class ReportDriverSilent:
     machine, which drops the lease and reattaches."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConfirmLease:
+    """Driver mode: the driver announces our stream at a newer epoch than the one our lease
+    maps, so it may no longer hold that lease (a revoke we never read: the driver restarted
+    or stalled past the lease). Ask it (the lease machine's confirmation probe, #14 §2)
+    instead of writing on into an epoch no consumer follows; a forged announce is
+    contradicted by the driver and costs nothing (issue #30, soak defect)."""
+
+    announced_epoch: int
+
+
 ProducerAction = (
     PublishAnnounce
     | PublishMetadata
@@ -128,6 +140,7 @@ ProducerAction = (
     | MapLease
     | Unmap
     | ReportDriverSilent
+    | ConfirmLease
 )
 
 
@@ -164,6 +177,8 @@ class ProducerCore:
         self._pending: list[ProducerAction] = []
         self.per_consumer = per_consumer
         """Per-consumer descriptor streams, when this producer offers them (§10.1.3)."""
+        self._epoch: int | None = None
+        """Driver mode: the epoch of the mapped lease (None while not attached)."""
 
     # --- inputs -------------------------------------------------------------------------------
     def on_consumer_hello(
@@ -205,10 +220,15 @@ class ProducerCore:
                 consumer_id, channel, descriptor_stream_id, now_ns
             )
 
-    def on_driver_announce(self, stream_id: int, now_ns: int) -> None:
-        """Driver mode: an announce for our stream proves the driver alive (§10)."""
-        if self.driver_mode and stream_id == self.stream_id:
-            self._last_driver_announce_ns = now_ns
+    def on_driver_announce(self, stream_id: int, epoch: int, now_ns: int) -> list[ProducerAction]:
+        """Driver mode: an announce for our stream proves the driver alive (§10); one at a
+        newer epoch than our lease's says the driver moved the stream on without us."""
+        if not self.driver_mode or stream_id != self.stream_id:
+            return []
+        self._last_driver_announce_ns = now_ns
+        if self.attached and self._epoch is not None and epoch > self._epoch:
+            return [ConfirmLease(epoch)]
+        return []
 
     def on_lease_events(self, events: list[object], now_ns: int) -> list[ProducerAction]:
         """Driver mode: a granted lease is mapped, a lost one unmapped at once (§4.9)."""
@@ -224,10 +244,11 @@ class ProducerCore:
                 self.attach_failures.append(ev)
         return out
 
-    def on_mapped(self, now_ns: int) -> None:
-        """The lease's regions are mapped: announce metadata for the new epoch right away, and
-        count driver liveness from now."""
+    def on_mapped(self, epoch: int, now_ns: int) -> None:
+        """The lease's regions (of ``epoch``) are mapped: announce metadata for the new epoch
+        right away, and count driver liveness from now."""
         self.attached = True
+        self._epoch = epoch
         self.map_error = None
         self._last_driver_announce_ns = now_ns
         self._announce_now = True

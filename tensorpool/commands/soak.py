@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from tensorpool.cli import UserError
+from tensorpool.commands import soak_hostnet as hostnet
+from tensorpool.commands.soak_hostnet import HostNet
 from tensorpool.soak.ledger import (
     LedgerResult,
     Published,
@@ -141,11 +143,11 @@ BRIDGE_TOML = """\
 [bridge]
 instance_id = "soak-bridge-{role}"
 role = "{role}"
-payload_channel = "aeron:udp?endpoint=127.0.0.1:{p0}|term-length=16m"
+payload_channel = "aeron:udp?endpoint={addr}:{p0}|term-length=16m"
 payload_stream_id = 3000
-control_channel = "aeron:udp?endpoint=127.0.0.1:{p1}"
+control_channel = "aeron:udp?endpoint={addr}:{p1}"
 control_stream_id = 3001
-metadata_channel = "aeron:udp?endpoint=127.0.0.1:{p2}"
+metadata_channel = "aeron:udp?endpoint={addr}:{p2}"
 metadata_stream_id = 3002
 forward_progress = false
 assembly_timeout_ms = 5000
@@ -382,8 +384,10 @@ def _stride(nbytes: int) -> int:
     return stride
 
 
-def build(work: Path, keep_lines: bool = False) -> Topology:
-    """Write the configs and declare every part (nothing is started here)."""
+def build(work: Path, keep_lines: bool = False, net: HostNet | None = None) -> Topology:
+    """Write the configs and declare every part (nothing is started here); host B's parts
+    run in ``net``'s network namespace when it has one."""
+    net = net or HostNet("127.0.0.1", reason="not asked for")
     topo = Topology(work, keep_lines)
     (work / "logs").mkdir()
     hosts = {h: (work / h / "aeron", work / h / "shm") for h in ("a", "b")}
@@ -430,23 +434,25 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
                 shm=shm,
                 src=BRIDGE_SOURCE,
                 dest=BRIDGE_DEST,
+                addr=net.addr,
                 **{f"p{i}": port for i, port in enumerate(ports)},
             )
         )
     md = ("--ipc-term-length", str(4 << 20))
+    on = {"a": lambda argv: argv, "b": net.wrap}  # host B's parts in its network namespace
     for h, (aeron, _shm) in hosts.items():
         topo.add(
             Role(
                 f"mediadriver-{h}",
                 "mediadriver",
-                _tp("mediadriver", "--aeron-dir", str(aeron), *md),
+                on[h](_tp("mediadriver", "--aeron-dir", str(aeron), *md)),
             )
         )
         topo.add(
             Role(
                 f"driver-{h}",
                 "driver",
-                _tp("driver", "--config", str(cfg[h]), "--log-level", "warning"),
+                on[h](_tp("driver", "--config", str(cfg[h]), "--log-level", "warning")),
                 deps=frozenset({f"mediadriver-{h}"}),
             )
         )
@@ -479,10 +485,11 @@ def build(work: Path, keep_lines: bool = False) -> Topology:
     topo.add(Role("ratelimiter", "ratelimiter", [*rl, "--report-interval", "1"], host_a))
     for role, deps in (("sender", host_a), ("receiver", host_b)):
         argv = _tp("bridge", "--config", str(work / f"bridge-{role}.toml"), "--json")
+        argv = net.wrap(argv) if role == "receiver" else argv
         topo.add(Role(f"bridge-{role}", "bridge", argv, deps))
     opts = f"--driver --stream-id {BRIDGE_DEST} {report} --batch 16"
     deps = host_a | host_b | {"bridge-sender", "bridge-receiver", f"producer-{BRIDGE_SOURCE}"}
-    argv = _tp("consume", *client_b, *opts.split())
+    argv = net.wrap(_tp("consume", *client_b, *opts.split()))
     topo.add(Role(f"consumer-{BRIDGE_DEST}", "consumer", argv, deps, BRIDGE_DEST))
     opts = f"--driver --stream-id {SERVED} --port {_free_tcp_port()}"
     topo.add(Role("serve", "serve", _tp("serve", *client_a, *opts.split()), host_a))
@@ -532,8 +539,34 @@ def _resources(topo: Topology) -> dict[str, dict[str, int]]:
     for name, inst in sorted(topo.current.items()):
         got = _proc_resources(inst.proc.pid) if inst.proc.poll() is None else None
         if got is not None:
-            out[name] = got
+            out[name] = {**got, "pid": inst.proc.pid}
     return out
+
+
+#: The goal's window for memory growth (#30.5): from minute 5 of the run to its end.
+GROWTH_FROM_S = 300.0
+
+
+def _growth(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """RSS and private-memory growth (percent) of every part that ran as the same process at
+    both snapshots (a restarted part is a new process: its growth says nothing)."""
+    parts = {}
+    for name, b in before.items():
+        a = after.get(name)
+        if a is None or a["pid"] != b["pid"]:
+            continue
+        parts[name] = {
+            k.removesuffix("_kib") + "_pct": round(100.0 * (a[k] - b[k]) / b[k], 2)
+            for k in ("rss_kib", "anon_kib")
+            if b[k]
+        }
+    rss = [v["rss_pct"] for v in parts.values() if "rss_pct" in v]
+    anon = [v["anon_pct"] for v in parts.values() if "anon_pct" in v]
+    return {
+        "parts": parts,
+        "max_rss_pct": max(rss, default=None),
+        "max_anon_pct": max(anon, default=None),
+    }
 
 
 class ServeProbe:
@@ -582,6 +615,7 @@ class Injected:
     replaced: Instance | None = None  # a killed part: its replacement must run first
     failed: str = ""  # why a fault without client recovery (fs-full) was not survived
     pending: bool = False  # its action still runs on a thread
+    deferred_s: float = 0.0  # how long it waited for the previous fault's recovery
 
 
 def affected_clients(topo: Topology, target: str) -> list[str]:
@@ -793,6 +827,9 @@ class Injector:
     def _fs_full(self) -> str:
         """A dedicated 64 MiB tmpfs, driven to 256 KiB from full; a standalone producer is
         pointed at it by restart (its regions then do not fit: counted, refused cleanly)."""
+        self._unmount()  # never a mount over a mount
+        if self.fs_mount is not None:
+            return "skipped: the previous fs-full tmpfs could not be unmounted"
         mnt = self.work / "fsfull"
         mnt.mkdir(exist_ok=True)
         res = subprocess.run(
@@ -826,20 +863,41 @@ class Injector:
         )
         err = probe.stderr.decode(errors="replace").strip().splitlines()
         left = sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*") if p.name != "soak-filler")
+        # unmounted now, not at the end: each fs-full fault mounts afresh, and a mount left
+        # under the next one was stacked out of cleanup()'s reach (9 left after 10 faults)
+        self._unmount()
         return (
             f"{note}; a producer on it exited {probe.returncode}"
             + (f" ({err[-1][:160]})" if err else "")
             + (f"; left behind: {left}" if left else "; nothing left behind")
         )
 
-    def due(self, now: float) -> None:
-        """SIGCONT stalled parts and stop churned consumers whose time came."""
+    def due(self, now: float, faults: list[Injected] | None = None) -> None:
+        """SIGCONT stalled parts and stop churned consumers whose time came.
+
+        A churned consumer leaves after its hold, but not before its first frame (at most
+        the recovery window after it joined): on a loaded host a consumer takes seconds to
+        start. Once it left it is nobody's client: a fault it had not recovered from is judged
+        by its other clients (the 30-minute run counted three faults as not survived because
+        a churned consumer left by plan before it delivered again)."""
         for item in [x for x in self.pending_cont if x[0] <= now]:
             self.pending_cont.remove(item)
             self.topo.signal(item[1], signal.SIGCONT, expected=False)
         for item in [x for x in self.pending_stop if x[0] <= now]:
+            name = item[1]
+            inst = self.topo.current.get(name)
+            if (
+                inst is not None
+                and not self.topo.delivered.get(name)
+                and now - inst.started < RECOVERY_TIMEOUT_S
+            ):
+                continue
             self.pending_stop.remove(item)
-            self.topo.signal(item[1], signal.SIGTERM)
+            self.topo.signal(name, signal.SIGTERM)
+            for inj in faults or []:
+                gone = name in inj.affected and name not in inj.recovered
+                if gone and inj.fault.kind != "consumer-churn":
+                    inj.affected.remove(name)
 
     def cleanup(self) -> None:
         for thread in self.threads:  # bounded by the forger's and the probe's own timeouts
@@ -847,9 +905,31 @@ class Injector:
         for _t, name in self.pending_cont:
             self.topo.signal(name, signal.SIGCONT, expected=False)
         self.pending_cont.clear()
+        self._unmount()
+
+    def _unmount(self) -> None:
         if self.fs_mount is not None:
-            subprocess.run(["umount", str(self.fs_mount)], capture_output=True, check=False)
-            self.fs_mount = None
+            res = subprocess.run(["umount", str(self.fs_mount)], capture_output=True, check=False)
+            if res.returncode == 0:
+                self.fs_mount = None
+
+
+def _recovering(faults: list[Injected], now: float) -> bool:
+    """A fault is still open: its action runs, its stall holds, or a client it affected has
+    not delivered again and its recovery window has not ended. The next fault waits, so each
+    is judged alone: on a loaded host a part restarted after a kill can take longer to start
+    than the schedule's slot, and a second fault on it then would count against the first
+    (#30 soak defect (c): a restarted rate limiter killed again before it had started)."""
+    for inj in faults:
+        if not inj.injected:
+            continue
+        if inj.pending:  # bounded by the action's own timeouts
+            return True
+        if now - inj.at > RECOVERY_TIMEOUT_S:  # over, recovered or not
+            continue
+        if not inj.baseline_taken or len(inj.recovered) < len(inj.affected):
+            return True
+    return False
 
 
 def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
@@ -1058,7 +1138,7 @@ def build_report(
             "tail_after_last_seen": res.tail,
             "segments_without_complete_producer_report": res.unverified_segments,
         },
-        "resources": {"warmup": warm, "end": end},
+        "resources": {"warmup": warm, "end": end},  # minute 5 and growth: added by run()
         "leftovers": n_left,
         "leftover_list": leftovers,
     }
@@ -1100,6 +1180,10 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"faults injected {report['faults_injected']}, survived {report['faults_survived']}; "
         f"recovery p50 {report['recovery_p50_s']} s, p99 {report['recovery_p99_s']} s",
+        f"faults planned {report.get('faults_planned')}, not reached "
+        f"{report.get('faults_not_reached')} (each waits for the previous one's recovery; "
+        f"at most {report.get('fault_deferral_max_s')} s behind plan)",
+        f"host B network: {report.get('host_b_network')}",
         f"crashes {report['crashes']}; unaccounted frames {report['unaccounted_frames']}; "
         f"leftovers {report['leftovers']}",
         f"ledger: delivered {report['ledger']['delivered']}, overcounted "
@@ -1107,6 +1191,12 @@ def render(report: dict[str, Any]) -> str:
         f"{report['rate_limiter']['frames_over_rule']}, bridge frames not from source "
         f"{report['bridge']['frames_not_from_source']}",
     ]
+    growth = report["resources"].get("growth_minute_5_to_end")
+    if growth is not None:
+        out.append(
+            f"memory growth, minute 5 to the end (parts that ran as one process): max RSS "
+            f"{growth['max_rss_pct']} %, max private {growth['max_anon_pct']} %"
+        )
     for u in report["unaccounted"][:10]:
         out.append(
             f"  UNACCOUNTED {u['frames']} frame(s): {u['consumer']} stream {u['stream_id']} "
@@ -1239,7 +1329,12 @@ def run(args: argparse.Namespace) -> int:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     work = Path(tempfile.mkdtemp(prefix="tensorpool-soak-", dir=root))
-    topo = build(work, args.keep)
+    net = hostnet.setup()
+    try:
+        topo = build(work, args.keep, net)
+    except BaseException:
+        net.close()
+        raise
     targets: dict[str, list[str]] = {}
     for name, role in topo.roles.items():
         targets.setdefault(role.kind, []).append(name)
@@ -1256,6 +1351,7 @@ def run(args: argparse.Namespace) -> int:
     stop = StopSignals().install()
     faults: list[Injected] = []
     warm: dict[str, dict[str, int]] = {}
+    minute5: dict[str, dict[str, int]] = {}
     end: dict[str, dict[str, int]] = {}
     interrupted = False
     held_s = 0.0
@@ -1295,11 +1391,15 @@ def run(args: argparse.Namespace) -> int:
             elapsed = now - t0
             if elapsed >= args.duration:
                 break
-            while pending and pending[0].at_s <= elapsed:
-                faults.append(injector.inject(pending.pop(0), now))
-            injector.due(now)
+            while pending and pending[0].at_s <= elapsed and not _recovering(faults, now):
+                fault = pending.pop(0)
+                faults.append(injector.inject(fault, now))
+                faults[-1].deferred_s = max(0.0, elapsed - fault.at_s)
+            injector.due(now, faults)
             topo.reap(now)
             _track_recovery(topo, faults, now)
+            if not minute5 and elapsed >= GROWTH_FROM_S:
+                minute5 = _resources(topo)
             progress.update(
                 elapsed,
                 f"faults {sum(f.injected for f in faults)}/{len(schedule)}  "
@@ -1318,7 +1418,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             if all(len(f.recovered) == len(f.affected) and not f.pending for f in faults):
                 break
-            injector.due(time.monotonic())
+            injector.due(time.monotonic(), faults)
             topo.reap(time.monotonic())
             _track_recovery(topo, faults, time.monotonic())
             time.sleep(0.1)
@@ -1333,14 +1433,26 @@ def run(args: argparse.Namespace) -> int:
         injector.cleanup()
         topo.stop_all(STOP_ORDER)
         stop.restore()
+        net_left = net.close()
     files_left = _files_left(work)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     leftovers = _leftovers(topo, work, shm_before, args.keep)
     if work.exists() and not args.keep:
         leftovers["files"] = [str(work)]
+    if net_left:
+        leftovers["network"] = net_left
     report = build_report(topo, faults, args, held_s, warm, end, leftovers, interrupted)
     report["files_left_in_work_dir_at_stop"] = files_left
+    if minute5:
+        report["resources"]["minute_5"] = minute5
+        report["resources"]["growth_minute_5_to_end"] = _growth(minute5, end)
+    report["host_b_network"] = net.describe()
+    # each fault waits for the previous one's recovery (_recovering): how many the run reached
+    deferred = [f.deferred_s for f in faults]
+    report["faults_planned"] = len(schedule)
+    report["faults_not_reached"] = len(schedule) - len(faults)
+    report["fault_deferral_max_s"] = round(max(deferred), 1) if deferred else 0.0
     report["fault_kinds_skipped"] = skipped_kinds
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -90,9 +90,9 @@ class Rig:
             self.app.do_work()
             time.sleep(0.001)
 
-    def announce(self, src: int) -> None:
+    def announce(self, src: int, epoch: int = 1) -> None:
         n = wire.ShmPoolAnnounceEncoder.encode(
-            self._buf, 0, stream_id=src, producer_id=9, epoch=1,
+            self._buf, 0, stream_id=src, producer_id=9, epoch=epoch,
             announce_timestamp_ns=time.monotonic_ns(), announce_clock_domain=1,
             layout_version=1, header_nslots=16, header_slot_bytes=256,
             payload_pools=[(1, 16, 65536, "shm:file?path=/nonexistent/on/this/host")],
@@ -100,13 +100,13 @@ class Rig:
         )  # fmt: skip
         self.send(self.control, bytes(self._buf[:n]))
 
-    def frame(self, src: int, seq: int) -> None:
+    def frame(self, src: int, seq: int, epoch: int = 1) -> None:
         """A 3-chunk frame of ``src`` (fits the driver's 4 KiB pool)."""
         arr = np.arange(900, dtype="<i4") + seq
         raw = arr.tobytes()
         hdr = header_slot(seq, TensorLayout.from_array(arr), len(raw), 1_000_000 + seq, nslots=16)
         for msg in Chunker(CHUNK).encode_frame(
-            stream_id=src, epoch=1, seq=seq, header=hdr, payload=raw
+            stream_id=src, epoch=epoch, seq=seq, header=hdr, payload=raw
         ):
             self.send(self.payload, msg)
 
@@ -264,3 +264,34 @@ def _status_epoch(r: Rig, stream_id: int) -> int | None:
         if s.get("stream_id") == stream_id:
             return s.get("epoch")
     return None
+
+
+def test_30_reopened_destination_releases_the_lease_its_abandoned_attempt_was_granted(
+    rig: Rig,
+) -> None:
+    """#30 soak defect (b): behind a stalled or restarting driver B, the receiver reopens a
+    destination for each new source epoch, giving up on the attach in flight. The driver,
+    once it runs, answers the queued request of the attempt given up on with a grant: a lease
+    held for nobody. Each destination keeps one client id, so the next attempt is told
+    "client id C already holds lease L", releases L and attaches; it never meets "already
+    has a producer" (the driver's ``attach_error_producer_exists``), which kept the bridge
+    down until that lease expired, again at every source epoch, in the soak."""
+    r = rig
+    r.announce(SRC_A)
+    r.pump(lambda: r.row(SRC_A)["destination"] == "open", "A's destination")
+    r.driver.signal(signal.SIGSTOP)
+    for epoch in (2, 3):  # two source epochs while the driver is stopped: two attempts
+        r.announce(SRC_A, epoch=epoch)
+        r.pump(lambda e=epoch: r.row(SRC_A)["source_epoch"] == e, f"source epoch {epoch}")
+        for _ in range(50):  # the new attempt's attach request goes out
+            r.app.do_work()
+    r.driver.signal(signal.SIGCONT)
+    r.pump(lambda: r.row(SRC_A)["destination"] == "open", "A open again", timeout=60.0)
+    r.pump(lambda: r.consumer.epoch == r.row(SRC_A)["local_epoch"], "A's consumer follows")
+    r.frame(SRC_A, 1, epoch=3)
+    r.pump(lambda: r.seen == [1], "A's frame after the reopen")
+    epoch_a = r.row(SRC_A)["local_epoch"]
+    r.pump(lambda: _status_epoch(r, DEST_A) == epoch_a, "the driver's status after A's attach")
+    core = (read_status(r.driver.base_dir) or {})["counters"]["core"]
+    assert core.get("attach_error_producer_exists", 0) == 0, core
+    assert r.row(SRC_A)["open_failures"] == 0, r.row(SRC_A)

@@ -61,6 +61,9 @@ def test_30_soak_60s_seed_1_accounts_for_every_frame_without_crash_or_leftover(
     # every stream of the topology carried frames (the accounting is about something)
     assert all(row["frames"] > 0 for row in report["load"].values()), report["load"]
     assert report["ledger"]["delivered"] > 0
+    # #30.1: host B in a network namespace where the host allows one, else loopback and why
+    net = report["host_b_network"]
+    assert net["kind"] == "netns" or (net["kind"] == "loopback" and net["reason"]), net
 
 
 def test_30_1_ctrl_c_stops_every_part_and_still_prints_the_report() -> None:

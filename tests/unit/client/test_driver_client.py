@@ -354,6 +354,28 @@ def test_14_2_probe_granted_means_the_revoke_was_real_and_is_the_reattach() -> N
     assert m.state is AttachPhase.ATTACHED and m.lease_id == 80
 
 
+def test_30_doubted_lease_is_confirmed_with_the_driver_like_a_notice() -> None:
+    """#30 soak defect (a): the owner doubts the lease (a newer epoch announced). The probe
+    goes out; a grant replaces the lease at once (LeaseLost, then Attached at the new epoch);
+    "already holds lease 77" (a forged announce) keeps it; doubting while not attached (or
+    while a probe is out) sends nothing."""
+    m, _ = _attached(ROLE_PRODUCER)
+    (probe,) = m.on_lease_doubted("superseded_epoch", 0)
+    assert isinstance(probe, SendAttach) and m.state is AttachPhase.CONFIRMING
+    assert m.on_lease_doubted("superseded_epoch", 1) == []
+    lost, att = m.on_attach_response(_response(probe.correlation_id, lease_id=80, epoch=7), 2)
+    assert isinstance(lost, LeaseLost) and lost.reason == "superseded_epoch"
+    assert isinstance(att, Attached) and att.layout.epoch == 7 and m.lease_id == 80
+    m, _ = _attached(ROLE_PRODUCER)
+    (probe,) = m.on_lease_doubted("superseded_epoch", 0)
+    held = _HELD.replace("CONSUMER", "PRODUCER")
+    (kept,) = m.on_attach_response(_refusal(probe.correlation_id, held), 1)
+    assert isinstance(kept, NoticeNotConfirmed) and m.lease_id == 77
+    m.on_lease_revoked(_revoked(77, ROLE_PRODUCER), 2)
+    m.tick(10 * T.confirm_timeout_ns)  # confirmed: lease lost, backoff
+    assert m.state is AttachPhase.BACKOFF and m.on_lease_doubted("superseded_epoch", 3) == []
+
+
 def test_14_2_unanswered_probe_confirms_the_notice_after_the_window() -> None:
     """#14 §2: a driver that really shut down does not answer: the lease is dropped when the
     confirmation window ends, not before; keepalives continue meanwhile."""

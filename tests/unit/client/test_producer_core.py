@@ -6,6 +6,7 @@ from tensorpool.client.announce import AnnouncedPool, StreamLayout
 from tensorpool.client.lease import Attached, AttachFailed, LeaseLost
 from tensorpool.client.producer_core import (
     AttachWait,
+    ConfirmLease,
     MapLease,
     OpenEpoch,
     ProducerCore,
@@ -113,7 +114,7 @@ def test_s4_9_lease_events_map_and_unmap() -> None:
     core.tick(0)
     layout = _layout()
     assert core.on_lease_events([Attached(1, layout, None)], 10) == [MapLease(layout)]
-    core.on_mapped(10)
+    core.on_mapped(3, 10)
     assert core.attached and core.tick(11) == [PublishMetadata(11)]
     assert core.on_lease_events([LeaseLost("revoked:expired")], 12) == [Unmap("revoked:expired")]
     assert not core.attached
@@ -123,14 +124,31 @@ def test_s10_silent_driver_is_reported_once_per_freshness_window() -> None:
     """§10: no announce for our stream for the freshness window while attached."""
     core = _core(driver=True)
     core.on_lease_events([Attached(1, _layout(), None)], 0)
-    core.on_mapped(0)
-    core.on_driver_announce(5, 2 * PERIOD)
-    core.on_driver_announce(6, 4 * PERIOD)  # another stream's announce proves nothing
+    core.on_mapped(3, 0)
+    core.on_driver_announce(5, 3, 2 * PERIOD)
+    core.on_driver_announce(6, 3, 4 * PERIOD)  # another stream's announce proves nothing
     assert ReportDriverSilent() not in core.tick(5 * PERIOD)
     assert ReportDriverSilent() in core.tick(5 * PERIOD + 1)
     assert ReportDriverSilent() not in core.tick(6 * PERIOD)
     core.on_lease_events([LeaseLost("driver_silent")], 6 * PERIOD)
     assert ReportDriverSilent() not in core.tick(100 * PERIOD)  # nothing to report unattached
+
+
+def test_30_announce_of_a_newer_epoch_makes_the_producer_confirm_its_lease() -> None:
+    """#30 soak defect (a): after an SHM driver restart a producer went on writing epoch 6
+    while the driver announced epoch 7 (its lease gone, the revoke never read): an announce
+    of our stream at a newer epoch than our lease's asks the driver (ConfirmLease); our own
+    epoch, an older one, another stream's or one while unattached asks nothing."""
+    core = _core(driver=True)
+    assert core.on_driver_announce(5, 9, 0) == []  # not attached: nothing to doubt
+    core.on_lease_events([Attached(1, _layout(), None)], 0)
+    core.on_mapped(3, 0)
+    assert core.on_driver_announce(5, 3, 1) == []
+    assert core.on_driver_announce(5, 2, 2) == []  # a lingering older announce
+    assert core.on_driver_announce(6, 9, 3) == []
+    assert core.on_driver_announce(5, 4, 4) == [ConfirmLease(4)]
+    core.on_lease_events([LeaseLost("superseded_epoch")], 5)
+    assert core.on_driver_announce(5, 4, 6) == []
 
 
 _REJECTED = int(dp.ResponseCode.REJECTED)
