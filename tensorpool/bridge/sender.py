@@ -53,6 +53,7 @@ from tensorpool.bridge.config import BridgeConfig, BridgeMapping
 from tensorpool.bridge.reasons import ControlDrop, SendDrop
 from tensorpool.client.conductor import ContextConductor, Tap
 from tensorpool.client.consumer import Consumer, Frame
+from tensorpool.client.progress_core import ProgressRequest
 from tensorpool.counters import DropCounters
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.bridge import BridgeFrameChunkDecoder
@@ -548,6 +549,8 @@ class BridgeSender:
                 settings,
                 driver=local.driver_mode,
                 clock=clock,
+                # a producer publishes FrameProgress only to consumers that ask (§10.2.2)
+                progress=ProgressRequest() if b.forward_progress else None,
             )
             chunks = ChunkSender(
                 self._payload, b.chunk_size, max_claim, stream_id=m.source_stream_id,

@@ -42,6 +42,7 @@ from tensorpool.client.conductor import ContextConductor, Tap
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.driver_client import LeaseTimings
 from tensorpool.client.producer import Producer
+from tensorpool.client.progress_core import ProgressRequest
 from tensorpool.client.settings import ClientSettings
 from tensorpool.counters import DropCounters
 from tensorpool.endpoints import Endpoints
@@ -135,6 +136,8 @@ class RateLimiterAgent:
                 driver=True,
                 clock=clock,
                 lease_timings=timings,
+                # a producer publishes FrameProgress only to consumers that ask (§10.2.2)
+                progress=ProgressRequest() if config.forward_progress else None,
             )
 
         def default_dest(m: MappingConfig, *, wait: bool = True) -> Producer:
