@@ -38,7 +38,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from bench import free_ports
 from bench.bench_spark import ROOT, ProducerThread, _emit, _split, timed
-from tensorpool.spark_source.source import SCHEMA_DDL
+from tensorpool.spark_source.spark.source import SCHEMA_DDL
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import bench.bench_flight as me
     import tensorpool.spark_source as tps
-    from tensorpool.spark_source import remote
+    from tensorpool.spark_source.rings import remote
     from tensorpool.transport.mediadriver import MediaDriverProcess
     from tensorpool.transport.process import stop_process
 

@@ -4,6 +4,6 @@
 * :mod:`.server` -- the Flight server (auth, describe, scan, do_get).
 
 Layer: above ``spark_source`` (it serves the Spark source's reads: the same mapped rings,
-seqlock read into Arrow, schema and protocol module, :mod:`tensorpool.spark_source.remote`),
+seqlock read into Arrow, schema and protocol module, :mod:`tensorpool.spark_source.rings.remote`),
 below the command line. See docs/operator.md ("Serving streams to other hosts").
 """

@@ -3,10 +3,10 @@
 The server learns its streams the way any consumer does -- announces (standalone) or leases
 from the SHM driver (``driver=True``) -- through the Spark source's control-plane attachment,
 and maps exactly what was announced, through the path containment and superblock checks of
-every consumer (:class:`~tensorpool.spark_source.mapped_rings.MappedStream`). A client names a
+every consumer (:class:`~tensorpool.spark_source.rings.mapped_rings.MappedStream`). A client names a
 stream id, an epoch and seqs; never a path.
 
-Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
+Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.rings.remote`):
 
 * ``list_flights`` / ``get_flight_info(path=[stream id])``: each served stream, its schema and a
   JSON summary in the schema metadata (layout, epoch, head seq, oldest seq in the ring,
@@ -19,13 +19,13 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
   :class:`~tensorpool.serve.core.LossLedger` (how a driver on another host learns its tasks'
   read-time loss);
 * ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
-  read with the seqlock by :func:`~tensorpool.spark_source.mapped_rings.read_range`; frames not
-  delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
+  read with the seqlock by :func:`~tensorpool.spark_source.rings.mapped_rings.read_range`;
+  frames not delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
 
 Failures are Flight errors with one clear message (bad ticket, stream not served, bad or
 missing token); the server never dies on them. Every refusal and every lost frame is counted
 (:attr:`TensorPoolFlightServer.counters`). A request is bounded before it is parsed (size,
-JSON depth, stream ids per scan: :func:`~tensorpool.spark_source.remote.load_request`), and
+JSON depth, stream ids per scan: :func:`~tensorpool.spark_source.rings.remote.load_request`), and
 anything that still goes wrong in a handler is logged here and answered with one line
 (``internal_error``): a client never sees the server's traceback or its file paths.
 
@@ -51,9 +51,9 @@ import pyarrow.flight as flight
 
 from tensorpool.client.announce import StreamLayout
 from tensorpool.serve.core import BadTicket, LossLedger, plan_get
-from tensorpool.spark_source import mapped_rings, remote
-from tensorpool.spark_source.hosts import STREAM, PlanOrigin
-from tensorpool.spark_source.offsets import RingState
+from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings import mapped_rings, remote
+from tensorpool.spark_source.rings.hosts import STREAM, PlanOrigin
 
 log = logging.getLogger("tensorpool.serve")
 

@@ -45,18 +45,18 @@ from tensorpool.spark_source.convert import (
 from tensorpool.spark_source.options import TensorPoolOptionError
 
 _LAZY = {
-    "TensorPoolDataSource": "tensorpool.spark_source.datasource",
-    "TensorPoolDataLossError": "tensorpool.spark_source.source",
-    "SCHEMA_DDL": "tensorpool.spark_source.source",
-    "register": "tensorpool.spark_source.datasource",
-    "lost_frames": "tensorpool.spark_source.progress",
-    "stream_health": "tensorpool.spark_source.progress",
-    "stream_lag": "tensorpool.spark_source.progress",
-    "shed_frames": "tensorpool.spark_source.progress",  # #17
-    "source_watermark": "tensorpool.spark_source.progress",  # #17
-    "TensorPoolStaleStreamError": "tensorpool.spark_source.health",
-    "TensorPoolWrongHostError": "tensorpool.spark_source.hosts",
-    "stop_publisher": "tensorpool.spark_source.sink",
+    "TensorPoolDataSource": "tensorpool.spark_source.spark.datasource",
+    "TensorPoolDataLossError": "tensorpool.spark_source.spark.source",
+    "SCHEMA_DDL": "tensorpool.spark_source.spark.source",
+    "register": "tensorpool.spark_source.spark.datasource",
+    "lost_frames": "tensorpool.spark_source.plan.progress",
+    "stream_health": "tensorpool.spark_source.plan.progress",
+    "stream_lag": "tensorpool.spark_source.plan.progress",
+    "shed_frames": "tensorpool.spark_source.plan.progress",  # #17
+    "source_watermark": "tensorpool.spark_source.plan.progress",  # #17
+    "TensorPoolStaleStreamError": "tensorpool.spark_source.plan.health",
+    "TensorPoolWrongHostError": "tensorpool.spark_source.rings.hosts",
+    "stop_publisher": "tensorpool.spark_source.spark.sink",
 }
 
 

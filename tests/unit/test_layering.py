@@ -53,7 +53,7 @@ RANK: dict[str, int] = {
     # metrics, top and the viewer (#19): readers of everything below, used by the commands
     "observe": 5,
     # `tensorpool serve` (#18): the Spark source's reads served over Arrow Flight; it builds on
-    # spark_source (mapped rings, read into Arrow, the protocol in spark_source/remote.py)
+    # spark_source (mapped rings, read into Arrow, the protocol in spark_source/rings/remote.py)
     "serve": 5,
     # the command line composes everything
     "commands": 5,
@@ -352,8 +352,8 @@ def test_14_1_the_checker_sees_a_forbidden_import(module: str, target: str, frag
 def test_14_1_the_checker_sees_a_cycle() -> None:
     """#14.1: a lazy import back from ``source`` to ``pulse`` (the cycle that existed) is found."""
     graph = {m: dict(t) for m, t in GRAPH.items()}
-    graph["tensorpool.spark_source.source"]["tensorpool.spark_source.pulse"] = 1
-    assert any("tensorpool.spark_source.pulse" in c for c in cycles(graph))
+    graph["tensorpool.spark_source.spark.source"]["tensorpool.spark_source.spark.pulse"] = 1
+    assert any("tensorpool.spark_source.spark.pulse" in c for c in cycles(graph))
 
 
 def test_28_2_cores_reach_no_io_transitively() -> None:

@@ -26,7 +26,7 @@ from tensorpool.transport.process import stop_process
 flight = pytest.importorskip("pyarrow.flight")
 
 from tensorpool.serve.server import arrow_schema  # noqa: E402
-from tensorpool.spark_source import remote  # noqa: E402
+from tensorpool.spark_source.rings import remote  # noqa: E402
 
 SID = 181
 BIG = 182  # 1 MiB frames: a full read of the ring is two 32 MiB batches
@@ -132,7 +132,7 @@ def test_18_1_describe_and_read(served: Served) -> None:
     assert [r["seq"] for r in rows] == list(range(10))
     assert all(check_payload(r["payload"], r["seq"]) for r in rows)
     assert batches[0].schema.equals(arrow_schema(True))
-    from tensorpool.spark_source.source import arrow_schema as spark_schema
+    from tensorpool.spark_source.spark.source import arrow_schema as spark_schema
 
     assert arrow_schema(True).equals(spark_schema(True))
     assert arrow_schema(False).equals(spark_schema(False))

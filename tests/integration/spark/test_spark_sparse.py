@@ -27,7 +27,7 @@ from spark_helpers import (
 )
 
 from tensorpool.spark_source.options import parse_source_options
-from tensorpool.spark_source.source import (
+from tensorpool.spark_source.spark.source import (
     TensorPoolDataLossError,
     TensorPoolStreamReader,
 )

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 import pytest
 
 from tensorpool.batching import RateAwareMessageBatcher
-from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
-from tensorpool.spark_source.pulse import (
+from tensorpool.spark_source.plan.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN
+from tensorpool.spark_source.spark.pulse import (
     PulseOffset,
     PulseOffsetError,
     PulsePlanner,

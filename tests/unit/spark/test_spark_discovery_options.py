@@ -9,7 +9,12 @@ import json
 
 import pytest
 
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import (
+    MAX_STREAM_ID,
+    TensorPoolOptionError,
+    parse_source_options,
+)
+from tensorpool.spark_source.plan.offsets import (
     NOT_STARTED,
     Limits,
     RingState,
@@ -19,11 +24,6 @@ from tensorpool.spark_source.offsets import (
     decode_offsets,
     encode_offsets,
     grow_offsets,
-)
-from tensorpool.spark_source.options import (
-    MAX_STREAM_ID,
-    TensorPoolOptionError,
-    parse_source_options,
 )
 
 

@@ -14,7 +14,12 @@ import pyarrow as pa
 import pytest
 
 from tensorpool.spark_source.convert import column_to_numpy, stack, to_numpy
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import (
+    TensorPoolOptionError,
+    parse_sink_options,
+    parse_source_options,
+)
+from tensorpool.spark_source.plan.offsets import (
     Limits,
     OffsetError,
     Range,
@@ -26,11 +31,6 @@ from tensorpool.spark_source.offsets import (
     encode_offsets,
     split_budget,
     split_ranges,
-)
-from tensorpool.spark_source.options import (
-    TensorPoolOptionError,
-    parse_sink_options,
-    parse_source_options,
 )
 
 

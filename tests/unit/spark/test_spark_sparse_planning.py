@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from tensorpool.ingest import DropInfo, IngressBuffer
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.plan.offsets import (
     Limits,
     Range,
     RingState,

@@ -33,8 +33,8 @@ from typing import Final
 import numpy as np
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source.offsets import RingState
 from tensorpool.spark_source.options import DEFAULT_EARLIEST_MARGIN_MS
+from tensorpool.spark_source.plan.offsets import RingState
 
 #: Never skip more than this fraction of a ring's slots (the newest quarter is kept).
 MAX_SKIP_FRACTION: Final = 0.75

@@ -57,12 +57,12 @@ from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from tensorpool.batching import DEFAULT_TIMEOUT_FACTOR, RateAwareMessageBatcher
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source import mapped_rings, spool
-from tensorpool.spark_source.attach import Attachment
-from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
-from tensorpool.spark_source.offsets import loss_message as _loss_message
 from tensorpool.spark_source.options import EARLIEST, LATEST, SourceOptions, TensorPoolOptionError
-from tensorpool.spark_source.source import (
+from tensorpool.spark_source.plan.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
+from tensorpool.spark_source.plan.offsets import loss_message as _loss_message
+from tensorpool.spark_source.rings import mapped_rings, spool
+from tensorpool.spark_source.rings.attach import Attachment
+from tensorpool.spark_source.spark.source import (
     LossRecorder,
     TensorPoolDataLossError,
     arrow_schema,
@@ -75,7 +75,7 @@ from tensorpool.spark_source.source import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-log = logging.getLogger("tensorpool.spark_source.pulse")
+log = logging.getLogger("tensorpool.spark_source.spark.pulse")
 
 MAX_SEQ: Final = 2**63 - 1
 WINDOW_DDL: Final = (
@@ -267,8 +267,8 @@ def _cursor(key: str, value: object) -> StreamCursor:
 def to_runs(frames: Iterable[Sequence[int]]) -> tuple[Run, ...]:
     """``(epoch, seq)`` pairs -> sorted runs of consecutive seqs ``(epoch, first, end)``.
 
-    One run is one :func:`~tensorpool.spark_source.mapped_rings.read_range` call on the executor; a
-    dense stream's window is a single run, a relay with sequence gaps gives one per gap.
+    One run is one :func:`~tensorpool.spark_source.rings.mapped_rings.read_range` call on the
+    executor; a dense stream's window is a single run, a relay with sequence gaps gives one per gap.
     """
     out: list[list[int]] = []
     for epoch, seq in sorted({(int(f[0]), int(f[1])) for f in frames}):

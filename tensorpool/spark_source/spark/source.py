@@ -8,12 +8,12 @@ Where things run (pyspark 4.3, measured):
   (layouts + ring windows) is taken in ``partitions()`` and travels inside the partitions.
 * Streaming: ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived
   Python process on the Spark driver. That process holds the control-plane
-  :class:`~tensorpool.spark_source.attach.Attachment` (opened lazily, never in ``__init__``).
+  :class:`~tensorpool.spark_source.rings.attach.Attachment` (opened lazily, never in ``__init__``).
 * ``read()`` runs in executor Python workers, which build a *fresh* reader from the options and
   get everything else from the pickled partition. Mappings are cached per worker process.
 
 Data loss (frames overwritten before they were read) is detected twice: at planning (a seq the
-stream published is no longer in the ring; see :mod:`~tensorpool.spark_source.offsets` for
+stream published is no longer in the ring; see :mod:`~tensorpool.spark_source.plan.offsets` for
 how relay streams with seq gaps are counted), and at reading (the producer overwrote a planned
 frame before the executor copied it, or a replayed batch finds fewer frames than it had).
 ``failOnDataLoss=true`` fails the query at either point with a message naming the stream, the
@@ -60,26 +60,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tensorpool.spark_source import discovery, mapped_rings, spool, stream_meta, timestamps
-from tensorpool.spark_source import remote as remote_io
-from tensorpool.spark_source.attach import (
-    AnnounceProbe,
-    Attachment,
-    StreamsNotAttached,
-    open_attachment,
-    shared_probe,
+from tensorpool.spark_source.options import (
+    EARLIEST,
+    LATEST,
+    ON_STALE_WARN,
+    SourceOptions,
+    TensorPoolOptionError,
 )
-from tensorpool.spark_source.health import HealthMonitor, MinFramesGate, backlog
-from tensorpool.spark_source.hosts import (
-    BATCH,
-    STREAM,
-    PlanOrigin,
-    check_origin,
-)
-from tensorpool.spark_source.loss_text import batch_loss_message, explicit_start_hint
-from tensorpool.spark_source.margin import describe as describe_margin
-from tensorpool.spark_source.margin import now_for, safe_earliest
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.plan.health import HealthMonitor, MinFramesGate, backlog
+from tensorpool.spark_source.plan.margin import describe as describe_margin
+from tensorpool.spark_source.plan.margin import now_for, safe_earliest
+from tensorpool.spark_source.plan.offsets import (
     NOT_STARTED,
     OVERWRITTEN,
     REGIONS_GONE,
@@ -101,15 +92,24 @@ from tensorpool.spark_source.offsets import (
     split_ranges,
     to_runs,
 )
-from tensorpool.spark_source.options import (
-    EARLIEST,
-    LATEST,
-    ON_STALE_WARN,
-    SourceOptions,
-    TensorPoolOptionError,
-)
-from tensorpool.spark_source.policy import SourcePolicy
+from tensorpool.spark_source.plan.policy import SourcePolicy
 from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG
+from tensorpool.spark_source.rings import discovery, mapped_rings, spool, stream_meta, timestamps
+from tensorpool.spark_source.rings import remote as remote_io
+from tensorpool.spark_source.rings.attach import (
+    AnnounceProbe,
+    Attachment,
+    StreamsNotAttached,
+    open_attachment,
+    shared_probe,
+)
+from tensorpool.spark_source.rings.hosts import (
+    BATCH,
+    STREAM,
+    PlanOrigin,
+    check_origin,
+)
+from tensorpool.spark_source.spark.loss_text import batch_loss_message, explicit_start_hint
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -432,7 +432,7 @@ def plan_origin(spec: mapped_rings.RegionSpec, opts: SourceOptions, kind: str) -
 
 def earliest_start(sid: int, st: RingState, opts: SourceOptions, clock_domain: int) -> int:
     """Where ``earliest`` starts on ``st``: past the frames the producer overwrites within
-    ``earliestMarginMs`` (#16.1; :mod:`~tensorpool.spark_source.margin`)."""
+    ``earliestMarginMs`` (#16.1; :mod:`~tensorpool.spark_source.plan.margin`)."""
     margin_ms = opts.earliest_margin_ms
     choice = safe_earliest(st, now_for(clock_domain), margin_ms * 1_000_000)
     if choice.capped:

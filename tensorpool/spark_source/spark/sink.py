@@ -40,7 +40,7 @@ from pyspark.sql.datasource import (
 
 from tensorpool.spark_source.convert import NUMPY_DTYPES, WIRE_DTYPES
 from tensorpool.spark_source.options import SinkOptions, TensorPoolOptionError, parse_sink_options
-from tensorpool.spark_source.publisher import (
+from tensorpool.spark_source.spark.publisher import (
     DONE,
     INFO,
     MUST_MATCH,
@@ -247,7 +247,7 @@ def ensure_publisher(opts: SinkOptions, timeout_s: float = 30.0) -> dict[str, An
                     [
                         sys.executable,
                         "-m",
-                        "tensorpool.spark_source.publisher",
+                        "tensorpool.spark_source.spark.publisher",
                         "--state-dir",
                         sdir,
                         "--config",

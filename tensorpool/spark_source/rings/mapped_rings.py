@@ -44,7 +44,7 @@ from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView
 from tensorpool.shm.seqlock import SlotReader
 from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.spark_source.offsets import REGIONS_GONE, RingState, iter_seq_chunks
+from tensorpool.spark_source.plan.offsets import REGIONS_GONE, RingState, iter_seq_chunks
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source import mapped_rings, spool
-from tensorpool.spark_source.hosts import HostView, PlanOrigin
-from tensorpool.spark_source.offsets import RingState
+from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings import mapped_rings, spool
+from tensorpool.spark_source.rings.hosts import HostView, PlanOrigin
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
     from tensorpool.spark_source.options import SourceOptions
 
-log = logging.getLogger("tensorpool.spark_source.remote")
+log = logging.getLogger("tensorpool.spark_source.rings.remote")
 
 #: Flight action names the server implements.
 ACTION_SCAN: Final = "scan"

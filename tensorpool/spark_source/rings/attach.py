@@ -58,7 +58,7 @@ from tensorpool.client.announce import (
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import DropInfo, IngressBuffer
-from tensorpool.spark_source.stream_meta import MetaTracker
+from tensorpool.spark_source.rings.stream_meta import MetaTracker
 from tensorpool.specs import CodecError, decode_any, peek_header
 from tensorpool.specs.generated import wire
 from tensorpool.transport.agent import AgentRunner, AgentTermination
