@@ -12,39 +12,67 @@ Built on PySpark's Python Data Source API (pyspark >= 4.2): a batch reader (a co
 snapshot of the rings), a micro-batch stream reader (offsets per stream in the checkpoint,
 replay after a crash, admission control, ``Trigger.AvailableNow``, Kafka-style
 ``failOnDataLoss``) and a sink that publishes rows as frames. User documentation:
-``docs/spark.md``. Module map:
+``docs/spark.md``.
 
-* :mod:`.options`  -- option parsing and validation (fails ``load()`` naming the option);
-* :mod:`.offsets`  -- offset model, admission control, loss accounting (sans-IO);
-* :mod:`.attach`   -- the control-plane seam: standalone announces or SHM-driver leases;
-* :mod:`.mapped_rings` -- mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
-* :mod:`.datasource` -- the ``DataSource`` (``format("tensorpool")``) and ``register``;
-* :mod:`.source`   -- the batch and micro-batch readers;
-* :mod:`.pulse`    -- ``batching=pulse``: one micro-batch = one pulse-aligned window across
-  streams (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
-* :mod:`.sink` / :mod:`.publisher` -- the write path;
-* :mod:`.convert`  -- rows / pandas / Arrow columns back to numpy.
-* :mod:`.remote`   -- streams on other hosts (``hosts``): planning and reads through
-  ``tensorpool serve`` (Arrow Flight), and that protocol's one definition.
+Four layers, each importing only the ones before it (#27.2; ``tests/unit/test_layering.py``
+checks it, ``TYPE_CHECKING`` imports included):
 
-``pyspark`` is imported only when the Spark classes are first used, so :mod:`.convert` works in
-plain pandas / Arrow code.
+1. options -- what the user asked for, validated (fails ``load()`` naming the option):
+
+   * :mod:`.options` -- source and sink options; :mod:`.policy_options` -- the admission policy
+     options; :mod:`.flight_hosts` -- the ``hosts`` option's value (which server serves which
+     stream); :mod:`.convert` -- rows / pandas / Arrow columns back to numpy (a user helper that
+     imports nothing of the package; also the dtype tables the readers and the sink share).
+
+2. :mod:`.plan` -- what each trigger may read, from ring states alone: no pyspark, pyarrow,
+   pyaeron or transport import, transitively:
+
+   * :mod:`.plan.offsets` -- the offset model and its codec, the per-stream planner, loss
+     accounting; :mod:`.plan.policy` -- the admission policy over the planner;
+     :mod:`.plan.admission` -- token buckets, lag, jitter; :mod:`.plan.eventtime` -- event-time
+     alignment and late frames; :mod:`.plan.sizing` -- byte budgets and the memory bound;
+     :mod:`.plan.margin` -- where ``earliest`` starts on a live ring; :mod:`.plan.health` --
+     stale streams and the min-frames hold; :mod:`.plan.progress` -- reading the source's
+     metrics out of a query's progress.
+
+3. :mod:`.rings` -- the rings, attached, scanned and read into Arrow:
+
+   * :mod:`.rings.attach` -- the control-plane seam: standalone announces or SHM-driver
+     leases; :mod:`.rings.discovery` -- ``streams=*`` discovery; :mod:`.rings.mapped_rings` --
+     mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
+     :mod:`.rings.remote` -- streams on other hosts: scans and reads through
+     ``tensorpool serve`` (Arrow Flight), and that protocol's one definition;
+     :mod:`.rings.spool` -- read-time losses reported back from tasks; :mod:`.rings.hosts` --
+     which host planned a read and whether a task sees the same files;
+     :mod:`.rings.stream_meta` -- per-stream metadata columns; :mod:`.rings.timestamps` --
+     ``startingOffsetsByTimestamp``; :mod:`.rings.layout_hint` -- the tensor layout in the
+     schema's metadata.
+
+4. :mod:`.spark` -- the pyspark adapters:
+
+   * :mod:`.spark.datasource` -- the ``DataSource`` (``format("tensorpool")``) and ``register``;
+     :mod:`.spark.source` -- the batch and micro-batch readers; :mod:`.spark.pulse` --
+     ``batching=pulse``: one micro-batch = one pulse-aligned window across streams
+     (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
+     :mod:`.spark.sink` / :mod:`.spark.publisher` -- the write path; :mod:`.spark.loss_text` --
+     the data-loss messages.
+
+Nothing is imported here until a name is first used (``pyspark`` only with the Spark classes),
+so importing a planning module does not load the Spark or Arrow side, and :mod:`.convert`
+works in plain pandas / Arrow code.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorpool.spark_source.convert import (
-    column_to_numpy,
-    stack,
-    tensor_layout,
-    to_numpy,
-    view,
-)
-from tensorpool.spark_source.options import TensorPoolOptionError
-
 _LAZY = {
+    "TensorPoolOptionError": "tensorpool.spark_source.options",
+    "column_to_numpy": "tensorpool.spark_source.convert",
+    "stack": "tensorpool.spark_source.convert",
+    "tensor_layout": "tensorpool.spark_source.convert",
+    "to_numpy": "tensorpool.spark_source.convert",
+    "view": "tensorpool.spark_source.convert",
     "TensorPoolDataSource": "tensorpool.spark_source.spark.datasource",
     "TensorPoolDataLossError": "tensorpool.spark_source.spark.source",
     "SCHEMA_DDL": "tensorpool.spark_source.spark.source",

@@ -47,7 +47,7 @@ from tensorpool.spark_source.policy_options import (
 from tensorpool.transport.config import TransportConfig
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.rings.remote import RemoteHosts
+    from tensorpool.spark_source.flight_hosts import RemoteHosts
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
@@ -688,7 +688,7 @@ _LOCAL_ONLY: Final = (
 
 def _remote(opts: dict[str, str]) -> RemoteHosts | None:
     """``hosts`` / ``flightToken`` / ``flightTlsRootCerts`` / ``preferLocalReads`` (#18)."""
-    from tensorpool.spark_source.rings.remote import FlightAccess, RemoteHosts, parse_hosts
+    from tensorpool.spark_source.flight_hosts import FlightAccess, RemoteHosts, parse_hosts
 
     if "hosts" not in opts:
         for name in ("flightToken", "flightTlsRootCerts", "preferLocalReads", "flightRetryMs"):

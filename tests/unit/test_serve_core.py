@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
+from tensorpool.spark_source.flight_hosts import parse_hosts
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
 from tensorpool.spark_source.plan.offsets import RingState
 from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
@@ -23,7 +24,6 @@ from tensorpool.spark_source.rings.remote import (
     encode_losses,
     encode_losses_request,
     new_loss_key,
-    parse_hosts,
 )
 
 
