@@ -34,15 +34,14 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from tensorpool.client.announce import CLOCK_MONOTONIC, StreamLayout
+from tensorpool.client.announce import CLOCK_MONOTONIC, AnnouncedPool, StreamLayout
+from tensorpool.client.mapping import map_stream
 from tensorpool.counters import Reason
 from tensorpool.shm.errors import ShmError, TensorLayoutError
 from tensorpool.shm.layout import SUPERBLOCK_SIZE, TENSOR_BLOB_READ
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import ShmRegion, map_region
 from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView
 from tensorpool.shm.seqlock import SlotReader
-from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.spark_source.plan.offsets import REGIONS_GONE, RingState, iter_seq_chunks
 
@@ -92,40 +91,30 @@ class RegionSpec:
     def max_stride(self) -> int:
         return max(stride for _, stride, _ in self.pools)
 
+    def layout(self) -> StreamLayout:
+        """The announce fields :func:`~tensorpool.client.mapping.map_stream` maps and validates
+        by (the producer id, slot size and announce time are not needed to map)."""
+        return StreamLayout(
+            stream_id=self.stream_id,
+            producer_id=0,
+            epoch=self.epoch,
+            layout_version=self.layout_version,
+            header_nslots=self.nslots,
+            header_slot_bytes=0,
+            header_region_uri=self.header_uri,
+            pools=tuple(AnnouncedPool(i, self.nslots, st, uri) for i, st, uri in self.pools),
+            announce_timestamp_ns=0,
+            clock_domain=self.clock_domain,
+        )
+
 
 class MappedStream:
     """One stream's header ring and pools, mapped read-only and validated (§15.1, §15.22)."""
 
     def __init__(self, spec: RegionSpec, base_dirs: tuple[str, ...]) -> None:
-        policy = PathPolicy(base_dirs)
-        regions: list[ShmRegion] = []
+        regions = map_stream(spec.layout(), PathPolicy(base_dirs))
+        header = regions[0]
         try:
-            header = map_region(
-                spec.header_uri,
-                ExpectedRegion.header_ring(
-                    epoch=spec.epoch,
-                    stream_id=spec.stream_id,
-                    nslots=spec.nslots,
-                    layout_version=spec.layout_version,
-                ),
-                policy,
-            )
-            regions.append(header)
-            for pool_id, stride, uri in spec.pools:
-                regions.append(
-                    map_region(
-                        uri,
-                        ExpectedRegion.payload_pool(
-                            epoch=spec.epoch,
-                            stream_id=spec.stream_id,
-                            pool_id=pool_id,
-                            nslots=spec.nslots,
-                            stride_bytes=stride,
-                            layout_version=spec.layout_version,
-                        ),
-                        policy,
-                    )
-                )
             self.reader = SlotReader(header, regions[1:])
         except BaseException:
             for r in regions:
