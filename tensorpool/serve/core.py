@@ -1,8 +1,8 @@
 """What one ``do_get`` reads and what it reports lost: the server's rules, sans-IO.
 
-Inputs are the decoded :class:`~tensorpool.spark_source.rings.remote.Ticket`, the served stream's
-current epoch and a fresh ring scan; the output is a :class:`GetPlan`. Nothing here touches
-files, Flight or clocks, so each rule is a unit test.
+Inputs are the decoded :class:`~tensorpool.spark_source.rings.flight_protocol.Ticket`, the
+served stream's current epoch and a fresh ring scan; the output is a :class:`GetPlan`. Nothing
+here touches files, Flight or clocks, so each rule is a unit test.
 
 * A ticket names at most as many frames as the ring of its stream holds (``nslots``, the
   largest this server has seen announced for it): a plan names frames it found together in one
@@ -33,8 +33,8 @@ import numpy as np
 
 from tensorpool.counters import Reason
 from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings.flight_protocol import Ticket
 from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
-from tensorpool.spark_source.rings.remote import Ticket
 
 #: the reason given for frames that were below the ring's oldest frame when the ticket came
 OVERWRITTEN_REASON: Final = Reason.SEQ_MISMATCH

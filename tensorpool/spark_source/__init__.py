@@ -41,7 +41,8 @@ checks it, ``TYPE_CHECKING`` imports included):
      leases; :mod:`.rings.discovery` -- ``streams=*`` discovery; :mod:`.rings.mapped_rings` --
      mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
      :mod:`.rings.remote` -- streams on other hosts: scans and reads through
-     ``tensorpool serve`` (Arrow Flight), and that protocol's one definition;
+     ``tensorpool serve`` (Arrow Flight); :mod:`.rings.flight_protocol` -- that protocol's
+     one definition (tickets, scans, loss ledger), shared with :mod:`tensorpool.serve`;
      :mod:`.rings.spool` -- read-time losses reported back from tasks; :mod:`.rings.hosts` --
      which host planned a read and whether a task sees the same files;
      :mod:`.rings.stream_meta` -- per-stream metadata columns; :mod:`.rings.timestamps` --

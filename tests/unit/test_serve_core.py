@@ -10,8 +10,7 @@ from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, pla
 from tensorpool.spark_source.flight_hosts import parse_hosts
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
 from tensorpool.spark_source.plan.offsets import RingState
-from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
-from tensorpool.spark_source.rings.remote import (
+from tensorpool.spark_source.rings.flight_protocol import (
     MAX_TICKET_SPAN,
     LossRanges,
     Ticket,
@@ -25,6 +24,7 @@ from tensorpool.spark_source.rings.remote import (
     encode_losses_request,
     new_loss_key,
 )
+from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
 
 
 def ring(oldest: int, head: int, nslots: int = 64, epoch: int = 3) -> RingState:
