@@ -27,8 +27,10 @@ checks it, ``TYPE_CHECKING`` imports included):
 2. :mod:`.plan` -- what each trigger may read, from ring states alone: no pyspark, pyarrow,
    pyaeron or transport import, transitively:
 
-   * :mod:`.plan.offsets` -- the offset model and its codec, the per-stream planner, loss
-     accounting; :mod:`.plan.policy` -- the admission policy over the planner;
+   * :mod:`.plan.trigger` -- one trigger of the micro-batch reader as a pure step (health,
+     the min-frames hold, policy, planner, gate, in that order); :mod:`.plan.offsets` -- the
+     offset model and its codec, the per-stream planner, loss accounting;
+     :mod:`.plan.policy` -- the admission policy over the planner;
      :mod:`.plan.admission` -- token buckets, lag, jitter; :mod:`.plan.eventtime` -- event-time
      alignment and late frames; :mod:`.plan.sizing` -- byte budgets and the memory bound;
      :mod:`.plan.margin` -- where ``earliest`` starts on a live ring; :mod:`.plan.health` --
@@ -37,7 +39,10 @@ checks it, ``TYPE_CHECKING`` imports included):
 
 3. :mod:`.rings` -- the rings, attached, scanned and read into Arrow:
 
-   * :mod:`.rings.attach` -- the control-plane seam: standalone announces or SHM-driver
+   * :mod:`.rings.port` -- :class:`~.rings.port.RingSource`, the one seam the adapters talk
+     to (scan, read a partition, read-time loss, close), and the one choice between its two
+     implementations: :mod:`.rings.local` (rings mapped here) and :mod:`.rings.remote`;
+     :mod:`.rings.attach` -- the control-plane seam: standalone announces or SHM-driver
      leases; :mod:`.rings.discovery` -- ``streams=*`` discovery; :mod:`.rings.mapped_rings` --
      mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
      :mod:`.rings.remote` -- streams on other hosts: scans and reads through

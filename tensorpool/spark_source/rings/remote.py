@@ -23,10 +23,10 @@ mapping rings:
   loss recorder a local read uses (``failOnDataLoss``).
 * **Read-time loss** (``failOnDataLoss=false``; the offsets' ``lostLate``): a local stream's
   tasks send it to the driver through :mod:`.spool`, a socket only the driver's host reaches.
-  Here a ticket carries the query's random *loss key* (:attr:`RemoteAttachment.loss_key`); the
+  Here a ticket carries the query's random *loss key* (:attr:`FlightRings.loss_key`); the
   server counts the frames it could not deliver under (key, stream, epoch) in a bounded ledger
   (:class:`tensorpool.serve.core.LossLedger`), and the driver takes them with the ``losses``
-  action at its next ``latestOffset`` (:meth:`RemoteAttachment.collect_losses`). So a Flight
+  action at its next ``latestOffset`` (:meth:`FlightRings.take_losses`). So a Flight
   read's loss goes to the server only, never also to the spool; a task reads locally only when
   its loss can reach the driver (no key, or the spool is reachable from here), else over Flight.
 
@@ -62,6 +62,7 @@ from tensorpool.spark_source.rings.flight_protocol import (
     snapshot_from_table,
 )
 from tensorpool.spark_source.rings.hosts import HostView, PlanOrigin
+from tensorpool.spark_source.rings.local import LocalRead
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -186,15 +187,15 @@ def scan_host(
             retry.failed(exc)
 
 
-# --- the driver-side attachment ------------------------------------------------------------------
-class RemoteAttachment:
-    """The streaming reader's view of remote streams (takes the place of an Aeron attachment).
+# --- the driver side -----------------------------------------------------------------------------
+class FlightRings:
+    """The :class:`~.port.RingSource` of streams served by ``tensorpool serve`` on their hosts
+    (no Aeron on the Spark driver).
 
-    Holds the newest snapshot per stream; :meth:`scan` refreshes them, one call per host.
+    Holds the newest snapshot per stream; :meth:`refresh` updates them, one call per host.
     """
 
     def __init__(self, remote: RemoteHosts, streams: tuple[int, ...]) -> None:
-        self.intakes: dict[int, Any] = {}  # no descriptor intake: planning uses the ring scans
         self.remote = remote
         self.streams = streams
         self.snapshots: dict[int, StreamSnapshot | None] = dict.fromkeys(streams)
@@ -203,7 +204,7 @@ class RemoteAttachment:
         self.loss_key = new_loss_key()
         self._late: dict[int, int] = {}  # taken from the servers, not yet in an offset
 
-    def collect_losses(self, streams: tuple[int, ...]) -> dict[int, int]:
+    def take_losses(self, streams: tuple[int, ...]) -> dict[int, int]:
         """Read-time loss per stream the servers counted for this query, plus what earlier
         calls took and no offset recorded yet (as :func:`.spool.collect`; see
         :meth:`forget_losses`). A host that does not answer keeps its counts for the next call."""
@@ -221,13 +222,54 @@ class RemoteAttachment:
         return dict(self._late)
 
     def forget_losses(self) -> None:
-        """An offset recorded what :meth:`collect_losses` returned."""
+        """An offset recorded what :meth:`take_losses` returned."""
         self._late.clear()
 
-    def scan(self) -> dict[int, StreamSnapshot | None]:
+    def refresh(self) -> dict[int, StreamSnapshot | None]:
         for address, sids in self.remote.by_address().items():
             self.snapshots.update(scan_host(address, sids, self.remote.access))
         return self.snapshots
+
+    def scan(
+        self, streams: tuple[int, ...], specs: dict[tuple[int, int], mapped_rings.RegionSpec]
+    ) -> dict[int, RingState | None]:
+        """The hosts' scans (each stream epoch's spec recorded in ``specs``)."""
+        out: dict[int, RingState | None] = {}
+        for sid, snap in self.refresh().items():
+            if snap is None:
+                out[sid] = None
+                continue
+            specs[(sid, snap.spec.epoch)] = snap.spec
+            out[sid] = snap.state
+        return out
+
+    def scan_one(self, sid: int, spec: mapped_rings.RegionSpec) -> RingState:
+        """A fresh scan of one stream epoch (a replayed batch); raises if gone."""
+        snap = scan_host(self.remote.address_of(sid), [sid], self.remote.access).get(sid)
+        if snap is None or snap.spec.epoch != spec.epoch:
+            raise LookupError(f"stream {sid} epoch {spec.epoch} is not served any more")
+        return snap.state
+
+    def feed(self) -> None:
+        return None  # no descriptor intake: planning uses the ring scans
+
+    def origin(self, spec: mapped_rings.RegionSpec) -> None:
+        return None  # a task checks the server's origin itself (:meth:`RemoteRead.local_ok`)
+
+    def reader_for(self, sid: int) -> RemoteRead:
+        snap = self.snapshots.get(sid)
+        r = self.remote
+        if snap is None:  # not announced now (a replay): no local read, the server says
+            nowhere = PlanOrigin(HostView("", "", ""), "", "", 0, 0, 0, "stream")
+            return RemoteRead(r.address_of(sid), r.access, nowhere, (), False, self.loss_key)
+        return RemoteRead(
+            r.address_of(sid),
+            r.access,
+            snap.origin,
+            snap.base_dirs,
+            r.prefer_local_reads,
+            self.loss_key,
+        )
 
     def liveness(self, now_ns: int) -> dict[int, tuple[bool, int | None]]:
         return {
@@ -235,8 +277,19 @@ class RemoteAttachment:
             for sid, s in self.snapshots.items()
         }
 
-    def add_poller(self, poller: Callable[[], int]) -> None:  # pragma: no cover - not used
+    # options refuse discovery, stream metadata and the SHM driver with 'hosts'
+    @property
+    def context(self) -> Any:
+        raise NotImplementedError("no Aeron control plane with 'hosts'")
+
+    def add_poller(self, poller: Callable[[], int]) -> None:
         raise NotImplementedError("stream discovery is not available with 'hosts'")
+
+    def add_streams(self, streams: tuple[int, ...]) -> None:
+        raise NotImplementedError("stream discovery is not available with 'hosts'")
+
+    def wait_for_layouts(self, timeout_s: float) -> Any:
+        raise NotImplementedError("no announces with 'hosts': the servers are scanned")
 
     def close(self) -> None:
         self._closed = True
@@ -246,35 +299,36 @@ class RemoteAttachment:
         return self._closed
 
 
-def scan_streams(
-    att: RemoteAttachment,
-    specs: dict[tuple[int, int], mapped_rings.RegionSpec],
-) -> dict[int, RingState | None]:
-    """:func:`~.source.scan_streams` for remote streams (records each epoch's spec)."""
-    out: dict[int, RingState | None] = {}
-    for sid, snap in att.scan().items():
-        if snap is None:
-            out[sid] = None
-            continue
-        specs[(sid, snap.spec.epoch)] = snap.spec
-        out[sid] = snap.state
-    return out
+@dataclass
+class FlightSnapshot:
+    """A batch read's snapshot of served streams (:class:`~.port.RingSnapshot`)."""
+
+    opts: SourceOptions
+    served: dict[int, StreamSnapshot]
+    meta: None = None  # includeStreamMetadata is refused with 'hosts'
+
+    @property
+    def specs(self) -> dict[int, mapped_rings.RegionSpec]:
+        return {sid: s.spec for sid, s in self.served.items()}
+
+    @property
+    def states(self) -> dict[int, RingState]:
+        return {sid: s.state for sid, s in self.served.items()}
+
+    def origin(self, spec: mapped_rings.RegionSpec) -> None:
+        return None  # a task checks the server's origin itself (:meth:`RemoteRead.local_ok`)
+
+    def reader_for(self, sid: int) -> RemoteRead:
+        r, s = self.opts.remote, self.served[sid]
+        assert r is not None
+        return RemoteRead(r.address_of(sid), r.access, s.origin, s.base_dirs, r.prefer_local_reads)
 
 
-def scan_one(att: RemoteAttachment, sid: int, epoch: int) -> RingState:
-    """A fresh scan of one stream at ``epoch`` (a replayed batch); raises if gone."""
-    snap = scan_host(att.remote.address_of(sid), [sid], att.remote.access).get(sid)
-    if snap is None or snap.spec.epoch != epoch:
-        raise LookupError(f"stream {sid} epoch {epoch} is not served any more")
-    return snap.state
-
-
-def snapshot(opts: SourceOptions) -> dict[int, StreamSnapshot]:
+def flight_snapshot(opts: SourceOptions) -> FlightSnapshot:
     """The batch reader's snapshot of every remote stream; a missing one is an error."""
     remote = opts.remote
     assert remote is not None
-    att = RemoteAttachment(remote, opts.streams)
-    got = att.scan()
+    got = FlightRings(remote, opts.streams).refresh()
     missing = [sid for sid, s in got.items() if s is None]
     if missing:
         raise LookupError(
@@ -283,17 +337,7 @@ def snapshot(opts: SourceOptions) -> dict[int, StreamSnapshot]:
             + ": not announced on their host (is the producer running? is the stream in the "
             "server's --stream-id list?)"
         )
-    return {sid: s for sid, s in got.items() if s is not None}
-
-
-def batch_reads(opts: SourceOptions, served: dict[int, StreamSnapshot]) -> dict[int, RemoteRead]:
-    """Each stream's :class:`RemoteRead` for a batch read's partitions."""
-    r = opts.remote
-    assert r is not None
-    return {
-        sid: RemoteRead(r.address_of(sid), r.access, s.origin, s.base_dirs, r.prefer_local_reads)
-        for sid, s in served.items()
-    }
+    return FlightSnapshot(opts, {sid: s for sid, s in got.items() if s is not None})
 
 
 # --- the executor side ---------------------------------------------------------------------------
@@ -306,7 +350,12 @@ class RemoteRead:
     origin: PlanOrigin  # the server's view of the header ring
     base_dirs: tuple[str, ...]  # the server's SHM base directories
     prefer_local: bool = True
-    loss_key: str | None = None  # the streaming query's (:attr:`RemoteAttachment.loss_key`)
+    loss_key: str | None = None  # the streaming query's (:attr:`FlightRings.loss_key`)
+
+    def read(
+        self, part: Any, on_loss: Callable[[int, str], None], schema: pa.Schema
+    ) -> Iterator[pa.RecordBatch]:
+        return read_partition(part, self, on_loss, schema)
 
     def local_ok(self) -> bool:
         """This process sees the very header ring file the server maps: same kernel (boot id)
@@ -326,28 +375,13 @@ class RemoteRead:
         return (st.st_dev, st.st_ino) == (o.header_dev, o.header_ino)
 
 
-def remote_read_for(att: RemoteAttachment, sid: int) -> RemoteRead:
-    snap = att.snapshots.get(sid)
-    r = att.remote
-    if snap is None:  # not announced now (a replay): no local read, the server says what is lost
-        nowhere = PlanOrigin(HostView("", "", ""), "", "", 0, 0, 0, "stream")
-        return RemoteRead(r.address_of(sid), r.access, nowhere, (), False, att.loss_key)
-    return RemoteRead(
-        r.address_of(sid),
-        r.access,
-        snap.origin,
-        snap.base_dirs,
-        r.prefer_local_reads,
-        att.loss_key,
-    )
-
-
 #: counters of this process's remote reads (tests and the benchmark look at them)
 READS: dict[str, int] = {"local": 0, "flight": 0}
 
 
 def read_partition(
     part: Any,
+    rr: RemoteRead,
     on_loss: Callable[[int, str], None],
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
@@ -358,7 +392,6 @@ def read_partition(
     server counts it under the ticket's loss key, and ``on_loss`` is told not to spool it too
     (``counted_by_server``); a local read spools it, so it is done only where the driver's
     spool is reachable (its host), else the frames are fetched over Flight."""
-    rr: RemoteRead = part.remote
     counts = not part.fail_on_data_loss and not getattr(part, "from_earliest", False)
     key = rr.loss_key if counts else None
     spool_dir = getattr(part, "spool_dir", None)
@@ -373,16 +406,7 @@ def read_partition(
             )
         else:
             READS["local"] += 1
-            yield from mapped_rings.read_range(
-                part.region,
-                rr.base_dirs,
-                part.first,
-                part.end,
-                include_meta=part.include_meta,
-                on_loss=on_loss,
-                schema=schema,
-                runs=part.runs,
-            )
+            yield from LocalRead(rr.base_dirs).read(part, on_loss, schema)
             return
     READS["flight"] += 1
     runs = part.runs
@@ -445,11 +469,11 @@ def fetch(
 
 
 __all__ = [
-    "RemoteAttachment",
+    "FlightRings",
+    "FlightSnapshot",
     "RemoteRead",
     "fetch",
+    "flight_snapshot",
     "read_partition",
-    "scan_streams",
-    "snapshot",
     "take_losses",
 ]

@@ -62,12 +62,11 @@ from tensorpool.spark_source.plan.offsets import EPOCH_CHANGE, NOT_STARTED, OVER
 from tensorpool.spark_source.plan.offsets import loss_message as _loss_message
 from tensorpool.spark_source.rings import mapped_rings, spool
 from tensorpool.spark_source.rings.attach import Attachment
+from tensorpool.spark_source.rings.local import attach_query, scan_streams
 from tensorpool.spark_source.spark.source import (
     LossRecorder,
     TensorPoolDataLossError,
     arrow_schema,
-    attach_query,
-    scan_streams,
     schema_ddl,
     struct_type,
 )
@@ -640,7 +639,8 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return att
 
     def _scan(self) -> dict[int, StreamScan | None]:
-        out = scan_streams(self._attach(), self.opts, self._specs, scan_stream)
+        base_dirs = self.opts.connection.base_dirs
+        out = scan_streams(self._attach(), self.opts.streams, base_dirs, self._specs, scan_stream)
         for sid, sc in out.items():
             if sc is not None:
                 key = (sid, sc.epoch)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +66,7 @@ from tensorpool.spark_source.options import (
     SourceOptions,
     TensorPoolOptionError,
 )
-from tensorpool.spark_source.plan.health import HealthMonitor, MinFramesGate, backlog
+from tensorpool.spark_source.plan.health import HealthMonitor
 from tensorpool.spark_source.plan.margin import describe as describe_margin
 from tensorpool.spark_source.plan.margin import now_for, safe_earliest
 from tensorpool.spark_source.plan.offsets import (
@@ -77,6 +76,7 @@ from tensorpool.spark_source.plan.offsets import (
     Limits,
     Loss,
     OffsetError,
+    Plan,
     Range,
     RingState,
     StreamPlanner,
@@ -93,22 +93,16 @@ from tensorpool.spark_source.plan.offsets import (
     to_runs,
 )
 from tensorpool.spark_source.plan.policy import SourcePolicy
+from tensorpool.spark_source.plan.trigger import Trigger, TriggerInput
 from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG
 from tensorpool.spark_source.rings import discovery, mapped_rings, spool, stream_meta, timestamps
-from tensorpool.spark_source.rings import remote as remote_io
-from tensorpool.spark_source.rings.attach import (
-    AnnounceProbe,
-    Attachment,
-    StreamsNotAttached,
-    open_attachment,
-    shared_probe,
-)
+from tensorpool.spark_source.rings.attach import StreamsNotAttached
 from tensorpool.spark_source.rings.hosts import (
     BATCH,
-    STREAM,
     PlanOrigin,
     check_origin,
 )
+from tensorpool.spark_source.rings.port import PartitionRead, RingSource, open_rings, snapshot
 from tensorpool.spark_source.spark.loss_text import batch_loss_message, explicit_start_hint
 
 if TYPE_CHECKING:
@@ -206,7 +200,6 @@ class FramePartition(InputPartition):
     epoch: int
     first: int
     end: int
-    base_dirs: tuple[str, ...]
     fail_on_data_loss: bool
     include_meta: bool
     spool_dir: str | None  # the spool address executors report read-time loss to (streaming)
@@ -220,8 +213,8 @@ class FramePartition(InputPartition):
     from_earliest: bool = field(default=False, compare=False)
     #: lateFrames=flag (#17): frames below this seq get is_late=true; None: no such column
     late_to: int | None = field(default=None, compare=False)
-    #: a stream served by ``tensorpool serve`` on its host (#18): read locally or over Flight
-    remote: remote_io.RemoteRead | None = field(default=None, compare=False, repr=False)
+    #: how the task reads the frames: mapped here, or served by ``tensorpool serve`` (#18)
+    reader: PartitionRead | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.value = (self.stream_id, self.epoch, self.first, self.end)
@@ -356,20 +349,10 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
             for seq in seqs:
                 rec(seq, mapped_rings.REGION_UNAVAILABLE)
             return
-        if partition.remote is not None:  # #18: on the stream's host, or over Flight
-            yield from remote_io.read_partition(partition, on_loss, schema)
-            return
-        versions = partition.stream_meta
-        batches = mapped_rings.read_range(
-            partition.region,
-            partition.base_dirs,
-            partition.first,
-            partition.end,
-            # the metadata column is chosen by each frame's meta_version (#16.4)
-            include_meta=partition.include_meta or versions is not None,
-            on_loss=on_loss,
-            schema=schema if versions is None else arrow_schema(True),
-            runs=runs,
+        assert partition.reader is not None
+        versions = partition.stream_meta  # #16.4: the column is added to the full read
+        batches = partition.reader.read(
+            partition, on_loss, schema if versions is None else arrow_schema(True)
         )
         if versions is not None:
             drop = () if partition.include_meta else ("meta_version", "dtype", "shape", "strides")
@@ -395,41 +378,6 @@ def _with_is_late(partition: FramePartition, schema: pa.Schema) -> Iterator[pa.R
 
 
 # --- batch ---------------------------------------------------------------------------------------
-def _settings(opts: SourceOptions) -> Any:
-    return opts.connection.client_settings(freshness_ms=opts.freshness_ms)
-
-
-def _validate(base_dirs: tuple[str, ...]) -> Callable[[Any], None]:
-    """A probe's ``map_layout``: an announced layout counts once its regions map and validate
-    (mapped anew if the files changed since this process mapped them)."""
-
-    def validate(layout: Any) -> None:
-        spec = mapped_rings.RegionSpec.from_layout(layout)
-        mapped_rings.mapped(spec, base_dirs, revalidate=True)
-
-    return validate
-
-
-def _shared_probe(opts: SourceOptions) -> AbstractContextManager[AnnounceProbe]:
-    """This process's announce probe for ``opts``' control channel, kept between plans (#15)."""
-    base_dirs = opts.connection.base_dirs
-    return shared_probe(
-        _settings(opts),
-        map_layout=_validate(base_dirs),
-        is_current=mapped_rings.layout_still_mapped,
-        scope=base_dirs,
-    )
-
-
-def plan_origin(spec: mapped_rings.RegionSpec, opts: SourceOptions, kind: str) -> PlanOrigin | None:
-    """This planning host's view of ``spec``'s header ring (#16.3), None if it is not mapped."""
-    try:
-        m = mapped_rings.mapped(spec, opts.connection.base_dirs)
-    except Exception:  # regions gone since the scan: the tasks report that as loss
-        return None
-    return PlanOrigin.of(m.regions[0].path, opts.connection.shm_base_dir, kind)
-
-
 def earliest_start(sid: int, st: RingState, opts: SourceOptions, clock_domain: int) -> int:
     """Where ``earliest`` starts on ``st``: past the frames the producer overwrites within
     ``earliestMarginMs`` (#16.1; :mod:`~tensorpool.spark_source.plan.margin`)."""
@@ -450,52 +398,15 @@ class TensorPoolBatchReader(DataSourceReader):
         self._schema = arrow_schema(opts.include_tensor_metadata, opts.include_stream_metadata)
 
     def partitions(self) -> list[InputPartition]:
-        # streams="*" / a range (#16.4): the streams announced now (one announce period)
-        opts, conn = self.opts, self.opts.connection
-        if opts.stream_pattern is not None and opts.remote is None and not conn.driver:
-            with _shared_probe(opts) as probe:  # #15: a kept probe has heard the period already
-                opts = discovery.discovered_from(probe, opts)
-        else:
-            opts = discovery.discovered_options(opts, _settings(opts))
-        timeout = conn.attach_timeout_ms / 1000
-        # #18: streams served by `tensorpool serve`: snapshots from their hosts, no Aeron here
-        served = remote_io.snapshot(opts) if opts.remote is not None else None
-        if served is not None:
-            meta = None
-        elif conn.driver:
-            with open_attachment(
-                opts.streams, _settings(opts), driver=True, background=False, intake_capacity=None
-            ) as att:
-                meta = stream_meta.watch(att.context, opts)
-                layouts = att.wait_for_layouts(timeout)
-                if meta is not None:
-                    meta.wait(opts.streams, min(timeout, opts.freshness_ms / 1000))
-        else:
-            # #15: the process's shared probe, kept between plans (with its metadata tracker,
-            # for includeStreamMetadata: subscribed before the hellos go out)
-            with _shared_probe(opts) as probe:
-                meta = probe.meta_tracker() if opts.include_stream_metadata else None
-                layouts = probe.wait_for_layouts(timeout, opts.streams)
-                if meta is not None:  # the layouts' epochs: a kept tracker may know older ones
-                    meta.wait(
-                        opts.streams,
-                        min(timeout, opts.freshness_ms / 1000),
-                        probe.hello,
-                        epochs={sid: layout.epoch for sid, layout in layouts.items()},
-                    )
+        snap = snapshot(self.opts)  # streams="*" / a range (#16.4): those announced now
+        opts = snap.opts
         ranges: list[Range] = []
-        specs: dict[int, mapped_rings.RegionSpec] = {}
         losses: list[Loss] = []
         possible: list[Loss] = []
         hints: list[str] = []  # #16.3: these were gone before the read, not "fell behind"
         from_earliest: set[int] = set()
         for sid in opts.streams:
-            if served is not None:
-                spec, st = served[sid].spec, served[sid].state
-            else:
-                spec = mapped_rings.RegionSpec.from_layout(layouts[sid])
-                st = mapped_rings.mapped(spec, conn.base_dirs).scan()
-            specs[sid] = spec
+            spec, st = snap.specs[sid], snap.states[sid]
             starting = timestamps.starting_for(opts, sid, spec)  # or *ByTimestamp (#16.4)
             if starting == EARLIEST:  # past what the producer overwrites before tasks read
                 first = earliest_start(sid, st, opts, spec.clock_domain)
@@ -526,77 +437,28 @@ class TensorPoolBatchReader(DataSourceReader):
             if opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(message)
             log.warning("tensorpool: batch read skipped lost frames: %s", message)
-        origins = {
-            sid: None if served is not None else plan_origin(spec, opts, BATCH)
-            for sid, spec in specs.items()
-        }
-        remote_reads = {} if served is None else remote_io.batch_reads(opts, served)
+        origins = {sid: snap.origin(spec) for sid, spec in snap.specs.items()}
         return [
             FramePartition(
-                specs[r.stream_id],
+                snap.specs[r.stream_id],
                 r.stream_id,
                 r.epoch,
                 r.first,
                 r.end,
-                conn.base_dirs,
                 opts.fail_on_data_loss,
                 opts.include_tensor_metadata,
                 None,
                 r.runs,
-                stream_meta.for_partition(meta, r.stream_id, r.epoch),
+                stream_meta.for_partition(snap.meta, r.stream_id, r.epoch),
                 origins[r.stream_id],
                 r.stream_id in from_earliest,
-                remote=remote_reads.get(r.stream_id),
+                reader=snap.reader_for(r.stream_id),
             )
             for r in split_ranges(ranges, opts.min_partitions)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self._schema)
-
-
-def scan_streams[T](
-    att: Attachment,
-    opts: SourceOptions,
-    specs: dict[tuple[int, int], mapped_rings.RegionSpec],
-    scan: Callable[[mapped_rings.MappedStream], T],
-) -> dict[int, T | None]:
-    """``scan`` of every stream's mapped ring (None: not announced / not mappable right now).
-
-    Records each stream epoch's RegionSpec in ``specs`` (partitions need it later).
-    """
-    layouts = att.layouts()
-    out: dict[int, T | None] = {}
-    for sid in opts.streams:
-        layout = layouts.get(sid)
-        if layout is None:
-            out[sid] = None
-            continue
-        spec = mapped_rings.RegionSpec.from_layout(layout)
-        specs[(sid, spec.epoch)] = spec
-        try:
-            out[sid] = scan(mapped_rings.mapped(spec, opts.connection.base_dirs))
-        except Exception as exc:  # regions vanished between announce and map
-            log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
-            out[sid] = None
-    return out
-
-
-def attach_query(opts: SourceOptions, **kw: Any) -> Attachment:
-    """The streaming reader's attachment, waiting up to ``attachTimeoutMs`` for the layouts.
-
-    A stream that does not appear in time is not an error: it may come later (producer not
-    started yet, or restarting) and is picked up when it appears; until then it has no data.
-    """
-    att = open_attachment(opts.streams, _settings(opts), driver=opts.connection.driver, **kw)
-    try:
-        att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
-    except StreamsNotAttached as exc:
-        log.warning("tensorpool: %s; continuing without them for now", exc)
-    except BaseException:
-        att.close()
-        raise
-    return att
 
 
 def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: str) -> int:
@@ -621,7 +483,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # Runs on executors too (one per task): keep it free of I/O.
         self.opts = opts
         self._schema = arrow_schema(opts.include_tensor_metadata, opts.include_stream_metadata)
-        self._att: Attachment | None = None
+        self._att: RingSource | None = None  # the rings, opened on the driver at first use
         self._meta: stream_meta.MetaTracker | None = None  # includeStreamMetadata (#16.4)
         self._meta_waited: set[int] = set()
         self._planner: StreamPlanner | None = None
@@ -630,8 +492,9 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._spool: str | None = None
         self._late_extra: dict[int, int] = {}  # loss found by partitions() (replays)
         self._initial: dict | None = None  # initialOffset, resolved once (#16.1)
-        self._health: HealthMonitor | None = None  # #16.2: liveness clocks, lag, ages
-        self._gate: MinFramesGate | None = None  # #16.4: minFramesPerTrigger
+        #: health (#16.2), minFramesPerTrigger (#16.4), policy and planner: from the first
+        #: latestOffset on
+        self._trigger: Trigger | None = None
         self._discovery: discovery.StreamDiscovery | None = None  # streams="*" / a range
         # #17: event time, admission, adaptive sizing (.policy); is_late with lateFrames=flag
         self._policy = SourcePolicy(opts.policy) if opts.policy is not None else None
@@ -641,14 +504,11 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             )
 
     # --- driver-side plumbing -------------------------------------------------------------------
-    def _attach(self) -> Attachment:
+    def _attach(self) -> RingSource:
         att = self._att
         if att is None:
             opts = self.opts
-            if opts.remote is not None:  # #18: heads from each host's server, no Aeron here
-                att = self._att = remote_io.RemoteAttachment(opts.remote, opts.streams)  # type: ignore[assignment]
-            else:
-                att = self._att = attach_query(opts)
+            att = self._att = open_rings(opts)  # #18: or each host's server, no Aeron here
             if opts.stream_pattern is not None:
                 opts = self._discover_initial(att)
             start_at = {
@@ -661,7 +521,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return att
 
     # --- stream discovery (streams="*" / "lo-hi", #16.4) -----------------------------------------
-    def _discover_initial(self, att: Attachment) -> SourceOptions:
+    def _discover_initial(self, att: RingSource) -> SourceOptions:
         """Collect the announced streams for one announce period; attach them."""
         opts = self.opts
         assert opts.stream_pattern is not None
@@ -716,11 +576,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return grow_offsets(offsets, self.opts.streams)
 
     def _scan(self) -> dict[int, RingState | None]:
-        att = self._attach()
-        if isinstance(att, remote_io.RemoteAttachment):  # #18
-            states = remote_io.scan_streams(att, self._specs)
-        else:
-            states = scan_streams(att, self.opts, self._specs, mapped_rings.MappedStream.scan)
+        states = self._attach().scan(self.opts.streams, self._specs)
         self._states = states
         return states
 
@@ -774,46 +630,77 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         opts = self.opts
         states = self._scan()
         att = self._att
-        assert att is not None and self._planner is not None
-        if isinstance(limit, ReadAllAvailable):
-            limits = Limits()
-        elif isinstance(limit, ReadMaxRows):
-            limits = Limits(limit.max_rows, opts.max_bytes_per_trigger)
-        elif isinstance(limit, ReadMaxBytes):
-            limits = Limits(opts.max_frames_per_trigger, limit.max_bytes)
-        else:
-            limits = Limits(opts.max_frames_per_trigger, opts.max_bytes_per_trigger)
-        feed = att if att.intakes else None
+        assert att is not None
         now = time.monotonic_ns()
-        self._watch(now)  # #16.2: fails (or warns) on a stream with no live producer
         late, spooled = spool.collect(self._spool, opts.streams)
-        remote_att = att if isinstance(att, remote_io.RemoteAttachment) else None  # #18
-        if remote_att is not None and not opts.fail_on_data_loss:  # Flight reads' loss
-            for sid, n in remote_att.collect_losses(opts.streams).items():
+        if not opts.fail_on_data_loss:  # #18: Flight reads' loss, counted by the servers
+            for sid, n in att.take_losses(opts.streams).items():
                 late[sid] = late.get(sid, 0) + n
-        if not late and not self._late_extra and self._hold(begin, states, limit, now):
-            self._observe_rings(states, begin)
-            return start  # the same offset: Spark runs no batch (minFramesPerTrigger)
-        for sid, n in self._late_extra.items():
+        for sid, n in self._late_extra.items():  # found by partitions() (a replay)
             late[sid] = late.get(sid, 0) + n
-        self._late_extra = {}
-        pol = self._policy
-        if pol is not None:  # #17: lag, jitter, late, memory, alignment, rate; adaptive bytes
-            pol.begin(begin, states, self._wall_shifts(states), now, time.time_ns())
-            limits = pol.limits(limits)
-        admit = None if pol is None else pol.admit
-        align = pol.align if pol is not None and pol.p.align else None  # #27.1
-        plan = self._planner.plan(
-            begin, states, limits, late=late, feed=feed, admit=admit, align=align
+        step = self._trigger_state().step(
+            opts.streams,
+            TriggerInput(
+                begin,
+                states,
+                self._limits(limit),
+                isinstance(limit, ReadAllAvailable),
+                late,
+                att.liveness(now),
+                {sid: self._newest_wall_ns(sid, states.get(sid)) for sid in opts.streams},
+                self._wall_shifts(states),
+                att.feed(),
+                now,
+                time.time_ns(),
+            ),
         )
-        if pol is not None:
-            pol.finish(begin, plan.end, plan.runs, states)
-        if self._gate is not None:
-            self._gate.admitted(plan.frames, now)
-        self._observe_rings(states, plan.end)
+        plan = step.plan
+        if plan is None:
+            return start  # the same offset: Spark runs no batch (minFramesPerTrigger)
+        self._late_extra = {}
         spool.forget(spooled)  # recorded in this plan's lostLate
-        if remote_att is not None:
-            remote_att.forget_losses()
+        att.forget_losses()
+        self._report_plan(plan, begin, states)
+        if opts.stream_pattern is not None:
+            # a discovered stream enters the offset once it has begun (no empty batch before)
+            for sid in [k for k, p in plan.end.items() if p.epoch == NOT_STARTED]:
+                if str(sid) not in start:
+                    del plan.end[sid]
+        return encode_offsets(plan.end)
+
+    def _limits(self, limit: ReadLimit) -> Limits:
+        """Spark's read limit with the options' per-trigger caps."""
+        opts = self.opts
+        if isinstance(limit, ReadAllAvailable):
+            return Limits()
+        if isinstance(limit, ReadMaxRows):
+            return Limits(limit.max_rows, opts.max_bytes_per_trigger)
+        if isinstance(limit, ReadMaxBytes):
+            return Limits(opts.max_frames_per_trigger, limit.max_bytes)
+        return Limits(opts.max_frames_per_trigger, opts.max_bytes_per_trigger)
+
+    def _trigger_state(self) -> Trigger:
+        trig = self._trigger
+        if trig is None:
+            opts, ch = self.opts, self.opts.connection
+            assert self._planner is not None
+            warn = opts.on_stale_stream == ON_STALE_WARN
+            min_frames = opts.min_frames_per_trigger
+            trig = self._trigger = Trigger(
+                self._planner,
+                HealthMonitor(opts.stale_stream_timeout_ms, warn),
+                f"control {ch.control_channel} stream {ch.control_stream_id}, Aeron dir "
+                f"{ch.aeron_dir or 'embedded'}, shmBaseDir {ch.shm_base_dir}"
+                + (" (through the SHM driver)" if ch.driver else ""),
+                None if min_frames is None else (min_frames, opts.max_trigger_delay_ms),
+                self._policy,
+            )
+        return trig
+
+    def _report_plan(
+        self, plan: Plan, begin: dict[int, StreamPos], states: dict[int, RingState | None]
+    ) -> None:
+        """Log what the plan found; with ``failOnDataLoss``, fail on counted loss."""
         for sid, n in plan.dropped.items():
             log.warning(
                 "tensorpool: stream %d: the descriptor intake overflowed (%d descriptor(s) "
@@ -827,15 +714,9 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if plan.losses or plan.unknown_epoch_loss:
             lost = [*plan.losses, *plan.unknown_epoch_loss]
             message = loss_message(lost, self._explicit_start_hint(begin, lost, states))
-            if opts.fail_on_data_loss:
+            if self.opts.fail_on_data_loss:
                 raise TensorPoolDataLossError(message)
             log.warning("%s [skipped: failOnDataLoss=false]", message)
-        if opts.stream_pattern is not None:
-            # a discovered stream enters the offset once it has begun (no empty batch before)
-            for sid in [k for k, p in plan.end.items() if p.epoch == NOT_STARTED]:
-                if str(sid) not in start:
-                    del plan.end[sid]
-        return encode_offsets(plan.end)
 
     def _explicit_start_hint(
         self,
@@ -878,56 +759,15 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def reportLatestOffset(self) -> dict | None:
         """Per stream: the producer's head and health (progress ``latestOffset``; report only,
         Spark never compares or checkpoints it -- see :mod:`.health`)."""
-        if self._health is None:
+        if self._trigger is None:
             return None
-        report = self._health.report(self.opts.streams, time.monotonic_ns(), time.time_ns())
+        report = self._trigger.health.report(self.opts.streams, time.monotonic_ns(), time.time_ns())
         if self._policy is not None:  # #17: watermarks, jitter, tokens, batch budget
             per, src = self._policy.report(self.opts.streams)
             for sid, entry in per.items():
                 report.setdefault(str(sid), {}).update(entry)
             report["source"] = src
         return report
-
-    # --- health and minFramesPerTrigger (#16.2, #16.4; the rules live in .health) ---------------
-    def _watch(self, now_ns: int) -> None:
-        opts, att = self.opts, self._att
-        assert att is not None
-        if self._health is None:
-            warn = opts.on_stale_stream == ON_STALE_WARN
-            self._health = HealthMonitor(opts.stale_stream_timeout_ms, warn)
-        self._health.observe(att.liveness(now_ns), opts.streams, now_ns)
-        ch = opts.connection
-        self._health.check(
-            now_ns,
-            f"control {ch.control_channel} stream {ch.control_stream_id}, Aeron dir "
-            f"{ch.aeron_dir or 'embedded'}, shmBaseDir {ch.shm_base_dir}"
-            + (" (through the SHM driver)" if ch.driver else ""),
-        )
-
-    def _hold(
-        self, begin: dict[int, StreamPos], states: dict[int, RingState | None], limit: Any, now: int
-    ) -> bool:
-        """Whether ``minFramesPerTrigger`` holds this trigger (never for ReadAllAvailable,
-        AvailableNow, or a stream that appeared or changed epoch)."""
-        opts = self.opts
-        if opts.min_frames_per_trigger is None or isinstance(limit, ReadAllAvailable):
-            return False
-        assert self._planner is not None
-        if self._planner.target is not None:
-            return False  # AvailableNow must reach its target, not wait for frames
-        if self._gate is None:
-            self._gate = MinFramesGate(opts.min_frames_per_trigger, opts.max_trigger_delay_ms)
-        available = backlog(begin, states)
-        return available is not None and self._gate.hold(available, now)
-
-    def _observe_rings(
-        self, states: dict[int, RingState | None], end: dict[int, StreamPos]
-    ) -> None:
-        health = self._health
-        assert health is not None
-        for sid in self.opts.streams:
-            st = states.get(sid)
-            health.observe_ring(sid, st, self._newest_wall_ns(sid, st), end.get(sid))
 
     def _newest_wall_ns(self, sid: int, st: RingState | None) -> int | None:
         """Wall-clock time of the newest frame's ``timestamp_ns`` (health only: racy is fine)."""
@@ -976,12 +816,9 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     ls.count or 0
                 )
         att = self._att
-        remote = att if isinstance(att, remote_io.RemoteAttachment) else None  # #18
+        assert att is not None
         origins = {
-            (r.stream_id, r.epoch): None
-            if remote is not None
-            else plan_origin(self._specs[(r.stream_id, r.epoch)], opts, STREAM)
-            for r in ranges
+            (r.stream_id, r.epoch): att.origin(self._specs[(r.stream_id, r.epoch)]) for r in ranges
         }
         # #16.1: the first batch from startingOffsets=earliest reads from the oldest frame
         # still in the ring when its tasks run (frames overwritten before are not loss)
@@ -1003,7 +840,6 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 p.epoch,
                 p.first,
                 p.end,
-                opts.connection.base_dirs,
                 opts.fail_on_data_loss,
                 opts.include_tensor_metadata,
                 self._spool,
@@ -1011,7 +847,7 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._stream_meta(p.stream_id, p.epoch),
                 origins[(p.stream_id, p.epoch)],
                 p.stream_id in first_earliest,
-                remote=None if remote is None else remote_io.remote_read_for(remote, p.stream_id),
+                reader=att.reader_for(p.stream_id),
                 late_to=finish[p.stream_id].late_to if flag else None,
             )
             for p in split_ranges(ranges, opts.min_partitions)
@@ -1052,11 +888,8 @@ class TensorPoolStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             losses.append(Loss(sid, epoch, r.first, n, REGIONS_GONE, 0, r.end - 1))
             return None
         try:
-            att = self._att
-            if isinstance(att, remote_io.RemoteAttachment):  # #18: the serving host's scan
-                st = remote_io.scan_one(att, sid, epoch)
-            else:
-                st = mapped_rings.mapped(spec, self.opts.connection.base_dirs).scan()
+            assert self._att is not None
+            st = self._att.scan_one(sid, spec)  # #18: or the serving host's scan
         except Exception as exc:  # regions vanished since the announce
             log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, epoch, exc)
             losses.append(Loss(sid, epoch, r.first, r.expect, REGIONS_GONE, 0, r.end - 1))

@@ -187,7 +187,7 @@ def test_18_2_read_time_loss_reaches_the_driver_from_any_host(served: Any) -> No
                 part = dataclasses.replace(
                     part,
                     spool_dir=spool_dir or part.spool_dir,
-                    remote=dataclasses.replace(part.remote, prefer_local=prefer_local),
+                    reader=dataclasses.replace(part.reader, prefer_local=prefer_local),
                 )
                 assert [b.num_rows for b in reader.read(part) if b.num_rows] == []
             return end
