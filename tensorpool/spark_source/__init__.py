@@ -29,7 +29,8 @@ checks it, ``TYPE_CHECKING`` imports included):
 
    * :mod:`.plan.trigger` -- one trigger of the micro-batch reader as a pure step (health,
      the min-frames hold, policy, planner, gate, in that order); :mod:`.plan.offsets` -- the
-     offset model and its codec, the per-stream planner, loss accounting;
+     offset model and its codec, seq runs, ring states, loss accounting; :mod:`.plan.planner`
+     -- the per-stream planner (admission, sparse streams' ledgers, epoch transitions);
      :mod:`.plan.policy` -- the admission policy over the planner;
      :mod:`.plan.admission` -- token buckets, lag, jitter; :mod:`.plan.eventtime` -- event-time
      alignment and late frames; :mod:`.plan.sizing` -- byte budgets and the memory bound;

@@ -3,7 +3,7 @@
 :class:`SourcePolicy` is what :class:`~tensorpool.spark_source.spark.source.TensorPoolStreamReader`
 holds on the Spark driver when any policy option is given. Per trigger, the reader calls
 :meth:`~SourcePolicy.begin` (ring scans, clocks), passes :meth:`~SourcePolicy.admit` to
-:meth:`~tensorpool.spark_source.plan.offsets.StreamPlanner.plan` as its ``admit`` hook and
+:meth:`~tensorpool.spark_source.plan.planner.StreamPlanner.plan` as its ``admit`` hook and
 :meth:`~SourcePolicy.limits` as its limits, then :meth:`~SourcePolicy.finish` (tokens spent,
 watermarks). Sans-IO like its parts: clocks and event times come in as numbers.
 

@@ -17,14 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tensorpool.spark_source.plan.health import HealthMonitor, MinFramesGate, backlog
-from tensorpool.spark_source.plan.offsets import (
-    DescriptorFeed,
-    Limits,
-    Plan,
-    RingState,
-    StreamPlanner,
-    StreamPos,
-)
+from tensorpool.spark_source.plan.offsets import Limits, RingState, StreamPos
+from tensorpool.spark_source.plan.planner import DescriptorFeed, Plan, StreamPlanner
 from tensorpool.spark_source.plan.policy import SourcePolicy
 
 

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tensorpool.spark_source.options import SourceOptions
-    from tensorpool.spark_source.plan.offsets import DescriptorFeed, RingState
+    from tensorpool.spark_source.plan.offsets import RingState
+    from tensorpool.spark_source.plan.planner import DescriptorFeed
     from tensorpool.transport.context import AeronContext
 
 log = logging.getLogger("tensorpool.spark_source")

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tensorpool.spark_source.options import SourceOptions
-    from tensorpool.spark_source.plan.offsets import DescriptorFeed, RingState
+    from tensorpool.spark_source.plan.offsets import RingState
+    from tensorpool.spark_source.plan.planner import DescriptorFeed
     from tensorpool.spark_source.rings.hosts import PlanOrigin
     from tensorpool.spark_source.rings.mapped_rings import RegionSpec
     from tensorpool.spark_source.rings.stream_meta import MetaTracker

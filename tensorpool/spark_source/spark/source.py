@@ -76,10 +76,8 @@ from tensorpool.spark_source.plan.offsets import (
     Limits,
     Loss,
     OffsetError,
-    Plan,
     Range,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
@@ -92,6 +90,7 @@ from tensorpool.spark_source.plan.offsets import (
     split_ranges,
     to_runs,
 )
+from tensorpool.spark_source.plan.planner import Plan, StreamPlanner
 from tensorpool.spark_source.plan.policy import SourcePolicy
 from tensorpool.spark_source.plan.trigger import Trigger, TriggerInput
 from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG

@@ -15,12 +15,12 @@ from tensorpool.spark_source.plan.eventtime import Aligner, running_max
 from tensorpool.spark_source.plan.offsets import (
     Limits,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
     encode_offsets,
 )
+from tensorpool.spark_source.plan.planner import StreamPlanner
 from tensorpool.spark_source.plan.policy import SourcePolicy
 from tensorpool.spark_source.plan.sizing import (
     EMERGENCY,

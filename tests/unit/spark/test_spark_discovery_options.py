@@ -18,13 +18,13 @@ from tensorpool.spark_source.plan.offsets import (
     NOT_STARTED,
     Limits,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
     encode_offsets,
     grow_offsets,
 )
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 
 def test_streams_star_and_ranges_are_patterns():

@@ -24,7 +24,6 @@ from tensorpool.spark_source.plan.offsets import (
     OffsetError,
     Range,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
@@ -32,6 +31,7 @@ from tensorpool.spark_source.plan.offsets import (
     split_budget,
     split_ranges,
 )
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 
 def test_offsets_json_has_a_stable_key_order():

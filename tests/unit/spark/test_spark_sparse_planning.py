@@ -17,7 +17,6 @@ from tensorpool.spark_source.plan.offsets import (
     Limits,
     Range,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     iter_seq_chunks,
@@ -26,6 +25,7 @@ from tensorpool.spark_source.plan.offsets import (
     split_ranges,
     to_runs,
 )
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 E = 5  # the epoch of every ring here
 

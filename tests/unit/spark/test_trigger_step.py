@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tensorpool.spark_source.plan.health import HealthMonitor, TensorPoolStaleStreamError
-from tensorpool.spark_source.plan.offsets import Limits, RingState, StreamPlanner, StreamPos
+from tensorpool.spark_source.plan.offsets import Limits, RingState, StreamPos
+from tensorpool.spark_source.plan.planner import StreamPlanner
 from tensorpool.spark_source.plan.trigger import Trigger, TriggerInput
 
 MS = 1_000_000
