@@ -325,78 +325,106 @@ class StreamPlanner:
         applied (#27.1, the minimum rule): caps only ever shrink, so the loop ends, and at its
         end every admitted frame is within what ``align`` allows for the final counts."""
         plan = Plan({}, [], [], 0)
-        end = plan.end
-        ready: list[_Ready] = []
+        ready = []
         for sid in self.streams:
-            pos = start[sid]
-            add_late = (late or {}).get(sid, 0)
-            base = pos.frames or 0
-            st = states.get(sid)
-            # the old epoch's head must be read before a new epoch's scan replaces it
-            old_head = self.seen_head(sid, pos.epoch)
-            if st is not None:
-                self.observe(sid, st)
-            stay = replace(pos, lost_late=pos.lost_late + add_late, frames=base)
-            if st is None or st.epoch < pos.epoch:
-                # Not mapped (producer gone / not yet announced) or an older incarnation still
-                # announcing: nothing new for this stream.
-                end[sid] = stay
-                continue
-            head = st.head
-            tgt = None if self.target is None else self.target.get(sid)
-            if tgt is not None:
-                if st.epoch > tgt[0]:
-                    # Data after the AvailableNow target lives in a newer epoch: stop here.
-                    if pos.epoch >= tgt[0]:
-                        end[sid] = stay
-                        continue
-                elif st.epoch == tgt[0]:
-                    head = min(head, tgt[1])
-            if pos.epoch == NOT_STARTED:
-                # The stream was not announced when the query started: it begins now, where
-                # startingOffsets says, and nothing before that point counts as lost.
-                first = st.oldest if self.start_at.get(sid, "earliest") == "earliest" else st.head
-                first = min(first, head)
-                self.begin(sid, st, first)
-                end[sid] = replace(
-                    pos, epoch=st.epoch, seq=first, lost_late=pos.lost_late + add_late, frames=base
-                )
-                continue
-            if st.epoch > pos.epoch:
-                lost = self._transition(sid, pos, st, old_head, feed, plan)
-                first = min(st.head if st.empty else st.oldest, head)
-                # frames of the new epoch already gone when we first saw it
-                cnt, lo, hi = st.maybe_overwritten(0, first)
-                if cnt and st.gapped:
-                    plan.possible.append(
-                        Loss(sid, st.epoch, lo, None, OVERWRITTEN, st.nslots, hi, at_most=cnt)
-                    )
-                elif cnt:
-                    plan.losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
-                    lost += cnt
-                self.begin(sid, st, first)
-                self._ledgers[sid] = {
-                    e: v for e, v in self._ledgers.get(sid, {}).items() if e >= st.epoch
-                }
-                end[sid] = replace(
-                    pos,
-                    epoch=st.epoch,
-                    seq=first,
-                    lost=pos.lost + lost,
-                    lost_late=pos.lost_late + add_late,
-                    frames=base,
-                )
-                continue
-            led = self._ledger(sid, st.epoch)
-            if not led.started:
-                # First plan of this process for a checkpointed position (a restart): the
-                # descriptor record is complete only for frames published from now on.
-                led.anchor(st.head, st.head - 1)
-                if st.gapped:
-                    led.add_known(st.present(pos.seq, st.head))
-            ready.append(_Ready(sid, st, pos.seq, head, st.present(pos.seq, head)))
-            end[sid] = stay
+            r = self._prepare(
+                sid, start[sid], states.get(sid), (late or {}).get(sid, 0), feed, plan
+            )
+            if r is not None:
+                ready.append(r)
+        cuts, wants = self._admit(ready, limits, sizes, admit, align)
+        for r, n in zip(ready, wants, strict=True):
+            self._advance(r, n, cuts.get(r.sid, Cut()), feed, plan)
+        return plan
 
+    def _prepare(
+        self,
+        sid: int,
+        pos: StreamPos,
+        st: RingState | None,
+        add_late: int,
+        feed: DescriptorFeed | None,
+        plan: Plan,
+    ) -> _Ready | None:
+        """One stream's start of a plan: its end offset as it stays, or a stream that begins
+        or changes epoch (planned here), or its pending frames (returned)."""
+        end = plan.end
+        base = pos.frames or 0
+        # the old epoch's head must be read before a new epoch's scan replaces it
+        old_head = self.seen_head(sid, pos.epoch)
+        if st is not None:
+            self.observe(sid, st)
+        stay = replace(pos, lost_late=pos.lost_late + add_late, frames=base)
+        if st is None or st.epoch < pos.epoch:
+            # Not mapped (producer gone / not yet announced) or an older incarnation still
+            # announcing: nothing new for this stream.
+            end[sid] = stay
+            return None
+        head = st.head
+        tgt = None if self.target is None else self.target.get(sid)
+        if tgt is not None:
+            if st.epoch > tgt[0]:
+                # Data after the AvailableNow target lives in a newer epoch: stop here.
+                if pos.epoch >= tgt[0]:
+                    end[sid] = stay
+                    return None
+            elif st.epoch == tgt[0]:
+                head = min(head, tgt[1])
+        if pos.epoch == NOT_STARTED:
+            # The stream was not announced when the query started: it begins now, where
+            # startingOffsets says, and nothing before that point counts as lost.
+            first = st.oldest if self.start_at.get(sid, "earliest") == "earliest" else st.head
+            first = min(first, head)
+            self.begin(sid, st, first)
+            end[sid] = replace(
+                pos, epoch=st.epoch, seq=first, lost_late=pos.lost_late + add_late, frames=base
+            )
+            return None
+        if st.epoch > pos.epoch:
+            lost = self._transition(sid, pos, st, old_head, feed, plan)
+            first = min(st.head if st.empty else st.oldest, head)
+            # frames of the new epoch already gone when we first saw it
+            cnt, lo, hi = st.maybe_overwritten(0, first)
+            if cnt and st.gapped:
+                plan.possible.append(
+                    Loss(sid, st.epoch, lo, None, OVERWRITTEN, st.nslots, hi, at_most=cnt)
+                )
+            elif cnt:
+                plan.losses.append(Loss(sid, st.epoch, lo, cnt, OVERWRITTEN, st.nslots, hi))
+                lost += cnt
+            self.begin(sid, st, first)
+            self._ledgers[sid] = {
+                e: v for e, v in self._ledgers.get(sid, {}).items() if e >= st.epoch
+            }
+            end[sid] = replace(
+                pos,
+                epoch=st.epoch,
+                seq=first,
+                lost=pos.lost + lost,
+                lost_late=pos.lost_late + add_late,
+                frames=base,
+            )
+            return None
+        led = self._ledger(sid, st.epoch)
+        if not led.started:
+            # First plan of this process for a checkpointed position (a restart): the
+            # descriptor record is complete only for frames published from now on.
+            led.anchor(st.head, st.head - 1)
+            if st.gapped:
+                led.add_known(st.present(pos.seq, st.head))
+        end[sid] = stay
+        return _Ready(sid, st, pos.seq, head, st.present(pos.seq, head))
+
+    def _admit(
+        self,
+        ready: list[_Ready],
+        limits: Limits,
+        sizes: SizeFn | None,
+        admit: AdmitFn | None,
+        align: AlignFn | None,
+    ) -> tuple[Mapping[int, Cut], list[int]]:
+        """The policies' cuts (#17), then each stream's share of the limits, shrunk by the
+        minimum rule (#27.1) until it holds for the final counts."""
         # #17: the source's policies cut each stream's pending frames (prefixes, see Cut)
         cuts = admit(ready) if admit is not None and ready else {}
         no_cut = Cut()
@@ -419,46 +447,48 @@ class StreamPlanner:
             if not shrunk:
                 break
             wants = self._shares(views, limits, sizes)
-        for r, n in zip(ready, wants, strict=True):
-            sid, st, present = r.sid, r.state, r.present
-            c = cuts.get(sid, no_cut)
-            used = c.skip + n  # frames of present consumed: skipped, then delivered
-            if used >= len(present):
-                end_seq = max(r.head, r.first)
-            else:
-                end_seq = int(present[used - 1]) + 1 if used else r.first
-            admitted = present[c.skip : used]
-            lost = 0
-            if end_seq > r.first:
-                self._fill(feed, sid, st.epoch, end_seq, used, plan)
-                lost = self._classify(sid, st, r.first, end_seq, present[:used], plan)
-            led = self._ledger(sid, st.epoch)
-            led.retire(end_seq)
-            if self.is_sparse(sid, st.epoch):
-                led.add_known(present[used:])
-            runs = to_runs(admitted)
-            plan.runs[sid] = runs
-            first = int(present[c.skip - 1]) + 1 if c.skip else r.first
-            self._remember((sid, st.epoch, first, end_seq), runs)
-            e = end[sid]
-            if end_seq == r.first:
-                plan.frames += n
-                continue  # nothing consumed: the stream's offset stays as it was
-            flagged = min(c.flag, n)
-            end[sid] = replace(
-                e,
-                epoch=st.epoch,
-                seq=end_seq,
-                lost=e.lost + lost,
-                frames=(e.frames or 0) + n,
-                late=e.late + c.late - (c.flag - flagged),
-                shed_lag=e.shed_lag + c.shed_lag,
-                shed_memory=e.shed_memory + c.shed_memory,
-                skip_to=first if c.skip else 0,
-                late_to=int(present[c.skip + flagged - 1]) + 1 if flagged else 0,
-            )
+        return cuts, wants
+
+    def _advance(self, r: _Ready, n: int, c: Cut, feed: DescriptorFeed | None, plan: Plan) -> None:
+        """Move one stream's end offset past the ``n`` frames it delivers after its cut."""
+        sid, st, present = r.sid, r.state, r.present
+        used = c.skip + n  # frames of present consumed: skipped, then delivered
+        if used >= len(present):
+            end_seq = max(r.head, r.first)
+        else:
+            end_seq = int(present[used - 1]) + 1 if used else r.first
+        admitted = present[c.skip : used]
+        lost = 0
+        if end_seq > r.first:
+            self._fill(feed, sid, st.epoch, end_seq, used, plan)
+            lost = self._classify(sid, st, r.first, end_seq, present[:used], plan)
+        led = self._ledger(sid, st.epoch)
+        led.retire(end_seq)
+        if self.is_sparse(sid, st.epoch):
+            led.add_known(present[used:])
+        runs = to_runs(admitted)
+        plan.runs[sid] = runs
+        first = int(present[c.skip - 1]) + 1 if c.skip else r.first
+        self._remember((sid, st.epoch, first, end_seq), runs)
+        end = plan.end
+        e = end[sid]
+        if end_seq == r.first:
             plan.frames += n
-        return plan
+            return  # nothing consumed: the stream's offset stays as it was
+        flagged = min(c.flag, n)
+        end[sid] = replace(
+            e,
+            epoch=st.epoch,
+            seq=end_seq,
+            lost=e.lost + lost,
+            frames=(e.frames or 0) + n,
+            late=e.late + c.late - (c.flag - flagged),
+            shed_lag=e.shed_lag + c.shed_lag,
+            shed_memory=e.shed_memory + c.shed_memory,
+            skip_to=first if c.skip else 0,
+            late_to=int(present[c.skip + flagged - 1]) + 1 if flagged else 0,
+        )
+        plan.frames += n
 
     def _transition(
         self,
