@@ -36,7 +36,8 @@ checks it, ``TYPE_CHECKING`` imports included):
      alignment and late frames; :mod:`.plan.sizing` -- byte budgets and the memory bound;
      :mod:`.plan.margin` -- where ``earliest`` starts on a live ring; :mod:`.plan.health` --
      stale streams and the min-frames hold; :mod:`.plan.progress` -- reading the source's
-     metrics out of a query's progress.
+     metrics out of a query's progress; :mod:`.plan.pulse` -- ``batching=pulse``'s offsets and
+     window planner.
 
 3. :mod:`.rings` -- the rings, attached, scanned and read into Arrow:
 
