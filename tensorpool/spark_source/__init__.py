@@ -59,7 +59,9 @@ checks it, ``TYPE_CHECKING`` imports included):
 4. :mod:`.spark` -- the pyspark adapters:
 
    * :mod:`.spark.datasource` -- the ``DataSource`` (``format("tensorpool")``) and ``register``;
-     :mod:`.spark.source` -- the batch and micro-batch readers; :mod:`.spark.pulse` --
+     :mod:`.spark.source` -- the schema, the partitions and their read, the batch reader;
+     :mod:`.spark.stream` -- the micro-batch reader and the base it shares with the pulse
+     reader; :mod:`.spark.pulse` --
      ``batching=pulse``: one micro-batch = one pulse-aligned window across streams
      (:class:`~tensorpool.batching.RateAwareMessageBatcher` state in the offsets);
      :mod:`.spark.sink` / :mod:`.spark.publisher` -- the write path; :mod:`.spark.loss_text` --

@@ -1,6 +1,6 @@
 """The source's event-time, admission and sizing policies, put together for the reader (#17).
 
-:class:`SourcePolicy` is what :class:`~tensorpool.spark_source.spark.source.TensorPoolStreamReader`
+:class:`SourcePolicy` is what :class:`~tensorpool.spark_source.spark.stream.TensorPoolStreamReader`
 holds on the Spark driver when any policy option is given. Per trigger, the reader calls
 :meth:`~SourcePolicy.begin` (ring scans, clocks), passes :meth:`~SourcePolicy.admit` to
 :meth:`~tensorpool.spark_source.plan.planner.StreamPlanner.plan` as its ``admit`` hook and

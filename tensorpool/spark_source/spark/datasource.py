@@ -27,11 +27,11 @@ from tensorpool.spark_source.spark.pulse import PulseStreamReader, pulse_schema_
 from tensorpool.spark_source.spark.source import (
     FORMAT,
     TensorPoolBatchReader,
-    TensorPoolStreamReader,
     _check_user_schema,
     flags_late,
     struct_type,
 )
+from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 
 __all__ = ["TensorPoolDataSource", "register"]
 

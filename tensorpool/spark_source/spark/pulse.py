@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
@@ -72,6 +72,7 @@ from tensorpool.spark_source.spark.source import (
     schema_ddl,
     struct_type,
 )
+from tensorpool.spark_source.spark.stream import RingStreamReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -192,7 +193,7 @@ def read_pulse_partition(
 
 
 # --- the stream reader ---------------------------------------------------------------------------
-class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class PulseStreamReader(RingStreamReader):
     """Micro-batch reader whose every micro-batch is one closed window of the batcher.
 
     ``Trigger.AvailableNow``: ``prepareForTriggerAvailableNow`` records each ring's head; the
@@ -201,16 +202,15 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     stay unfed and are delivered by a later run, in the window they belong to.
     """
 
+    SPOOL_KIND = "pulse"
+
     def __init__(self, opts: SourceOptions) -> None:
-        # Runs on executors too (one per task): keep it free of I/O.
-        self.opts = opts
+        super().__init__(opts)
+        self._att: Attachment | None = None
         self._base_schema = arrow_schema(opts.include_tensor_metadata)
         self._schema = pulse_arrow_schema(opts.include_tensor_metadata)
         self._planner = PulsePlanner(opts.streams, opts.gated_streams, opts.batch_length_ns)
-        self._att: Attachment | None = None
-        self._specs: dict[tuple[int, int], mapped_rings.RegionSpec] = {}
         self._target: dict[int, tuple[int, int]] | None = None
-        self._spool: str | None = None
         self._heads: dict[tuple[int, int], int] = {}  # (stream, epoch) -> highest head seen
         self._clock_domain = CLOCK_MONOTONIC  # of the streams' timestamps (from the announces)
 
@@ -226,14 +226,9 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return cls(opts)
 
     # --- driver-side plumbing -------------------------------------------------------------------
-    def _attach(self) -> Attachment:
-        att = self._att
-        if att is None:
-            opts = self.opts
-            # descriptors are not needed: windows are cut from the slots' timestamps
-            att = self._att = attach_query(opts, intake_capacity=None)
-            self._spool = spool.make_spool(opts.connection.shm_base_dir, "pulse")
-        return att
+    def _open_rings(self) -> Attachment:
+        # descriptors are not needed: windows are cut from the slots' timestamps
+        return attach_query(self.opts, intake_capacity=None)
 
     def _scan(self) -> dict[int, StreamScan | None]:
         base_dirs = self.opts.connection.base_dirs
@@ -332,13 +327,6 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         log.debug("tensorpool: committed window %s", end.get("window"))
-
-    def stop(self) -> None:
-        att, self._att = self._att, None
-        if att is not None:
-            att.close()
-        spool.remove_spool(self._spool)
-        self._spool = None
 
 
 __all__ = [

@@ -25,7 +25,7 @@ from spark_helpers import BatchLog, check_payload
 import tensorpool.spark_source as tps
 from tensorpool.spark_source.options import parse_source_options
 from tensorpool.spark_source.rings import remote
-from tensorpool.spark_source.spark.source import TensorPoolStreamReader
+from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 from tensorpool.transport.mediadriver import MediaDriverProcess
 from tensorpool.transport.process import stop_process
 
