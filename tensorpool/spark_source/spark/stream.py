@@ -2,10 +2,11 @@
 :mod:`.source`, which has the schema, the partitions, the executor read and the batch reader).
 
 ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived Python
-process on the Spark driver, which holds the query's :class:`~..rings.port.RingSource` (opened
-lazily, never in ``__init__``: the reader is built on executors too). Each ``latestOffset`` is
-one :class:`~..plan.trigger.Trigger` step over the rings' scans; ``partitions`` replays a
-logged batch exactly (see :mod:`tensorpool.spark_source.plan.offsets`).
+process on the Spark driver, which holds the query's rings, a
+:class:`~tensorpool.spark_source.rings.port.RingSource` (opened lazily, never in ``__init__``:
+the reader is built on executors too). Each ``latestOffset`` is one
+:class:`~tensorpool.spark_source.plan.trigger.Trigger` step over the rings' scans;
+``partitions`` replays a logged batch exactly (see :mod:`tensorpool.spark_source.plan.offsets`).
 """
 
 from __future__ import annotations
