@@ -9,8 +9,9 @@ control. The parsed objects are frozen dataclasses of plain values, so they pick
 executor task unchanged.
 
 Offsets in ``startingOffsets`` / ``endingOffsets`` JSON follow the source's offset model (see
-:mod:`tensorpool.spark_source.offsets`): ``{"<stream>": {"epoch": E, "seq": S}}`` where ``S`` is
-the next sequence number to read; a stream may also be given as ``"earliest"`` / ``"latest"``.
+:mod:`tensorpool.spark_source.plan.offsets`): ``{"<stream>": {"epoch": E, "seq": S}}`` where
+``S`` is the next sequence number to read; a stream may also be given as ``"earliest"`` /
+``"latest"``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from tensorpool.spark_source.policy_options import (
 from tensorpool.transport.config import TransportConfig
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.remote import RemoteHosts
+    from tensorpool.spark_source.flight_hosts import RemoteHosts
 
 EARLIEST: Final = "earliest"
 LATEST: Final = "latest"
@@ -57,14 +58,15 @@ EMBEDDED: Final = "embedded"
 MAX_STREAM_ID: Final = min(MAX_DATA_STREAM_ID, 2**31 - 1)
 MAX_SEQ: Final = 2**63 - 1
 #: ``batching`` values: ``none`` = micro-batches of whatever arrived (admission control);
-#: ``pulse`` = one closed pulse-aligned window per micro-batch (tensorpool.spark_source.pulse).
+#: ``pulse`` = one closed pulse-aligned window per micro-batch
+#: (tensorpool.spark_source.spark.pulse).
 BATCHING_NONE: Final = "none"
 BATCHING_PULSE: Final = "pulse"
 #: Longest ``batchLengthS`` accepted: a window must fit in a ring several times over anyway.
 MAX_BATCH_LENGTH_S: Final = 3600.0
 #: ``earliestMarginMs`` default (#16.1): the longest planning-to-read delay measured for a batch
 #: read's first action on a cold 2-core host (3.3 s: Spark starts its Python workers), with
-#: headroom. See :mod:`tensorpool.spark_source.margin`.
+#: headroom. See :mod:`tensorpool.spark_source.plan.margin`.
 DEFAULT_EARLIEST_MARGIN_MS: Final = 5000
 #: ``*OffsetsByTimestamp`` sentinels, Kafka's ListOffsets values (#16.4)
 TIMESTAMP_LATEST: Final = -1
@@ -121,7 +123,7 @@ SOURCE_OPTIONS: Final = (
     "onStaleStream",
     "minFramesPerTrigger",
     "maxTriggerDelay",
-    # streams on other hosts through `tensorpool serve` (#18; spark_source/remote.py)
+    # streams on other hosts through `tensorpool serve` (#18; spark_source/rings/remote.py)
     "hosts",
     "flightToken",
     "flightTlsRootCerts",
@@ -503,7 +505,8 @@ class SourceOptions:
     #: ``streams`` starts empty and the reader grows it); None: ``streams`` is the fixed list.
     stream_pattern: tuple[int, int] | None = None
     #: ``startingOffsets=earliest`` on a live ring skips the frames the producer overwrites
-    #: within this many ms (#16.1, :mod:`~tensorpool.spark_source.margin`); 0 = the oldest frame
+    #: within this many ms (#16.1, :mod:`~tensorpool.spark_source.plan.margin`); 0 = the oldest
+    #: frame
     earliest_margin_ms: int = DEFAULT_EARLIEST_MARGIN_MS
     #: ``hosts`` (#18): the streams are read through ``tensorpool serve`` on those hosts
     remote: RemoteHosts | None = None
@@ -685,7 +688,7 @@ _LOCAL_ONLY: Final = (
 
 def _remote(opts: dict[str, str]) -> RemoteHosts | None:
     """``hosts`` / ``flightToken`` / ``flightTlsRootCerts`` / ``preferLocalReads`` (#18)."""
-    from tensorpool.spark_source.remote import FlightAccess, RemoteHosts, parse_hosts
+    from tensorpool.spark_source.flight_hosts import FlightAccess, RemoteHosts, parse_hosts
 
     if "hosts" not in opts:
         for name in ("flightToken", "flightTlsRootCerts", "preferLocalReads", "flightRetryMs"):

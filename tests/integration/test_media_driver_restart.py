@@ -224,7 +224,7 @@ def test_26_2_every_daemon_survives_external_media_driver_kill9_and_restart(work
     start -> first new frame at that client) for docs/operator.md."""
     from netports import free_port, free_udp_ports
 
-    from tensorpool.spark_source import remote
+    from tensorpool.spark_source.rings import remote
 
     aeron_dir = os.path.join(work, "aeron")
     base = os.path.join(work, "shm")

@@ -27,7 +27,7 @@ from driver_fixtures import DriverProcess, driver_toml
 from netports import free_ports
 
 from tensorpool.observe.metrics import scrape_values
-from tensorpool.spark_source import remote
+from tensorpool.spark_source.rings import remote
 from tensorpool.transport.process import stop_process
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -3,8 +3,9 @@
 The fixed cost of a small ``spark.read.format("tensorpool")`` query was an Aeron client, a
 control subscription and publication (and closing them) plus a hello round trip, in both the
 Python process that runs ``schema()`` and the one that runs ``partitions()``. Spark reuses those
-processes, so :func:`~tensorpool.spark_source.attach.shared_probe` keeps the probe between plans.
-These tests hold it to the rules a fresh probe obeys, and to the process hygiene rules (#13.6).
+processes, so :func:`~tensorpool.spark_source.rings.attach.shared_probe` keeps the probe between
+plans. These tests hold it to the rules a fresh probe obeys, and to the process hygiene rules
+(#13.6).
 
 Real parts, no JVM: a standalone media driver, a producer process, the probe in this process or
 in a child process.
@@ -23,8 +24,8 @@ import time
 import pytest
 from spark_helpers import process_alive, source_options, wait_gone
 
-from tensorpool.spark_source import attach, mapped_rings
 from tensorpool.spark_source.options import parse_source_options
+from tensorpool.spark_source.rings import attach, mapped_rings
 
 STREAM = 151
 
@@ -152,7 +153,7 @@ CHILD = textwrap.dedent(
 
     # registered before tensorpool's own exit hook, so it runs after it (LIFO)
     atexit.register(lambda: print("exit", attach.shared_probes(), flush=True))
-    from tensorpool.spark_source import attach
+    from tensorpool.spark_source.rings import attach
     from tensorpool.client.settings import ClientSettings
     from tensorpool.transport.config import TransportConfig
 

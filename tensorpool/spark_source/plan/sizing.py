@@ -44,7 +44,7 @@ from typing import Final
 
 import numpy as np
 
-from tensorpool.spark_source.offsets import split_budget
+from tensorpool.spark_source.plan.offsets import split_budget
 from tensorpool.spark_source.policy_options import (
     DEFAULT_EMERGENCY,
     DEFAULT_HIGH_WATER,
@@ -187,7 +187,7 @@ def shed_oldest(lens: Sequence[np.ndarray], keep: int) -> list[int]:
     """Leading frames to shed per stream so that at most ``keep`` bytes remain in all.
 
     ``keep`` is shared among the streams in proportion to what each is owed
-    (:func:`~tensorpool.spark_source.offsets.split_budget`, deterministic); each stream
+    (:func:`~tensorpool.spark_source.plan.offsets.split_budget`, deterministic); each stream
     sheds its oldest frames down to its share.
     """
     totals = [int(x.sum()) for x in lens]

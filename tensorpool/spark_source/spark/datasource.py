@@ -1,10 +1,11 @@
 """``format("tensorpool")``: the Spark ``DataSource`` and ``register``.
 
 The entry point that picks a reader or writer for the options: the plain readers of
-:mod:`~tensorpool.spark_source.source`, the pulse-window reader of
-:mod:`~tensorpool.spark_source.pulse` (``batching=pulse``) or the sink. It lives in its own module
-so the imports go one way (#14.1): ``datasource`` → ``pulse`` → ``source``; ``source`` imports
-neither. The sink is imported when a write is planned, so a read never loads the producer side.
+:mod:`~tensorpool.spark_source.spark.source`, the pulse-window reader of
+:mod:`~tensorpool.spark_source.spark.pulse` (``batching=pulse``) or the sink. It lives in its
+own module so the imports go one way (#14.1): ``datasource`` → ``pulse`` → ``source``; ``source``
+imports neither. The sink is imported when a write is planned, so a read never loads the
+producer side.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from tensorpool.spark_source.layout_hint import payload_metadata
 from tensorpool.spark_source.options import (
     BATCHING_PULSE,
     LATEST,
@@ -22,15 +22,16 @@ from tensorpool.spark_source.options import (
     parse_sink_options,
     parse_source_options,
 )
-from tensorpool.spark_source.pulse import PulseStreamReader, pulse_schema_ddl
-from tensorpool.spark_source.source import (
+from tensorpool.spark_source.rings.layout_hint import payload_metadata
+from tensorpool.spark_source.spark.pulse import PulseStreamReader, pulse_schema_ddl
+from tensorpool.spark_source.spark.source import (
     FORMAT,
     TensorPoolBatchReader,
-    TensorPoolStreamReader,
     _check_user_schema,
     flags_late,
     struct_type,
 )
+from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 
 __all__ = ["TensorPoolDataSource", "register"]
 
@@ -80,7 +81,7 @@ class TensorPoolDataSource(DataSource):
         return TensorPoolStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from tensorpool.spark_source.sink import TensorPoolBatchWriter
+        from tensorpool.spark_source.spark.sink import TensorPoolBatchWriter
 
         if overwrite:
             raise TensorPoolOptionError(
@@ -89,7 +90,7 @@ class TensorPoolDataSource(DataSource):
         return TensorPoolBatchWriter(parse_sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from tensorpool.spark_source.sink import TensorPoolStreamWriter
+        from tensorpool.spark_source.spark.sink import TensorPoolStreamWriter
 
         if overwrite:
             raise TensorPoolOptionError("outputMode: only 'append' is supported")

@@ -34,17 +34,16 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from tensorpool.client.announce import CLOCK_MONOTONIC, StreamLayout
+from tensorpool.client.announce import CLOCK_MONOTONIC, AnnouncedPool, StreamLayout
+from tensorpool.client.mapping import map_stream
 from tensorpool.counters import Reason
 from tensorpool.shm.errors import ShmError, TensorLayoutError
 from tensorpool.shm.layout import SUPERBLOCK_SIZE, TENSOR_BLOB_READ
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.region import ShmRegion, map_region
 from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView
 from tensorpool.shm.seqlock import SlotReader
-from tensorpool.shm.superblock import ExpectedRegion
 from tensorpool.shm.tensor import TensorLayout
-from tensorpool.spark_source.offsets import REGIONS_GONE, RingState, iter_seq_chunks
+from tensorpool.spark_source.plan.offsets import REGIONS_GONE, RingState, iter_seq_chunks
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,40 +91,30 @@ class RegionSpec:
     def max_stride(self) -> int:
         return max(stride for _, stride, _ in self.pools)
 
+    def layout(self) -> StreamLayout:
+        """The announce fields :func:`~tensorpool.client.mapping.map_stream` maps and validates
+        by (the producer id, slot size and announce time are not needed to map)."""
+        return StreamLayout(
+            stream_id=self.stream_id,
+            producer_id=0,
+            epoch=self.epoch,
+            layout_version=self.layout_version,
+            header_nslots=self.nslots,
+            header_slot_bytes=0,
+            header_region_uri=self.header_uri,
+            pools=tuple(AnnouncedPool(i, self.nslots, st, uri) for i, st, uri in self.pools),
+            announce_timestamp_ns=0,
+            clock_domain=self.clock_domain,
+        )
+
 
 class MappedStream:
     """One stream's header ring and pools, mapped read-only and validated (§15.1, §15.22)."""
 
     def __init__(self, spec: RegionSpec, base_dirs: tuple[str, ...]) -> None:
-        policy = PathPolicy(base_dirs)
-        regions: list[ShmRegion] = []
+        regions = map_stream(spec.layout(), PathPolicy(base_dirs))
+        header = regions[0]
         try:
-            header = map_region(
-                spec.header_uri,
-                ExpectedRegion.header_ring(
-                    epoch=spec.epoch,
-                    stream_id=spec.stream_id,
-                    nslots=spec.nslots,
-                    layout_version=spec.layout_version,
-                ),
-                policy,
-            )
-            regions.append(header)
-            for pool_id, stride, uri in spec.pools:
-                regions.append(
-                    map_region(
-                        uri,
-                        ExpectedRegion.payload_pool(
-                            epoch=spec.epoch,
-                            stream_id=spec.stream_id,
-                            pool_id=pool_id,
-                            nslots=spec.nslots,
-                            stride_bytes=stride,
-                            layout_version=spec.layout_version,
-                        ),
-                        policy,
-                    )
-                )
             self.reader = SlotReader(header, regions[1:])
         except BaseException:
             for r in regions:
@@ -425,6 +414,38 @@ def _read_chunk_fast(
     if total >= 2**31:
         return None  # binary offsets are int32
     data = _POOL.get(max(total, 1))
+    _copy_payloads(m, seqs, idx, lens, pool_id, stride, data)
+    if not np.array_equal(m.seq_words(idx), w1):
+        return None  # torn: the producer overtook us during the copy
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    meta: list[pa.Array] | None = None
+    if include_meta:
+        dt, dims, st = _meta(layout)
+        nd = len(dims)
+        offs = pa.array(np.arange(0, (n + 1) * nd, nd, dtype=np.int32))
+        meta = [
+            pa.array(hdr["meta_version"].view(np.int32)),
+            pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [dt]).cast(pa.string()),
+            pa.ListArray.from_arrays(offs, pa.array(np.tile(np.asarray(dims, np.int32), n))),
+            pa.ListArray.from_arrays(offs, pa.array(np.tile(np.asarray(st, np.int32), n))),
+        ]
+    stamps = hdr["timestamp_ns"].astype(np.int64)
+    return _frames_batch(m, seqs, stamps, shift, meta, offsets, data[:total], schema)
+
+
+def _copy_payloads(
+    m: MappedStream,
+    seqs: np.ndarray,
+    idx: np.ndarray,
+    lens: np.ndarray,
+    pool_id: int,
+    stride: int,
+    data: np.ndarray,
+) -> None:
+    """Copy the frames' payloads (one pool) back to back into ``data``: consecutive seqs of
+    one length as slot runs, others slot by slot."""
+    n = len(seqs)
     src = m.pool_u8[pool_id]
     vl = int(lens[0])
     if (lens == vl).all() and int(seqs[-1]) - int(seqs[0]) == n - 1:
@@ -450,11 +471,22 @@ def _read_chunk_fast(
             base = SUPERBLOCK_SIZE + i * stride
             dst[pos : pos + length] = view[base : base + length]
             pos += length
-    if not np.array_equal(m.seq_words(idx), w1):
-        return None  # torn: the producer overtook us during the copy
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lens, out=offsets[1:])
-    stamps = hdr["timestamp_ns"].astype(np.int64)
+
+
+def _frames_batch(
+    m: MappedStream,
+    seqs: np.ndarray,
+    stamps: np.ndarray,
+    shift: int,
+    meta: list[pa.Array] | None,
+    offsets: np.ndarray,
+    payload: np.ndarray,
+    schema: pa.Schema,
+) -> pa.RecordBatch:
+    """The frames as one batch in the source's schema (``meta``: the tensor columns)."""
+    import pyarrow as pa
+
+    n = len(seqs)
     cols: list[pa.Array] = [
         pa.array(np.full(n, m.spec.stream_id, np.int32)),
         pa.array(np.full(n, m.spec.epoch, np.int64)),
@@ -462,20 +494,10 @@ def _read_chunk_fast(
         pa.array((stamps + shift) // 1000, pa.timestamp("us", tz="UTC")),
         pa.array(stamps),
     ]
-    if include_meta:
-        dt, dims, st = _meta(layout)
-        nd = len(dims)
-        offs = pa.array(np.arange(0, (n + 1) * nd, nd, dtype=np.int32))
-        cols += [
-            pa.array(hdr["meta_version"].view(np.int32)),
-            pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [dt]).cast(pa.string()),
-            pa.ListArray.from_arrays(offs, pa.array(np.tile(np.asarray(dims, np.int32), n))),
-            pa.ListArray.from_arrays(offs, pa.array(np.tile(np.asarray(st, np.int32), n))),
-        ]
+    if meta is not None:
+        cols += meta
     cols.append(
-        pa.Array.from_buffers(
-            pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data[:total])]
-        )
+        pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(payload)])
     )
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
@@ -550,29 +572,16 @@ def _read_chunk(
         n += 1
     if n == 0:
         return None
-    sid = m.spec.stream_id
-    cols: list[pa.Array] = [
-        pa.array(np.full(n, sid, np.int32)),
-        pa.array(np.full(n, m.spec.epoch, np.int64)),
-        pa.array(seqs[:n]),
-        pa.array((stamps[:n] + shift) // 1000, pa.timestamp("us", tz="UTC")),
-        pa.array(stamps[:n]),
-    ]
+    meta: list[pa.Array] | None = None
     if include_meta:
         offs = pa.array(np.asarray(shape_offs, np.int32))
-        cols += [
+        meta = [
             pa.array(metas[:n].astype(np.uint32).view(np.int32)),
             pa.array(dtypes, pa.string()),
             pa.ListArray.from_arrays(offs, pa.array(np.asarray(shape_vals, np.int32))),
             pa.ListArray.from_arrays(offs, pa.array(np.asarray(stride_vals, np.int32))),
         ]
-    payload = pa.Array.from_buffers(
-        pa.binary(),
-        n,
-        [None, pa.py_buffer(offsets[: n + 1]), pa.py_buffer(data[:pos])],
-    )
-    cols.append(payload)
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+    return _frames_batch(m, seqs[:n], stamps[:n], shift, meta, offsets[: n + 1], data[:pos], schema)
 
 
 __all__ = [

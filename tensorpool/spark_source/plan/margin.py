@@ -4,7 +4,7 @@ there when the tasks read it (#16.1).
 The oldest frame of a full ring is the next one the producer overwrites: at 100 Hz it is gone
 about 10 ms after the plan, long before Spark starts a task (a second or more). So ``earliest``
 skips the frames the producer is expected to overwrite within ``earliestMarginMs``
-(default :data:`DEFAULT_EARLIEST_MARGIN_MS`), forecast from the frames' own timestamps: the
+(default ``options.DEFAULT_EARLIEST_MARGIN_MS``), forecast from the frames' own timestamps: the
 rate over the ring's time span, if the stream is publishing now. A stream whose newest frame
 is older than :data:`IDLE_INTERVALS` of its frame intervals (at least :data:`IDLE_FLOOR_NS`)
 is idle -- stopped, or a burst that filled the ring -- and skips nothing; a ring that is not
@@ -33,8 +33,7 @@ from typing import Final
 import numpy as np
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source.offsets import RingState
-from tensorpool.spark_source.options import DEFAULT_EARLIEST_MARGIN_MS
+from tensorpool.spark_source.plan.offsets import RingState
 
 #: Never skip more than this fraction of a ring's slots (the newest quarter is kept).
 MAX_SKIP_FRACTION: Final = 0.75
@@ -115,7 +114,6 @@ def describe(sid: int, margin_ms: int, choice: SafeStart) -> str:
 
 
 __all__ = [
-    "DEFAULT_EARLIEST_MARGIN_MS",
     "IDLE_FLOOR_NS",
     "IDLE_INTERVALS",
     "MAX_SKIP_FRACTION",

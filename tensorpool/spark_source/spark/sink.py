@@ -40,7 +40,7 @@ from pyspark.sql.datasource import (
 
 from tensorpool.spark_source.convert import NUMPY_DTYPES, WIRE_DTYPES
 from tensorpool.spark_source.options import SinkOptions, TensorPoolOptionError, parse_sink_options
-from tensorpool.spark_source.publisher import (
+from tensorpool.spark_source.spark.publisher import (
     DONE,
     INFO,
     MUST_MATCH,
@@ -114,15 +114,64 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     return None if idx < 0 else batch.column(idx)
 
 
+def _row_dtypes(
+    dts: list[Any],
+    shapes: list[Any],
+    strs: list[Any],
+    lens: list[Any],
+    rows: int,
+    checked: dict[tuple[object, ...], int],
+    max_bytes: int,
+) -> list[str]:
+    """Each row's wire dtype, after checking its payload, dtype, shape and strides (``rows``:
+    how many rows came before, for messages; ``checked``: extents of layouts seen so far)."""
+    from tensorpool.shm.errors import TensorLayoutError
+    from tensorpool.shm.tensor import TensorLayout
+
+    norm: list[str] = []
+    for r in range(len(lens)):
+        where = f"row {rows + r}"
+        if lens[r] is None:
+            raise TensorPoolSinkError(f"payload: {where} is null")
+        d = dts[r]
+        nd = None if d is None else normalise_dtype(d)
+        if nd is None:
+            raise TensorPoolSinkError(
+                f"dtype: {where} has dtype {d!r}; use one of {sorted(WIRE_DTYPES)}"
+            )
+        shp = shapes[r]
+        if not shp:
+            raise TensorPoolSinkError(f"shape: {where} has no shape")
+        st = strs[r]
+        key = (nd, tuple(shp), None if st is None else tuple(st))
+        extent = checked.get(key)
+        if extent is None:
+            try:
+                layout = TensorLayout(WIRE_DTYPES[nd], 1, key[1], key[2])
+            except (TensorLayoutError, OverflowError, ValueError) as exc:
+                raise TensorPoolSinkError(
+                    f"shape: {where}: dtype {nd} shape {shp} strides {st}: {exc}"
+                ) from None
+            extent = checked[key] = layout.extent_bytes
+        if lens[r] < extent:
+            raise TensorPoolSinkError(
+                f"payload: {where} has {lens[r]} bytes; dtype {nd} shape {shp} needs {extent}"
+            )
+        if extent > max_bytes:
+            raise TensorPoolSinkError(
+                f"maxFrameBytes: {where} is a {extent}-byte frame, larger than the "
+                f"stream's {max_bytes}-byte pool; raise maxFrameBytes"
+            )
+        norm.append(nd)
+    return norm
+
+
 def stage_batches(
     batches: Iterator[pa.RecordBatch], opts: SinkOptions, max_bytes: int
 ) -> StagedFile:
     """Validate rows and write them to one staged Arrow file (what a task does)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from tensorpool.shm.errors import TensorLayoutError
-    from tensorpool.shm.tensor import TensorLayout
 
     out_schema = pa.schema(
         [
@@ -162,42 +211,7 @@ def stage_batches(
             shapes = shape.to_pylist()
             strs = strides.to_pylist() if strides is not None else [None] * batch.num_rows
             lens = pc.binary_length(payload).to_pylist()
-            norm: list[str] = []
-            for r in range(batch.num_rows):
-                where = f"row {rows + r}"
-                if lens[r] is None:
-                    raise TensorPoolSinkError(f"payload: {where} is null")
-                d = dts[r]
-                nd = None if d is None else normalise_dtype(d)
-                if nd is None:
-                    raise TensorPoolSinkError(
-                        f"dtype: {where} has dtype {d!r}; use one of {sorted(WIRE_DTYPES)}"
-                    )
-                shp = shapes[r]
-                if not shp:
-                    raise TensorPoolSinkError(f"shape: {where} has no shape")
-                st = strs[r]
-                key = (nd, tuple(shp), None if st is None else tuple(st))
-                extent = checked.get(key)
-                if extent is None:
-                    try:
-                        layout = TensorLayout(WIRE_DTYPES[nd], 1, key[1], key[2])
-                    except (TensorLayoutError, OverflowError, ValueError) as exc:
-                        raise TensorPoolSinkError(
-                            f"shape: {where}: dtype {nd} shape {shp} strides {st}: {exc}"
-                        ) from None
-                    extent = checked[key] = layout.extent_bytes
-                if lens[r] < extent:
-                    raise TensorPoolSinkError(
-                        f"payload: {where} has {lens[r]} bytes; dtype {nd} shape {shp} "
-                        f"needs {extent}"
-                    )
-                if extent > max_bytes:
-                    raise TensorPoolSinkError(
-                        f"maxFrameBytes: {where} is a {extent}-byte frame, larger than the "
-                        f"stream's {max_bytes}-byte pool; raise maxFrameBytes"
-                    )
-                norm.append(nd)
+            norm = _row_dtypes(dts, shapes, strs, lens, rows, checked, max_bytes)
             n = batch.num_rows
             if stamps is not None and stamps.type != pa.int64():
                 stamps = stamps.cast(pa.int64())
@@ -247,7 +261,7 @@ def ensure_publisher(opts: SinkOptions, timeout_s: float = 30.0) -> dict[str, An
                     [
                         sys.executable,
                         "-m",
-                        "tensorpool.spark_source.publisher",
+                        "tensorpool.spark_source.spark.publisher",
                         "--state-dir",
                         sdir,
                         "--config",

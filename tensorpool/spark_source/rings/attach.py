@@ -59,7 +59,7 @@ from tensorpool.client.conductor import ClientConductor
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.settings import ClientSettings
 from tensorpool.ingest import DropInfo, IngressBuffer
-from tensorpool.spark_source.stream_meta import MetaTracker
+from tensorpool.spark_source.rings.stream_meta import MetaTracker
 from tensorpool.specs import CodecError
 from tensorpool.specs.generated import wire
 from tensorpool.transport.agent import AgentRunner, AgentTermination

@@ -22,7 +22,7 @@ State lives in ``<shmBaseDir>/.spark-sink/<instanceId>/`` (same host as Spark, l
 The publisher exits after ``publisherIdleTimeoutMs`` without requests, on SIGTERM, when its
 state directory disappears, or on a ``stop`` request; closing the producer removes its regions.
 
-Run as ``python -m tensorpool.spark_source.publisher --state-dir DIR --config JSON``.
+Run as ``python -m tensorpool.spark_source.spark.publisher --state-dir DIR --config JSON``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ QUEUE: Final = "queue"
 DONE: Final = "done"
 STAGING: Final = "staging"
 
-log = logging.getLogger("tensorpool.spark_source.publisher")
+log = logging.getLogger("tensorpool.spark_source.spark.publisher")
 
 
 @dataclass(frozen=True, slots=True)

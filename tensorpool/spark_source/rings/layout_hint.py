@@ -23,10 +23,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from tensorpool.spark_source import mapped_rings
-from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment, shared_probe
 from tensorpool.spark_source.convert import NUMPY_DTYPES
 from tensorpool.spark_source.options import SourceOptions
+from tensorpool.spark_source.rings import mapped_rings
+from tensorpool.spark_source.rings.attach import StreamsNotAttached, open_attachment, shared_probe
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Why frames were lost, said for the kind of read that lost them (#16.3).
 
-:func:`~tensorpool.spark_source.offsets.loss_message` lists what was lost; the hint after it
+:func:`~tensorpool.spark_source.plan.offsets.loss_message` lists what was lost; the hint after it
 says why and what to do. "The query fell behind the producer" is true of a streaming query
 whose reads trail the producer. It is not true of
 
@@ -9,7 +9,7 @@ whose reads trail the producer. It is not true of
   later action re-read a snapshot the ring has moved past) -- :func:`batch_hint`;
 * ``startingOffsets`` JSON older than the ring: those frames were gone before the query
   started -- :func:`explicit_start_hint`;
-* a task on the wrong host: not loss at all (:mod:`~tensorpool.spark_source.hosts`).
+* a task on the wrong host: not loss at all (:mod:`~tensorpool.spark_source.rings.hosts`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from tensorpool.spark_source.hosts import PlanOrigin
-from tensorpool.spark_source.offsets import REGIONS_GONE, Loss, loss_message
+from tensorpool.spark_source.plan.offsets import REGIONS_GONE, Loss, loss_message
+from tensorpool.spark_source.rings.hosts import PlanOrigin
 
 
 def batch_hint(origin: PlanOrigin | None) -> str:

@@ -1,15 +1,15 @@
 """The source's event-time, admission and sizing policies, put together for the reader (#17).
 
-:class:`SourcePolicy` is what :class:`~tensorpool.spark_source.source.TensorPoolStreamReader`
+:class:`SourcePolicy` is what :class:`~tensorpool.spark_source.spark.stream.TensorPoolStreamReader`
 holds on the Spark driver when any policy option is given. Per trigger, the reader calls
 :meth:`~SourcePolicy.begin` (ring scans, clocks), passes :meth:`~SourcePolicy.admit` to
-:meth:`~tensorpool.spark_source.offsets.StreamPlanner.plan` as its ``admit`` hook and
+:meth:`~tensorpool.spark_source.plan.planner.StreamPlanner.plan` as its ``admit`` hook and
 :meth:`~SourcePolicy.limits` as its limits, then :meth:`~SourcePolicy.finish` (tokens spent,
 watermarks). Sans-IO like its parts: clocks and event times come in as numbers.
 
 Replay: every decision is recorded in the end offset as seq boundaries (``seq`` for frames
 held back by alignment or rate, ``skipTo`` for shed / late-dropped frames, ``lateTo`` for
-frames delivered with ``is_late``) so :func:`~tensorpool.spark_source.offsets.batch_ranges`
+frames delivered with ``is_late``) so :func:`~tensorpool.spark_source.plan.offsets.batch_ranges`
 gives a replayed batch exactly the frames it had, without asking any policy again.
 
 Per stream the checks run in this order (seed 004 §5 first, then §2):
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorpool.spark_source.admission import StreamAdmission, TokenBucket, lag_count
-from tensorpool.spark_source.eventtime import (
+from tensorpool.spark_source.plan.admission import StreamAdmission, TokenBucket, lag_count
+from tensorpool.spark_source.plan.eventtime import (
     NO_WATERMARK,
     Aligner,
     count_at_or_below,
@@ -39,9 +39,9 @@ from tensorpool.spark_source.eventtime import (
     late_runs,
     running_max,
 )
-from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
+from tensorpool.spark_source.plan.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
+from tensorpool.spark_source.plan.sizing import BatchSizer, SizingConfig, shed_oldest
 from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
-from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
 
 log = logging.getLogger("tensorpool.spark_source")
 

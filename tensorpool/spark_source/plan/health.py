@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tensorpool.spark_source.offsets import NOT_STARTED, RingState, StreamPos
+from tensorpool.spark_source.plan.offsets import NOT_STARTED, RingState, StreamPos
 
 log = logging.getLogger("tensorpool.spark_source")
 

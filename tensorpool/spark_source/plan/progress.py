@@ -65,7 +65,7 @@ def stream_health(progress: Any) -> dict[int, dict[str, Any]]:
     """Per stream, the health the source reported with this progress (#16.2).
 
     Read from ``progress["sources"][i]["latestOffset"]`` (the source's ``reportLatestOffset``,
-    see :mod:`tensorpool.spark_source.health`): ``{stream_id: {"epoch", "seq", "lag",
+    see :mod:`tensorpool.spark_source.plan.health`): ``{stream_id: {"epoch", "seq", "lag",
     "newestFrameAgeMs", "live", "announceAgeMs", "noProducerMs"}}``.
     """
     out: dict[int, dict[str, Any]] = {}

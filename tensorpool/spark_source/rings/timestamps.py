@@ -3,9 +3,9 @@
 The times are milliseconds since the Unix epoch, the unit of Kafka's options, and they are
 compared with the frames' *event time*: the producer's ``timestamp_ns`` from the slot header,
 taken to wall-clock time exactly as the ``timestamp`` column does
-(:func:`~tensorpool.spark_source.mapped_rings.wall_clock_offset_ns`: a CLOCK_MONOTONIC stamp is
-shifted by this host's CLOCK_REALTIME - CLOCK_MONOTONIC, a REALTIME_SYNCED stamp is taken as
-is). So a time read off the ``timestamp`` column of one query selects the same frame in the
+(:func:`~tensorpool.spark_source.rings.mapped_rings.wall_clock_offset_ns`: a CLOCK_MONOTONIC
+stamp is shifted by this host's CLOCK_REALTIME - CLOCK_MONOTONIC, a REALTIME_SYNCED stamp is taken
+as is). So a time read off the ``timestamp`` column of one query selects the same frame in the
 next.
 
 Resolution follows Kafka's ``offsetsForTimes``: a time selects the *first frame whose event time
@@ -36,8 +36,8 @@ from tensorpool.spark_source.options import (
 )
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.mapped_rings import MappedStream, RegionSpec
     from tensorpool.spark_source.options import SourceOptions
+    from tensorpool.spark_source.rings.mapped_rings import MappedStream, RegionSpec
 
 START_OPTION: Final = "startingOffsetsByTimestamp"
 END_OPTION: Final = "endingOffsetsByTimestamp"
@@ -47,7 +47,7 @@ def first_seq_at_or_after(m: MappedStream, wall_ms: int) -> tuple[int | None, in
     """``(seq, oldest, newest_wall_ms)``: the lowest committed seq whose event time is
     ``>= wall_ms`` (None: no such frame), the oldest committed seq, and the newest frame's
     event time in ms (-1 for an empty ring; both for messages)."""
-    from tensorpool.spark_source.mapped_rings import wall_clock_offset_ns
+    from tensorpool.spark_source.rings.mapped_rings import wall_clock_offset_ns
 
     scan = m.ring.scan()
     ok = scan.committed
@@ -107,7 +107,7 @@ def starting_for(opts: SourceOptions, sid: int, region: RegionSpec | None) -> st
     """The start of ``sid``: its ``startingOffsetsByTimestamp`` resolved against the ring of
     ``region`` (the stream's mapped epoch), else ``startingOffsets``. A stream not mapped yet
     (``region`` None) starts as ``startingOffsets`` says when it appears."""
-    from tensorpool.spark_source import mapped_rings
+    from tensorpool.spark_source.rings import mapped_rings
 
     ms = _given(opts.starting_by_timestamp, sid)
     if ms is None or region is None:
@@ -119,7 +119,7 @@ def starting_for(opts: SourceOptions, sid: int, region: RegionSpec | None) -> st
 def ending_for(opts: SourceOptions, sid: int, region: RegionSpec) -> str | tuple[int, int]:
     """The (exclusive) end of ``sid`` in a batch read: ``endingOffsetsByTimestamp`` resolved,
     else ``endingOffsets``."""
-    from tensorpool.spark_source import mapped_rings
+    from tensorpool.spark_source.rings import mapped_rings
 
     ms = _given(opts.ending_by_timestamp, sid)
     if ms is None:

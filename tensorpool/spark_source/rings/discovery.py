@@ -6,7 +6,7 @@ control channel (``ShmPoolAnnounce``, about once per announce period). A
 the query's range. The streaming reader asks it for new ids at every ``latestOffset`` and
 grows the query's stream set: a stream that appears later joins from its earliest frame, and
 its offset entry is added to the next offset (the checkpoint accepts the grown set, see
-:func:`tensorpool.spark_source.offsets.grow_offsets`). A discovered stream is never dropped
+:func:`tensorpool.spark_source.plan.offsets.grow_offsets`). A discovered stream is never dropped
 (like a Kafka partition): a producer that goes away just leaves its stream without new data.
 
 Discovery cannot ask for announces (``ConsumerHello`` names one stream id), so the first
@@ -28,7 +28,7 @@ from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext, release_shared_context, shared_context
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.attach import AnnounceProbe
+    from tensorpool.spark_source.rings.attach import AnnounceProbe
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Order of the checks, as seed 004's ``StreamAdmissionController.try_admit``:
 
 1. **lag** -- a frame whose age at admission (``now - event time``) exceeds ``maxLagMs`` is
    *shed* (counted ``shedLag``). Frames are planned oldest first and event time is
-   non-decreasing in seq (:func:`~tensorpool.spark_source.eventtime.running_max`), so the shed
+   non-decreasing in seq (:func:`~tensorpool.spark_source.plan.eventtime.running_max`), so the shed
    frames are a prefix of what is pending and the offsets record them as a seq boundary.
 2. **jitter** -- the inter-arrival time of each stream's frames (their stamps, seq order) is
    measured; ``jitter`` is ``|interval - median interval|`` over the last
