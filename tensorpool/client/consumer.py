@@ -1025,6 +1025,7 @@ class Consumer:
         elif self.descriptor_stream != self._shared_desc and not self._sub_desc.is_connected:
             sub = self._subscribe_descriptors(*self._shared_desc)
             self._switch_descriptors(sub, self._shared_desc, "released")
+            self.core.on_own_stream_released()
 
     def _count_control(self, reason: str) -> None:
         self.stats.control.increment(reason)

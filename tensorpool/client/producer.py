@@ -331,7 +331,11 @@ class Producer:
                 stale_ns=STALE_PERIODS * s.qos_period_ns,
             )
         # FrameProgress (§10.2.2): off unless asked for; the throttle decides, we publish
-        self._progress = ProgressThrottle(progress) if progress is not None else None
+        self._progress = (
+            ProgressThrottle(progress, stale_ns=STALE_PERIODS * s.qos_period_ns)
+            if progress is not None
+            else None
+        )
         self._progress_buf = bytearray(wire.FrameProgressEncoder.encoded_length())
         self._progress_extent = 0  # bytes per frame of the open claim with progress
         self._core = ProducerCore(
@@ -1073,10 +1077,15 @@ class Producer:
 
     # --- periodic duties ----------------------------------------------------------------------
     def _take_inbox(self) -> int:
-        """The announces and hellos of this stream the conductor decoded for us."""
+        """The announces, hellos and consumers' QoS of this stream the conductor decoded for us."""
         items = self._inbox.drain()
         for dec, _ in items:
-            if isinstance(dec, wire.ShmPoolAnnounceDecoder):
+            if isinstance(dec, wire.QosConsumerDecoder):  # the consumer is alive (§10.1.3)
+                now = self._clock()
+                self._core.on_consumer_qos(dec.stream_id, dec.consumer_id, now)
+                if self._progress is not None and dec.stream_id == self.stream_id:
+                    self._progress.on_qos(dec.consumer_id, now)
+            elif isinstance(dec, wire.ShmPoolAnnounceDecoder):
                 now = self._clock()
                 self._execute(self._core.on_driver_announce(dec.stream_id, dec.epoch, now), now)
             elif isinstance(dec, wire.ConsumerHelloDecoder):
@@ -1095,6 +1104,7 @@ class Producer:
                         dec.supports_progress_raw == _TRUE,
                         dec.progress_interval_us,
                         dec.progress_bytes_delta,
+                        self._clock(),
                     )
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 self._core.on_consumer_config(
@@ -1117,6 +1127,7 @@ class Producer:
             self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
         throttle = self._progress
         if throttle is not None:  # the latest count the interval held back (§10.2.2)
+            throttle.forget_stale(now)
             filled = throttle.flush(now)
             if filled is not None:
                 self._publish_cursor(throttle, filled, _PROGRESS)
