@@ -51,7 +51,8 @@ Lease (Driver Model §2.3, §4.9, §10)
 
 Cadence
     :meth:`~ConsumerCore.tick` returns the announce-timeout unmap, ``ConsumerHello`` (after
-    each mapping, until sent) and ``QosConsumer`` (every ``qos_period_ns``).
+    each mapping and after its own stream was released, until sent: on start and changes,
+    §10.1.2) and ``QosConsumer`` (every ``qos_period_ns``).
 """
 
 from __future__ import annotations

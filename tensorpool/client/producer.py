@@ -18,7 +18,9 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
   ``per_consumer=True`` a consumer asking for one (``RATE_LIMITED``, or a named stream) gets
   its own descriptor stream, to which only the frames its ``max_rate_hz`` admits go
   (client/per_consumer.py; ids from ``per_consumer_ids`` standalone, from the driver's
-  ``descriptor_stream_id_range`` in driver mode).
+  ``descriptor_stream_id_range`` in driver mode);
+- on `QosConsumer` of its stream (the conductor's QoS lane): the consumer is alive; its own
+  stream and its progress interest end 5 QoS periods after its last hello or QoS (§10.1.3).
 
 Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
