@@ -769,7 +769,9 @@ class Consumer:
         that forgets to cannot leave ``/dev/shm/sem.tensorpool-wake-*`` behind. It blocks for
         at most ``max_wait_ns`` per empty poll, so the consumer's duties still run that often.
         """
-        strategy = SemaphoreIdleStrategy(self.settings.namespace, self.stream_id, max_wait_ns)
+        strategy = SemaphoreIdleStrategy(
+            self.settings.namespace, self.stream_id, max_wait_ns, self.consumer_id
+        )
         self._wake_strategies.append(strategy)
         self.stats.wake_sems_removed += strategy.removed
         return strategy
@@ -1025,7 +1027,6 @@ class Consumer:
         elif self.descriptor_stream != self._shared_desc and not self._sub_desc.is_connected:
             sub = self._subscribe_descriptors(*self._shared_desc)
             self._switch_descriptors(sub, self._shared_desc, "released")
-            self.core.on_own_stream_released()
 
     def _count_control(self, reason: str) -> None:
         self.stats.control.increment(reason)

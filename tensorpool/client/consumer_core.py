@@ -51,8 +51,8 @@ Lease (Driver Model §2.3, §4.9, §10)
 
 Cadence
     :meth:`~ConsumerCore.tick` returns the announce-timeout unmap, ``ConsumerHello`` (after
-    each mapping and after its own stream was released, until sent: on start and changes,
-    §10.1.2) and ``QosConsumer`` (every ``qos_period_ns``).
+    each mapping, until sent; a RATE_LIMITED consumer without a stream of its own every QoS
+    period, to ask again) and ``QosConsumer`` (every ``qos_period_ns``).
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ class ConsumerCore:
         "_local_gate",
         "_max_gap_cfg",
         "_newest_announce_ns",
+        "_next_hello_ns",
         "_next_qos_ns",
         "_qos_period_ns",
         "_rate_tolerance_ns",
@@ -263,6 +264,7 @@ class ConsumerCore:
         self._qos_period_ns = qos_period_ns
         self._next_qos_ns = 0
         self._hello_due = True
+        self._next_hello_ns = 0
         self._driver_mode = driver_mode
         # §11: frames above max_rate_hz are dropped locally on the rate limiter's grid. Frames
         # a little early for their slot still count (jitter): up to a quarter period.
@@ -655,6 +657,12 @@ class ConsumerCore:
             out = [Unmap(decision.reason)]
             if self._driver_mode:  # the driver went quiet: it may have crashed (§10)
                 out.append(DriverSilent())
+        if self._local_gate is not None and not self.per_consumer and now_ns >= self._next_hello_ns:
+            # a RATE_LIMITED consumer without a stream of its own asks again every QoS period
+            # (declined for now: range exhausted, no lease yet, released); on its own stream
+            # it says nothing more, its QoS keeps the stream (§10.1.3)
+            self._next_hello_ns = now_ns + self._qos_period_ns
+            self._hello_due = True
         if self._hello_due:
             out = out if out is not None else []
             out.append(SendHello(self.stream_id, self.consumer_id, self.mode, self.max_rate_hz))
@@ -676,12 +684,6 @@ class ConsumerCore:
 
     def hello_sent(self) -> None:
         self._hello_due = False
-
-    def on_own_stream_released(self) -> None:
-        """Our own descriptor stream lost its publisher: the producer released it (it judged
-        us stale, §10.1.3) or went away. That changed what we get, so say hello again (hellos
-        go out on start and changes, §10.1.2; QoS, every period, is what keeps a stream)."""
-        self._hello_due = True
 
     def on_consumer_config(self, assigned: bool) -> None:
         """The producer (or driver) gave this consumer a descriptor stream of its own, or

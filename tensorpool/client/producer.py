@@ -322,8 +322,8 @@ class Producer:
         self._ctl_buf = bytearray(64 * 1024)
         # per-consumer descriptor streams (§10.1.3), off by default (the spec's MAY): the
         # publications by consumer id, and (gate, publication) pairs for the frame path
-        self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher]] = {}
-        self._fanout: tuple[tuple[RateGate[object], Publisher], ...] = ()
+        self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher, int]] = {}
+        self._fanout: tuple[tuple[RateGate[object], Publisher, int], ...] = ()
         streams = None
         if per_consumer:
             streams = ConsumerStreams(
@@ -1020,10 +1020,13 @@ class Producer:
         """The descriptor to each consumer's own stream whose rate slot is open (§10.1.3, §11:
         the rate limiter's grid); a slot is used up only by a descriptor that went out."""
         now = self._clock()
-        for gate, pub in self._fanout:
+        wake = self._wake
+        for gate, pub, consumer_id in self._fanout:
             if gate.is_open(now) and pub.offer(desc):
                 gate.published(now)
                 self.stats.consumer_descriptors += 1
+                if wake is not None:  # its semaphore only, after its own descriptor
+                    wake.post_consumer(consumer_id)
 
     # --- metadata -----------------------------------------------------------------------------
     def set_metadata(
@@ -1275,8 +1278,12 @@ class Producer:
             )
             streams.on_open_failed(a.consumer_id)
             return
-        self._consumer_pubs[a.consumer_id] = (streams.streams[a.consumer_id].gate, pub)
-        self._fanout = tuple(self._consumer_pubs.values())
+        self._consumer_pubs[a.consumer_id] = (
+            streams.streams[a.consumer_id].gate,
+            pub,
+            a.consumer_id,
+        )
+        self._set_fanout()
         log.info(
             "producer stream %d: consumer %d gets descriptor stream %s#%d",
             self.stream_id,
@@ -1289,8 +1296,13 @@ class Producer:
         entry = self._consumer_pubs.pop(consumer_id, None)
         if entry is None:
             return
-        self._fanout = tuple(self._consumer_pubs.values())
+        self._set_fanout()
         self._ctx.release(entry[1])
+
+    def _set_fanout(self) -> None:
+        self._fanout = tuple(self._consumer_pubs.values())
+        if self._wake is not None:  # consumers on their own stream: woken by its descriptors
+            self._wake.set_own_streams(frozenset(self._consumer_pubs))
 
     @property
     def progress_throttle(self) -> ProgressThrottle | None:

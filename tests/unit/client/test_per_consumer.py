@@ -227,11 +227,11 @@ def _consumer(mode: int = LIMITED, rate: int = 10) -> ConsumerCore:
     )
 
 
-def test_s10_1_2_hello_on_start_and_changes_only_qos_every_period() -> None:
-    """§10.1.2: hellos go out on start and changes, QoS every period (which is what keeps a
-    per-consumer stream, §10.1.3): a RATE_LIMITED consumer says hello once, like a STREAM one,
-    and again when its own stream was released under it."""
-    for mode in (LIMITED, STREAM):
+def test_s10_1_3_hello_asks_again_until_own_stream_then_qos_keeps_it() -> None:
+    """§10.1.3: QoS, every period, is what keeps a per-consumer stream, so a consumer on its
+    own stream says hello no more; a RATE_LIMITED one without it (declined: range exhausted,
+    no lease yet; or released) asks again every QoS period; a STREAM consumer says hello once."""
+    for mode, expected in ((LIMITED, 3), (STREAM, 1)):
         core = _consumer(mode)
         hellos = qos = 0
         for t in range(0, 250 * MS, 10 * MS):
@@ -239,10 +239,16 @@ def test_s10_1_2_hello_on_start_and_changes_only_qos_every_period() -> None:
             hellos += sum(type(a).__name__ == "SendHello" for a in actions)
             qos += sum(type(a).__name__ == "SendQos" for a in actions)
             core.hello_sent()
-        assert (hellos, qos) == (1, 3), mode
-    core.on_consumer_config(True)
-    core.on_own_stream_released()
-    assert [type(a).__name__ for a in core.tick(250 * MS)] == ["SendHello"]
+        assert (hellos, qos) == (expected, 3), mode
+    core = _consumer(LIMITED)
+    core.on_consumer_config(True)  # on its own stream
+    kinds = []
+    for t in range(0, 250 * MS, 10 * MS):
+        kinds += [type(a).__name__ for a in core.tick(t)]
+        core.hello_sent()
+    assert kinds.count("SendHello") == 1 and kinds.count("SendQos") == 3, kinds  # the first
+    core.on_consumer_config(False)  # released: asks again
+    assert "SendHello" in [type(a).__name__ for a in core.tick(300 * MS)]
 
 
 def test_s11_standalone_range_must_not_hold_the_shared_stream_ids() -> None:
