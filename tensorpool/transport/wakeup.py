@@ -22,7 +22,10 @@ Model:
   creator is gone.
 * :class:`WakePoster` (producer side) finds the semaphores of its stream by listing
   ``/dev/shm`` (glibc keeps a named semaphore ``/x`` as ``/dev/shm/sem.x``) every
-  ``rescan_ns`` and posts each one after a descriptor went out. It posts only while a
+  ``rescan_ns`` and posts each one after a descriptor went out. A consumer names its
+  semaphore with its consumer id as the token; while it reads a per-consumer descriptor stream
+  (Wire §10.1.3) the producer posts it only after descriptors on that stream
+  (:meth:`WakePoster.set_own_streams`, :meth:`WakePoster.post_consumer`). It posts only while a
   semaphore's value is 0, so a consumer that is busy (never idles) does not accumulate posts:
   at most one spurious wakeup follows a busy period. No wakeup is lost: the descriptor is in
   the Aeron log before the value is read, and a consumer that finds the value non-zero polls
