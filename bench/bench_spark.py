@@ -192,7 +192,7 @@ class _FreshProbes:
     def __enter__(self) -> None:
         import tensorpool.spark_source.rings.layout_hint as hint
         import tensorpool.spark_source.spark.source as src
-        from tensorpool.spark_source.rings.attach import AnnounceProbe
+        from tensorpool.spark_source.rings.probe import AnnounceProbe
 
         def fresh(settings: Any, *, map_layout: Any, **_: Any) -> Any:
             return AnnounceProbe((), settings, map_layout=map_layout)

@@ -45,7 +45,9 @@ checks it, ``TYPE_CHECKING`` imports included):
      to (scan, read a partition, read-time loss, close), and the one choice between its two
      implementations: :mod:`.rings.local` (rings mapped here) and :mod:`.rings.remote`;
      :mod:`.rings.attach` -- the control-plane seam: standalone announces or SHM-driver
-     leases; :mod:`.rings.discovery` -- ``streams=*`` discovery; :mod:`.rings.mapped_rings` --
+     leases, a Consumer per stream; :mod:`.rings.probe` -- batch plans' announce probes, one
+     kept per process; :mod:`.rings.lifecycle` -- exit hooks and the parent watch;
+     :mod:`.rings.discovery` -- ``streams=*`` discovery; :mod:`.rings.mapped_rings` --
      mapped rings: driver-side scans, executor-side seqlock reads into Arrow;
      :mod:`.rings.remote` -- streams on other hosts: scans and reads through
      ``tensorpool serve`` (Arrow Flight); :mod:`.rings.flight_protocol` -- that protocol's

@@ -45,12 +45,18 @@ SHORT_LIVED: dict[str, str] = {
     "soak": "supervises the other commands as processes for --duration (no Aeron context)",
 }
 #: Background processes that are not CLI commands: the Spark source's keepers and publisher.
-OTHER_PROCESSES = ("spark_source/rings/attach.py", "spark_source/spark/publisher.py")
+OTHER_PROCESSES = (
+    "spark_source/rings/attach.py",
+    "spark_source/rings/probe.py",
+    "spark_source/rings/lifecycle.py",
+    "spark_source/spark/publisher.py",
+)
 #: (module, function): bounded waits with a deadline, not duty cycles.
 BOUNDED_WAITS = {
     ("commands/driver.py", "_shutdown"): "waits (deadline) for the driver's shutdown reply",
     ("spark_source/rings/attach.py", "wait_for_layouts"): "a plan waits (deadline) for layouts",
-    ("spark_source/rings/attach.py", "announced"): "a plan listens for the rest of a window",
+    ("spark_source/rings/probe.py", "wait_for_layouts"): "a plan waits (deadline) for layouts",
+    ("spark_source/rings/probe.py", "announced"): "a plan listens for the rest of a window",
     ("transport/mediadriver.py", "start_media_driver_after_crash"): "bounded takeover wait",
     ("transport/mediadriver.py", "wait_until_active"): "bounded start-up wait",
 }

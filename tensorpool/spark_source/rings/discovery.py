@@ -28,7 +28,7 @@ from tensorpool.specs.generated import wire
 from tensorpool.transport.context import AeronContext, release_shared_context, shared_context
 
 if TYPE_CHECKING:
-    from tensorpool.spark_source.rings.attach import AnnounceProbe
+    from tensorpool.spark_source.rings.probe import AnnounceProbe
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ import numpy as np
 from tensorpool.spark_source.convert import NUMPY_DTYPES
 from tensorpool.spark_source.options import SourceOptions
 from tensorpool.spark_source.rings import mapped_rings
-from tensorpool.spark_source.rings.attach import StreamsNotAttached, open_attachment, shared_probe
+from tensorpool.spark_source.rings.attach import StreamsNotAttached, open_attachment
+from tensorpool.spark_source.rings.probe import shared_probe
 
 log = logging.getLogger(__name__)
 

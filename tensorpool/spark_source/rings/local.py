@@ -2,7 +2,7 @@
 
 The Spark driver learns the streams' layouts from their announces (a standalone producer) or
 leases (the SHM driver) through an :class:`~.attach.Attachment` or the process's shared
-:class:`~.attach.AnnounceProbe` (#15), maps their regions (:mod:`.mapped_rings`) and scans
+:class:`~.probe.AnnounceProbe` (#15), maps their regions (:mod:`.mapped_rings`) and scans
 them; executors map the same regions and read the planned frames with the seqlock.
 """
 
@@ -15,14 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorpool.spark_source.rings import discovery, mapped_rings, stream_meta
-from tensorpool.spark_source.rings.attach import (
-    AnnounceProbe,
-    Attachment,
-    StreamsNotAttached,
-    open_attachment,
-    shared_probe,
-)
+from tensorpool.spark_source.rings.attach import Attachment, StreamsNotAttached, open_attachment
 from tensorpool.spark_source.rings.hosts import BATCH, STREAM, PlanOrigin
+from tensorpool.spark_source.rings.probe import AnnounceProbe, shared_probe
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
