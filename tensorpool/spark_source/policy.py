@@ -40,7 +40,7 @@ from tensorpool.spark_source.eventtime import (
     running_max,
 )
 from tensorpool.spark_source.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
-from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
+from tensorpool.spark_source.options import LATE_DROP, PolicyOptions
 from tensorpool.spark_source.sizing import BatchSizer, SizingConfig, shed_oldest
 
 log = logging.getLogger("tensorpool.spark_source")

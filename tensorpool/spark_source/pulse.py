@@ -61,7 +61,7 @@ from tensorpool.spark_source import mapped_rings, spool
 from tensorpool.spark_source.attach import Attachment
 from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
 from tensorpool.spark_source.offsets import loss_message as _loss_message
-from tensorpool.spark_source.options import EARLIEST, LATEST, SourceOptions, TensorPoolOptionError
+from tensorpool.spark_source.options import EARLIEST, LATEST, Opt, SourceOptions, reject
 from tensorpool.spark_source.source import (
     LossRecorder,
     TensorPoolDataLossError,
@@ -622,10 +622,11 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def for_schema(cls, opts: SourceOptions, schema: StructType) -> PulseStreamReader:
         want = pulse_struct_type(opts.include_tensor_metadata)
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-            raise TensorPoolOptionError(
-                "schema: the tensorpool source has a fixed schema "
+            reject(
+                "schema",
+                "the tensorpool source has a fixed schema "
                 f"({pulse_schema_ddl(opts.include_tensor_metadata)}); do not pass "
-                ".schema(...), select columns after load() instead"
+                ".schema(...), select columns after load() instead",
             )
         return cls(opts)
 
@@ -657,7 +658,7 @@ class PulseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             return PulseOffset.from_json(doc, self.opts.streams)
         except PulseOffsetError as exc:
-            raise TensorPoolOptionError(f"batching: checkpointed offset unusable: {exc}") from exc
+            reject(Opt.batching, f"checkpointed offset unusable: {exc}")
 
     # --- Spark API ------------------------------------------------------------------------------
     def initialOffset(self) -> dict:

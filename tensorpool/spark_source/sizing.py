@@ -45,7 +45,7 @@ from typing import Final
 import numpy as np
 
 from tensorpool.spark_source.offsets import split_budget
-from tensorpool.spark_source.policy_options import (
+from tensorpool.spark_source.options import (
     DEFAULT_EMERGENCY,
     DEFAULT_HIGH_WATER,
     DEFAULT_MAX_BATCH_MEMORY,

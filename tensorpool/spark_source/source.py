@@ -103,13 +103,15 @@ from tensorpool.spark_source.offsets import (
 )
 from tensorpool.spark_source.options import (
     EARLIEST,
+    IS_LATE,
+    LATE_FLAG,
     LATEST,
     ON_STALE_WARN,
+    Opt,
     SourceOptions,
-    TensorPoolOptionError,
+    reject,
 )
 from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -186,9 +188,10 @@ def _check_user_schema(
     want = struct_type(include_meta, include_stream_meta, include_late)
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
         ddl = schema_ddl(include_meta, include_stream_meta)
-        raise TensorPoolOptionError(
-            f"schema: the tensorpool source has a fixed schema ({ddl}); "
-            "do not pass .schema(...), select columns after load() instead"
+        reject(
+            "schema",
+            f"the tensorpool source has a fixed schema ({ddl}); "
+            "do not pass .schema(...), select columns after load() instead",
         )
 
 
@@ -501,9 +504,9 @@ class TensorPoolBatchReader(DataSourceReader):
                 first = earliest_start(sid, st, opts, spec.clock_domain)
                 from_earliest.add(sid)
             else:
-                first = _resolve_batch(starting, st, sid, "startingOffsets")
+                first = _resolve_batch(starting, st, sid, Opt.startingOffsets)
             ending = timestamps.ending_for(opts, sid, spec)
-            end = max(first, _resolve_batch(ending, st, sid, "endingOffsets"))
+            end = max(first, _resolve_batch(ending, st, sid, Opt.endingOffsets))
             # The snapshot reads exactly the frames committed in [first, end) now. Seqs of the
             # range missing from the ring were lost if they were ever published: certain for a
             # normal (gap-free) stream, unknowable for a relay's sparse seqs (logged only).
@@ -599,16 +602,17 @@ def attach_query(opts: SourceOptions, **kw: Any) -> Attachment:
     return att
 
 
-def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: str) -> int:
+def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: Opt) -> int:
     if spec == EARLIEST:
         return st.oldest
     if spec == LATEST:
         return st.head
     epoch, seq = spec  # type: ignore[misc]
     if epoch != st.epoch:
-        raise TensorPoolOptionError(
-            f"{name}: stream {sid} asks for epoch {epoch} but the stream is at epoch "
-            f"{st.epoch}; frames of other epochs are no longer in the ring"
+        reject(
+            name,
+            f"stream {sid} asks for epoch {epoch} but the stream is at epoch "
+            f"{st.epoch}; frames of other epochs are no longer in the ring",
         )
     return min(seq, st.head)
 

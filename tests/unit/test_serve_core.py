@@ -9,7 +9,7 @@ import pytest
 from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
 from tensorpool.spark_source.mapped_rings import REGION_UNAVAILABLE
 from tensorpool.spark_source.offsets import RingState
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.options import TensorPoolOptionError, parse_hosts, parse_source_options
 from tensorpool.spark_source.remote import (
     MAX_TICKET_SPAN,
     LossRanges,
@@ -23,7 +23,6 @@ from tensorpool.spark_source.remote import (
     encode_losses,
     encode_losses_request,
     new_loss_key,
-    parse_hosts,
 )
 
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos, runs_seqs
+from tensorpool.spark_source.options import PolicyOptions
 from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import PolicyOptions
 
 MS = 1_000_000
 S = 1_000_000_000

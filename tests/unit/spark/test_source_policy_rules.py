@@ -20,9 +20,12 @@ from tensorpool.spark_source.offsets import (
     decode_offsets,
     encode_offsets,
 )
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.options import (
+    PolicyOptions,
+    TensorPoolOptionError,
+    parse_source_options,
+)
 from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import PolicyOptions
 from tensorpool.spark_source.sizing import (
     EMERGENCY,
     HIGH,
