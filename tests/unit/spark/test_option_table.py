@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tensorpool
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options, rules
 from tensorpool.spark_source.options.parse import value
 from tensorpool.spark_source.options.table import (
     BATCH,
@@ -322,3 +322,65 @@ def test_27_2_each_row_excluded_by_pulse_is_refused_with_it(opt: Opt) -> None:
         named.append(condition.partition("=")[0])
     with pytest.raises(TensorPoolOptionError, match=rf"^({'|'.join(named)}): cannot be combined "):
         parse_source_options(opts, streaming=True)
+
+
+#: one query per cross-option rule that breaks it, and the start of the message it gets
+RULE_CASES = {
+    rules.pulse_lists_streams: (
+        {"streams": "*", "batching": "pulse"},
+        True,
+        "streams: '*' and ranges cannot be combined with batching=pulse",
+    ),
+    rules.pulse_is_streaming: (
+        {"batching": "pulse"},
+        False,
+        "batching: 'pulse' is for streaming queries",
+    ),
+    rules.gated_streams_are_read: (
+        {"batching": "pulse", "gatedStreams": "2"},
+        True,
+        "gatedStreams: stream(s) [2] are not in streams [1]",
+    ),
+    rules.min_frames_fit: (
+        {"minFramesPerTrigger": "10", "maxFramesPerTrigger": "5"},
+        True,
+        "minFramesPerTrigger: 10 exceeds maxFramesPerTrigger 5",
+    ),
+    rules.stream_metadata_not_pulse: (
+        {"includeStreamMetadata": "true", "batching": "pulse"},
+        True,
+        "includeStreamMetadata: cannot be combined with batching=pulse",
+    ),
+    rules.auto_bytes_is_streaming: (
+        {"maxBytesPerTrigger": "auto"},
+        False,
+        "maxBytesPerTrigger: is for streaming queries",
+    ),
+    rules.target_sizes_itself: (
+        {"targetBatchLatencyMs": "500", "maxBytesPerTrigger": "1000"},
+        True,
+        "targetBatchLatencyMs: sizes batches itself",
+    ),
+    rules.emergency_above_high_water: (
+        {"maxBytesPerTrigger": "auto", "memoryHighWater": "0.9", "memoryEmergency": "0.9"},
+        True,
+        "memoryEmergency: must be above memoryHighWater (0.9)",
+    ),
+    rules.descriptors_apart_from_control: (
+        {"descriptorChannel": "aeron:ipc?term-length=4m", "descriptorStreamId": "1000"},
+        True,
+        "descriptorStreamId: must differ from controlStreamId",
+    ),
+}
+
+
+def test_27_2_every_cross_option_rule_has_a_case() -> None:
+    assert set(RULE_CASES) == set(rules.RULES)
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=lambda r: r.__name__)
+def test_27_2_each_cross_option_rule_refuses_its_case(rule) -> None:
+    """#27.2: the list of rules between options; each names the option and the rule."""
+    opts, streaming, message = RULE_CASES[rule]
+    with pytest.raises(TensorPoolOptionError, match="^" + re.escape(message)):
+        parse_source_options(_source(**opts), streaming=streaming)
