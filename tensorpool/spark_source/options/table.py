@@ -26,7 +26,6 @@ from tensorpool.endpoints import (
 )
 from tensorpool.spark_source.options import fields as f
 from tensorpool.spark_source.options.values import (
-    AUTO,
     BATCHING_NONE,
     BATCHING_PULSE,
     DEFAULT_EARLIEST_MARGIN_MS,
@@ -301,10 +300,3 @@ class Opt(Enum):
 
     def __str__(self) -> str:
         return self.name
-
-
-#: the options of each side, in table order (the spelling the docs use)
-SOURCE_OPTIONS: Final = tuple(o.name for o in Opt if "source" in o.row.scope)
-SINK_OPTIONS: Final = tuple(o.name for o in Opt if "sink" in o.row.scope)
-#: maxBytesPerTrigger=auto turns adaptive sizing on (a policy like the POLICY rows)
-SIZING_AUTO: Final = f"maxBytesPerTrigger={AUTO}"
