@@ -10,6 +10,7 @@ from typing import Any
 from tensorpool.spark_source.options import fields
 from tensorpool.spark_source.options.errors import reject
 from tensorpool.spark_source.options.parse import Given, read
+from tensorpool.spark_source.options.rules import RULES
 from tensorpool.spark_source.options.table import POLICY, Opt
 from tensorpool.spark_source.options.values import (
     AUTO,
@@ -25,11 +26,19 @@ from tensorpool.spark_source.options.values import (
 )
 
 
+def _checked(options: Mapping[str, str], side: str, streaming: bool | None = None) -> Given:
+    """The rows' checks, then the rules between options."""
+    given = read(options, side, streaming)
+    for rule in RULES:
+        rule(given)
+    return given
+
+
 def parse_source_options(
     options: Mapping[str, str], *, streaming: bool | None = None
 ) -> SourceOptions:
     """Validate reader options. ``streaming`` None = not yet known (``schema()`` time)."""
-    given = read(options, "source", streaming)
+    given = _checked(options, "source", streaming)
     g: Any = given.get  # typed by the table's rows
     remote = _remote(given)
     pattern = None
@@ -153,7 +162,7 @@ def _connection(given: Given) -> Connection:
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
-    given = read(options, "sink")
+    given = _checked(options, "sink")
     g: Any = given.get
     ids = g(Opt.stream)
     if len(ids) != 1:

@@ -3,8 +3,8 @@
 Steps, each failing with the first broken option in table order: names (unknown options are
 errors: a typo such as ``maxFramePerTrigger`` would otherwise silently disable admission
 control), required options, every given value by its row's kind and bounds, the rows' scope
-(hosts, requires, batch/streaming, excludes), then the cross-option :data:`.rules.RULES`. What
-remains is building the frozen objects of :mod:`.values` from typed values.
+(hosts, requires, batch/streaming, excludes). :mod:`.build` then runs the cross-option
+:data:`.rules.RULES` and builds the frozen objects of :mod:`.values` from the typed values.
 """
 
 from __future__ import annotations
@@ -129,17 +129,14 @@ def value(opt: Opt, raw: str) -> object:
 
 
 def read(options: Mapping[str, str], side: str, streaming: bool | None = None) -> Given:
-    """Every check one row can make on its own, and those between rows (scope, rules)."""
-    from tensorpool.spark_source.options.rules import RULES
-
+    """Every check the rows make: names, required, values, scope (the rules between
+    options are :data:`.rules.RULES`, run on the result)."""
     raw = normalise(options, side)
     for opt in Opt:
         if opt.row.required and side in opt.row.scope and opt not in raw:
             reject(opt, f"required: {opt.row.required}")
     given = Given(side, raw, {o: value(o, raw[o]) for o in Opt if o in raw}, streaming)
     _scope(given)
-    for rule in RULES:
-        rule(given)
     return given
 
 
