@@ -12,7 +12,7 @@ package names an option as ``Opt.maxFramesPerTrigger``, never by a string.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final
 
@@ -124,20 +124,14 @@ def _int(default: int | None, lo: int, hi: int, **kw: object) -> Row:
     return Row(INT, default, lo=lo, hi=hi, **kw)  # type: ignore[arg-type]
 
 
+_NOT_PULSE: Final = (f"batching={BATCHING_PULSE}",)
+
+
 def _policy(row: Row) -> Row:
     """A #17 policy row: streaming only, not with batching=pulse."""
-    return Row(
-        **{
-            **row.__dict__,
-            "mode": STREAMING,
-            "excludes": (f"batching={BATCHING_PULSE}",),
-            "excludes_why": _PULSE_POLICY,
-            "group": POLICY,
-        }
+    return replace(
+        row, mode=STREAMING, excludes=_NOT_PULSE, excludes_why=_PULSE_POLICY, group=POLICY
     )
-
-
-_NOT_PULSE: Final = (f"batching={BATCHING_PULSE}",)
 
 
 class Opt(Enum):

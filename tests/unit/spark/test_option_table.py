@@ -384,3 +384,14 @@ def test_27_2_each_cross_option_rule_refuses_its_case(rule) -> None:
     opts, streaming, message = RULE_CASES[rule]
     with pytest.raises(TensorPoolOptionError, match="^" + re.escape(message)):
         parse_source_options(_source(**opts), streaming=streaming)
+
+
+def test_27_2_every_condition_in_the_table_names_a_row_and_a_value_it_takes() -> None:
+    """#27.2: ``requires``/``excludes`` are written as ``name`` or ``name=value``; a typo
+    there would only show when a query gives the option."""
+    for opt in Opt:
+        for condition in (*opt.row.requires, *opt.row.excludes):
+            name, _, want = condition.partition("=")
+            assert name in Opt.__members__, (opt.name, condition)
+            if want:
+                value(Opt[name], want)
