@@ -19,9 +19,16 @@ checks it, ``TYPE_CHECKING`` imports included):
 
 1. options -- what the user asked for, validated (fails ``load()`` naming the option):
 
-   * :mod:`.options` -- source and sink options; :mod:`.policy_options` -- the admission policy
-     options; :mod:`.flight_hosts` -- the ``hosts`` option's value (which server serves which
-     stream); :mod:`.convert` -- rows / pandas / Arrow columns back to numpy (a user helper that
+   * :mod:`.options` -- source, sink and admission-policy options from one table:
+     :mod:`.options.table` -- a row per option (the only place an option's name is spelled);
+     :mod:`.options.parse` -- the generic parser that walks it; :mod:`.options.rules` -- the
+     rules between options; :mod:`.options.fields` -- values that are more than a number
+     (streams, offsets, ``hosts``, durations, directories); :mod:`.options.build` -- the parsed
+     objects, built; :mod:`.options.values` -- those objects (``SourceOptions``, ``hosts``'
+     ``RemoteHosts`` / ``FlightAccess``) and the options' constants; :mod:`.options.errors` --
+     :class:`TensorPoolOptionError` and ``reject``, the one way to fail a query for an option;
+     :mod:`.options.policy` -- the admission policy's options, the one part planning reads.
+   * :mod:`.convert` -- rows / pandas / Arrow columns back to numpy (a user helper that
      imports nothing of the package; also the dtype tables the readers and the sink share).
 
 2. :mod:`.plan` -- what each trigger may read, from ring states alone: no pyspark, pyarrow,

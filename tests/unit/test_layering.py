@@ -401,11 +401,9 @@ def test_28_2_the_full_graph_keeps_type_checking_edges() -> None:
 SPARK = "tensorpool.spark_source"
 #: Rank of each part of ``spark_source`` (the name after ``spark_source.``): options < plan <
 #: rings < spark. A module imports its own part or a lower one; options-layer modules are peers.
-#: ``options`` covers both today's ``options.py`` and an ``options/`` package.
+#: ``options`` is the ``options/`` package (its modules are peers).
 SPARK_RANK: dict[str, int] = {
     "options": 0,
-    "policy_options": 0,
-    "flight_hosts": 0,
     "convert": 0,
     "plan": 1,
     "rings": 2,
@@ -514,7 +512,7 @@ def test_27_2_the_spark_layer_checker_sees_an_upward_import(
     ("module", "target"),
     [
         ("tensorpool.spark_source.plan.offsets", "pyarrow"),
-        ("tensorpool.spark_source.policy_options", "tensorpool.transport.config"),  # via policy
+        ("tensorpool.spark_source.options.policy", "tensorpool.transport.config"),  # via policy
         ("tensorpool.spark_source", "pyspark"),  # the package __init__ runs first
     ],
 )
@@ -528,7 +526,8 @@ def test_27_2_the_plan_checker_sees_an_indirect_import(module: str, target: str)
 
 def test_27_2_type_checking_edges_are_counted() -> None:
     """#27.2: the sub-layer checks read ``if TYPE_CHECKING:`` imports: ``rings.remote`` names
-    ``SourceOptions`` only for the type checker, and that edge is in the graph they walk."""
+    ``SourceOptions`` and ``hosts``' ``RemoteHosts`` only for the type checker, and that edge
+    is in the graph they walk."""
     remote, options = "tensorpool.spark_source.rings.remote", "tensorpool.spark_source.options"
     assert options not in GRAPH[remote]
     assert options in FULL_GRAPH[remote]

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
-from tensorpool.spark_source.flight_hosts import parse_hosts
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.options import TensorPoolOptionError, parse_hosts, parse_source_options
 from tensorpool.spark_source.plan.offsets import RingState
 from tensorpool.spark_source.rings.flight_protocol import (
     MAX_TICKET_SPAN,

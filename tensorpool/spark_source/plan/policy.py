@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorpool.spark_source.options.policy import LATE_DROP, PolicyOptions
 from tensorpool.spark_source.plan.admission import StreamAdmission, TokenBucket, lag_count
 from tensorpool.spark_source.plan.eventtime import (
     NO_WATERMARK,
@@ -41,7 +42,6 @@ from tensorpool.spark_source.plan.eventtime import (
 )
 from tensorpool.spark_source.plan.offsets import Cut, Limits, RingState, StreamPos, runs_seqs
 from tensorpool.spark_source.plan.sizing import BatchSizer, SizingConfig, shed_oldest
-from tensorpool.spark_source.policy_options import LATE_DROP, PolicyOptions
 
 log = logging.getLogger("tensorpool.spark_source")
 

@@ -44,13 +44,13 @@ from typing import Final
 
 import numpy as np
 
-from tensorpool.spark_source.plan.offsets import split_budget
-from tensorpool.spark_source.policy_options import (
+from tensorpool.spark_source.options.policy import (
     DEFAULT_EMERGENCY,
     DEFAULT_HIGH_WATER,
     DEFAULT_MAX_BATCH_MEMORY,
     DEFAULT_TARGET_MS,
 )
+from tensorpool.spark_source.plan.offsets import split_budget
 
 #: batches whose cost the budget is computed from
 WINDOW: Final = 8

@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tensorpool.spark_source.flight_hosts import FlightAccess, RemoteHosts
 from tensorpool.spark_source.plan.offsets import RingState
 from tensorpool.spark_source.rings import mapped_rings, spool
 from tensorpool.spark_source.rings.flight_protocol import (
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from tensorpool.spark_source.options import SourceOptions
+    from tensorpool.spark_source.options import FlightAccess, RemoteHosts, SourceOptions
 
 log = logging.getLogger("tensorpool.spark_source.rings.remote")
 

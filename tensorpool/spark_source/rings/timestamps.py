@@ -22,7 +22,7 @@ Sans-Spark: only numpy and the mapped ring, so it is unit-testable with a real r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,15 +32,13 @@ from tensorpool.spark_source.options import (
     TIMESTAMP_EARLIEST,
     TIMESTAMP_LATEST,
     TIMESTAMP_STRATEGY_LATEST,
-    TensorPoolOptionError,
+    Opt,
+    reject,
 )
 
 if TYPE_CHECKING:
     from tensorpool.spark_source.options import SourceOptions
     from tensorpool.spark_source.rings.mapped_rings import MappedStream, RegionSpec
-
-START_OPTION: Final = "startingOffsetsByTimestamp"
-END_OPTION: Final = "endingOffsetsByTimestamp"
 
 
 def first_seq_at_or_after(m: MappedStream, wall_ms: int) -> tuple[int | None, int, int]:
@@ -78,10 +76,11 @@ def resolve_start(
         if strategy == TIMESTAMP_STRATEGY_LATEST:
             return LATEST
         held = "the ring is empty" if newest_ms < 0 else f"its newest frame is at {newest_ms} ms"
-        raise TensorPoolOptionError(
-            f"{START_OPTION}: stream {stream_id} has no frame at or after {wall_ms} ms "
+        reject(
+            Opt.startingOffsetsByTimestamp,
+            f"stream {stream_id} has no frame at or after {wall_ms} ms "
             f"({held}); give an earlier time, or set startingOffsetsByTimestampStrategy=latest "
-            "to start at the next frame"
+            "to start at the next frame",
         )
     if seq <= oldest:
         return EARLIEST  # the time is at or before what the ring holds (see module doc)
@@ -128,8 +127,6 @@ def ending_for(opts: SourceOptions, sid: int, region: RegionSpec) -> str | tuple
 
 
 __all__ = [
-    "END_OPTION",
-    "START_OPTION",
     "ending_for",
     "first_seq_at_or_after",
     "resolve_end",

@@ -17,10 +17,9 @@ from pyspark.sql.types import StructField, StructType
 
 from tensorpool.spark_source.options import (
     BATCHING_PULSE,
-    LATEST,
-    TensorPoolOptionError,
     parse_sink_options,
     parse_source_options,
+    reject,
 )
 from tensorpool.spark_source.rings.layout_hint import payload_metadata
 from tensorpool.spark_source.spark.pulse import PulseStreamReader, pulse_schema_ddl
@@ -64,11 +63,6 @@ class TensorPoolDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = parse_source_options(self.options, streaming=False)
         _check_user_schema(schema, opts.include_tensor_metadata, opts.include_stream_metadata)
-        if opts.starting.default == LATEST or any(s == LATEST for _, s in opts.starting.per_stream):
-            raise TensorPoolOptionError(
-                "startingOffsets: 'latest' is not allowed for batch queries (the result would "
-                "always be empty); use 'earliest' or JSON offsets"
-            )
         return TensorPoolBatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -84,16 +78,14 @@ class TensorPoolDataSource(DataSource):
         from tensorpool.spark_source.spark.sink import TensorPoolBatchWriter
 
         if overwrite:
-            raise TensorPoolOptionError(
-                "mode: a tensor stream cannot be overwritten; use mode('append')"
-            )
+            reject("mode", "a tensor stream cannot be overwritten; use mode('append')")
         return TensorPoolBatchWriter(parse_sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         from tensorpool.spark_source.spark.sink import TensorPoolStreamWriter
 
         if overwrite:
-            raise TensorPoolOptionError("outputMode: only 'append' is supported")
+            reject("outputMode", "only 'append' is supported")
         return TensorPoolStreamWriter(parse_sink_options(self.options), schema)
 
 

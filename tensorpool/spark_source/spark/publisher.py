@@ -42,6 +42,7 @@ from typing import Any, Final
 import numpy as np
 
 from tensorpool.endpoints import Endpoints
+from tensorpool.spark_source.options import Opt
 
 LOCK: Final = "publisher.lock"
 INFO: Final = "publisher.json"
@@ -83,15 +84,15 @@ class PublisherConfig:
 #: fields two writers of one stream must agree on (dotted path into the config's JSON -> option
 #: name, for error messages)
 MUST_MATCH: Final = {
-    "stream": "stream",
-    "header_nslots": "headerNslots",
-    "stride_bytes": "maxFrameBytes",
-    "aeron_dir": "aeronDir",
-    "endpoints.control_channel": "controlChannel",
-    "endpoints.control_stream_id": "controlStreamId",
-    "endpoints.descriptor_channel": "descriptorChannel",
-    "endpoints.descriptor_stream_id": "descriptorStreamId",
-    "driver": "driver",
+    "stream": Opt.stream.name,
+    "header_nslots": Opt.headerNslots.name,
+    "stride_bytes": Opt.maxFrameBytes.name,
+    "aeron_dir": Opt.aeronDir.name,
+    "endpoints.control_channel": Opt.controlChannel.name,
+    "endpoints.control_stream_id": Opt.controlStreamId.name,
+    "endpoints.descriptor_channel": Opt.descriptorChannel.name,
+    "endpoints.descriptor_stream_id": Opt.descriptorStreamId.name,
+    "driver": Opt.driver.name,
 }
 
 

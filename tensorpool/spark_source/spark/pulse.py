@@ -54,7 +54,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
 from tensorpool.client.announce import CLOCK_MONOTONIC
-from tensorpool.spark_source.options import SourceOptions, TensorPoolOptionError
+from tensorpool.spark_source.options import Opt, SourceOptions, reject
 from tensorpool.spark_source.plan.pulse import (
     PulseOffset,
     PulseOffsetError,
@@ -218,10 +218,11 @@ class PulseStreamReader(RingStreamReader):
     def for_schema(cls, opts: SourceOptions, schema: StructType) -> PulseStreamReader:
         want = pulse_struct_type(opts.include_tensor_metadata)
         if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-            raise TensorPoolOptionError(
-                "schema: the tensorpool source has a fixed schema "
+            reject(
+                "schema",
+                "the tensorpool source has a fixed schema "
                 f"({pulse_schema_ddl(opts.include_tensor_metadata)}); do not pass "
-                ".schema(...), select columns after load() instead"
+                ".schema(...), select columns after load() instead",
             )
         return cls(opts)
 
@@ -249,7 +250,7 @@ class PulseStreamReader(RingStreamReader):
         try:
             return PulseOffset.from_json(doc, self.opts.streams)
         except PulseOffsetError as exc:
-            raise TensorPoolOptionError(f"batching: checkpointed offset unusable: {exc}") from exc
+            reject(Opt.batching, f"checkpointed offset unusable: {exc}")
 
     # --- Spark API ------------------------------------------------------------------------------
     def initialOffset(self) -> dict:

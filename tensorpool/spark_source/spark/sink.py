@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
 )
 
 from tensorpool.spark_source.convert import NUMPY_DTYPES, WIRE_DTYPES
-from tensorpool.spark_source.options import SinkOptions, TensorPoolOptionError, parse_sink_options
+from tensorpool.spark_source.options import SinkOptions, parse_sink_options, reject
 from tensorpool.spark_source.spark.publisher import (
     DONE,
     INFO,
@@ -294,10 +294,11 @@ def ensure_publisher(opts: SinkOptions, timeout_s: float = 30.0) -> dict[str, An
     for path, option in MUST_MATCH.items():
         have, want = config_value(running, path), config_value(wanted, path)
         if have != want:
-            raise TensorPoolOptionError(
-                f"{option}: the publisher of stream {opts.stream} (instanceId "
+            reject(
+                option,
+                f"the publisher of stream {opts.stream} (instanceId "
                 f"{opts.instance_id}) runs with {have!r}, this write asks "
-                f"for {want!r}; use the same value or stop_publisher() it"
+                f"for {want!r}; use the same value or stop_publisher() it",
             )
     return info
 

@@ -51,9 +51,12 @@ from pyspark.sql.types import (
 
 from tensorpool.spark_source.options import (
     EARLIEST,
+    IS_LATE,
+    LATE_FLAG,
     LATEST,
+    Opt,
     SourceOptions,
-    TensorPoolOptionError,
+    reject,
 )
 from tensorpool.spark_source.plan.margin import describe as describe_margin
 from tensorpool.spark_source.plan.margin import now_for, safe_earliest
@@ -68,7 +71,6 @@ from tensorpool.spark_source.plan.offsets import (
     split_ranges,
     to_runs,
 )
-from tensorpool.spark_source.policy_options import IS_LATE, LATE_FLAG
 from tensorpool.spark_source.rings import mapped_rings, spool, stream_meta, timestamps
 from tensorpool.spark_source.rings.hosts import (
     BATCH,
@@ -153,9 +155,10 @@ def _check_user_schema(
     want = struct_type(include_meta, include_stream_meta, include_late)
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
         ddl = schema_ddl(include_meta, include_stream_meta)
-        raise TensorPoolOptionError(
-            f"schema: the tensorpool source has a fixed schema ({ddl}); "
-            "do not pass .schema(...), select columns after load() instead"
+        reject(
+            "schema",
+            f"the tensorpool source has a fixed schema ({ddl}); "
+            "do not pass .schema(...), select columns after load() instead",
         )
 
 
@@ -385,9 +388,9 @@ class TensorPoolBatchReader(DataSourceReader):
                 first = earliest_start(sid, st, opts, spec.clock_domain)
                 from_earliest.add(sid)
             else:
-                first = _resolve_batch(starting, st, sid, "startingOffsets")
+                first = _resolve_batch(starting, st, sid, Opt.startingOffsets)
             ending = timestamps.ending_for(opts, sid, spec)
-            end = max(first, _resolve_batch(ending, st, sid, "endingOffsets"))
+            end = max(first, _resolve_batch(ending, st, sid, Opt.endingOffsets))
             # The snapshot reads exactly the frames committed in [first, end) now. Seqs of the
             # range missing from the ring were lost if they were ever published: certain for a
             # normal (gap-free) stream, unknowable for a relay's sparse seqs (logged only).
@@ -434,16 +437,17 @@ class TensorPoolBatchReader(DataSourceReader):
         return read_partition(partition, self._schema)
 
 
-def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: str) -> int:
+def _resolve_batch(spec: str | tuple[int, int], st: RingState, sid: int, name: Opt) -> int:
     if spec == EARLIEST:
         return st.oldest
     if spec == LATEST:
         return st.head
     epoch, seq = spec  # type: ignore[misc]
     if epoch != st.epoch:
-        raise TensorPoolOptionError(
-            f"{name}: stream {sid} asks for epoch {epoch} but the stream is at epoch "
-            f"{st.epoch}; frames of other epochs are no longer in the ring"
+        reject(
+            name,
+            f"stream {sid} asks for epoch {epoch} but the stream is at epoch "
+            f"{st.epoch}; frames of other epochs are no longer in the ring",
         )
     return min(seq, st.head)
 

@@ -9,7 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
+from tensorpool.spark_source.options import (
+    PolicyOptions,
+    TensorPoolOptionError,
+    parse_source_options,
+)
 from tensorpool.spark_source.plan.admission import JitterMeter, TokenBucket, lag_count
 from tensorpool.spark_source.plan.eventtime import Aligner, running_max
 from tensorpool.spark_source.plan.offsets import (
@@ -30,7 +34,6 @@ from tensorpool.spark_source.plan.sizing import (
     SizingConfig,
     shed_oldest,
 )
-from tensorpool.spark_source.policy_options import PolicyOptions
 
 MS = 1_000_000
 S = 1_000_000_000
