@@ -6,16 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import tensorpool.spark_source
 
 PACKAGE = Path(tensorpool.spark_source.__file__).resolve().parent
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-#: Modules over the limit for a reason outside #27.2's package split, each to be split by the
-#: work named (the list only shrinks: an entry whose module is back under the limit fails).
-EXEMPT_MODULES: dict[str, str] = {}
 
 
 def _modules() -> list[Path]:
@@ -27,11 +22,7 @@ def _lines(path: Path) -> int:
 
 
 def long_modules(paths: list[Path], limit: int) -> list[str]:
-    return [
-        f"{p.relative_to(PACKAGE)}: {_lines(p)} lines"
-        for p in paths
-        if _lines(p) > limit and str(p.relative_to(PACKAGE)) not in EXEMPT_MODULES
-    ]
+    return [f"{p.relative_to(PACKAGE)}: {_lines(p)} lines" for p in paths if _lines(p) > limit]
 
 
 def long_functions(source: str, limit: int) -> list[str]:
@@ -57,14 +48,6 @@ def test_27_2_no_function_over_80_lines() -> None:
         if (bad := long_functions(p.read_text(), MAX_FUNCTION_LINES))
     }
     assert found == {}
-
-
-@pytest.mark.parametrize("name", sorted(EXEMPT_MODULES))
-def test_27_2_an_exempt_module_is_still_over_the_limit(name: str) -> None:
-    """An exemption goes when its module is split."""
-    path = PACKAGE / name
-    if path.exists():
-        assert _lines(path) > MAX_MODULE_LINES, f"{name} fits now: drop it from EXEMPT_MODULES"
 
 
 def test_27_2_the_shape_checks_see_a_long_module_and_function() -> None:
