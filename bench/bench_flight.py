@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import bench.bench_flight as me
     import tensorpool.spark_source as tps
+    from tensorpool.spark_source.options import FlightAccess
     from tensorpool.spark_source.rings import flight_protocol as protocol
     from tensorpool.spark_source.rings import remote
     from tensorpool.transport.mediadriver import MediaDriverProcess
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(serve)
                 _line(serve, "tensorpool serve")
                 address = f"127.0.0.1:{port}"
-                access = remote.FlightAccess(retry_s=0)
+                access = FlightAccess(retry_s=0)
                 snap = remote.scan_host(address, [sid], access)[sid]
                 assert snap is not None and snap.state.head - snap.state.oldest == frames
                 ticket = protocol.Ticket(sid, snap.spec.epoch, snap.state.oldest, snap.state.head)

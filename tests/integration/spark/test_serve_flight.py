@@ -26,6 +26,7 @@ from tensorpool.transport.process import stop_process
 flight = pytest.importorskip("pyarrow.flight")
 
 from tensorpool.serve.server import arrow_schema  # noqa: E402
+from tensorpool.spark_source.options import FlightAccess  # noqa: E402
 from tensorpool.spark_source.rings import flight_protocol as protocol  # noqa: E402
 from tensorpool.spark_source.rings import remote  # noqa: E402
 
@@ -61,7 +62,7 @@ class Served:
             self.big.close()
             raise
         self.address = f"127.0.0.1:{self.port}"
-        self.access = remote.FlightAccess(token=TOKEN, retry_s=0)
+        self.access = FlightAccess(token=TOKEN, retry_s=0)
         self.md_dir, self.shm, self.token_file = md.dir, shm, token_file
 
     def client(self) -> Any:
@@ -146,7 +147,7 @@ def test_18_1_describe_and_read(served: Served) -> None:
 def test_18_4_token_missing_or_wrong(served: Served, token: str | None) -> None:
     """#18.4: no token, or a wrong one, is refused with an authentication error on every call
     (describe, scan, read), and the server goes on serving."""
-    bad = remote.FlightAccess(token=token, retry_s=0)
+    bad = FlightAccess(token=token, retry_s=0)
     want = "no bearer token" if token is None else "wrong bearer token"
     with pytest.raises(flight.FlightUnauthenticatedError, match=want):
         remote.scan_host(served.address, [SID], bad)
@@ -306,7 +307,7 @@ def test_18_1_tls(served: Served, tmp_path: Any) -> None:
         assert proc.stdout is not None
         assert f"grpc+tls://127.0.0.1:{port}" in proc.stdout.readline()
         address = f"127.0.0.1:{port}"
-        tls = remote.FlightAccess(token=TOKEN, tls_root_certs=cert.read_bytes(), retry_s=0)
+        tls = FlightAccess(token=TOKEN, tls_root_certs=cert.read_bytes(), retry_s=0)
         snap = remote.scan_host(address, [SID], tls)[SID]
         assert snap is not None and snap.state.head >= 10
         first = snap.state.oldest
@@ -315,12 +316,10 @@ def test_18_1_tls(served: Served, tmp_path: Any) -> None:
         assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(first, first + 5))
         with pytest.raises(flight.FlightUnauthenticatedError):
             remote.scan_host(
-                address, [SID], remote.FlightAccess(tls_root_certs=cert.read_bytes(), retry_s=0)
+                address, [SID], FlightAccess(tls_root_certs=cert.read_bytes(), retry_s=0)
             )
         with pytest.raises(protocol.RemoteUnavailableError):  # plaintext to a TLS port
-            remote.scan_host(
-                address, [SID], remote.FlightAccess(token=TOKEN, retry_s=0, timeout_s=3)
-            )
+            remote.scan_host(address, [SID], FlightAccess(token=TOKEN, retry_s=0, timeout_s=3))
     finally:
         stop_process(proc)
 
@@ -362,7 +361,7 @@ def test_18_1_driver_mode(tmp_path: Any) -> None:
                 [*cmd, "--attach-timeout", "20"], stdout=subprocess.PIPE, text=True
             )
             assert proc.stdout is not None and "streams [10000]" in proc.stdout.readline()
-            access = remote.FlightAccess(retry_s=0)
+            access = FlightAccess(retry_s=0)
             deadline = time.monotonic() + 20  # live once the driver's announce names the producer
             while True:
                 snap = remote.scan_host(f"127.0.0.1:{port}", [10000], access)[10000]
