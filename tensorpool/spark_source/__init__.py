@@ -83,7 +83,7 @@ works in plain pandas / Arrow code.
 
 from __future__ import annotations
 
-from typing import Any
+from tensorpool.lazy import lazy_exports
 
 _LAZY = {
     "TensorPoolOptionError": "tensorpool.spark_source.options",
@@ -107,15 +107,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tensorpool.spark_source' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -41,6 +41,8 @@ RANK: dict[str, int] = {
     "config_schema": 1,
     "fsafety": 1,
     "counters": 1,
+    # PEP 562 lazy package exports (transport, spark_source): stdlib only
+    "lazy": 1,
     "endpoints": 1,
     # SHM and Aeron, side by side
     "shm": 2,

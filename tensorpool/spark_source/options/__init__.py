@@ -26,7 +26,7 @@ code names an option as ``Opt.<name>``.
 
 from __future__ import annotations
 
-from typing import Any
+from tensorpool.lazy import lazy_exports
 
 #: name -> defining module, imported on first use so that :mod:`.policy` loads alone
 _LAZY = {
@@ -65,15 +65,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [
