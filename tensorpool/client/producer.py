@@ -102,6 +102,7 @@ from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import PublishMode
+from tensorpool.stream_ids import consumer_config_fields
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.publication import Publisher
@@ -1241,23 +1242,13 @@ class Producer:
         return self._core.on_epoch_opened(now)
 
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
-        """§10.1.3: the assigned descriptor stream, or a decline (empty channel, id 0);
-        per-consumer control streams are always declined."""
+        """§10.1.3: the assigned descriptor stream, or a decline."""
         if a.stream_id and a.consumer_id not in self._consumer_pubs:
             a = SendConsumerConfig(a.consumer_id, a.mode)  # its publication failed: decline
-        n = wire.ConsumerConfigEncoder.encode(
-            self._ctl_buf,
-            0,
-            stream_id=self.stream_id,
-            consumer_id=a.consumer_id,
-            use_shm=int(wire.Bool.TRUE),
-            mode=a.mode,
-            descriptor_stream_id=a.stream_id,
-            control_stream_id=0,
-            payload_fallback_uri="",
-            descriptor_channel=a.channel,
-            control_channel="",
+        fields = consumer_config_fields(
+            self.stream_id, a.consumer_id, a.mode, a.channel, a.stream_id
         )
+        n = wire.ConsumerConfigEncoder.encode(self._ctl_buf, 0, **fields)
         self._pub_control.offer(self._ctl_buf, 0, n)
 
     def _open_consumer_stream(self, a: OpenConsumerStream) -> None:
