@@ -377,8 +377,8 @@ def stop_publisher(options: dict[str, str], timeout_s: float = 10.0) -> bool:
     return True
 
 
-class TensorPoolBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("tensorpool")``: publishes every row once per successful job."""
+class _Staging:
+    """What both writers share: tasks stage files, the driver's commit submits them."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
         self.opts = opts
@@ -387,6 +387,10 @@ class TensorPoolBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
         return stage_batches(iterator, self.opts, self.max_bytes)
+
+
+class TensorPoolBatchWriter(_Staging, DataSourceArrowWriter):
+    """``df.write.format("tensorpool")``: publishes every row once per successful job."""
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.last_reply = submit(self.opts, {"files": _files(messages)})
@@ -395,16 +399,8 @@ class TensorPoolBatchWriter(DataSourceArrowWriter):
         _discard(messages)
 
 
-class TensorPoolStreamWriter(DataSourceStreamArrowWriter):
+class TensorPoolStreamWriter(_Staging, DataSourceStreamArrowWriter):
     """``writeStream.format("tensorpool")``: one publish per micro-batch, idempotent per batchId."""
-
-    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        self.opts = opts
-        self.max_bytes = publisher_config(opts).stride_bytes
-        self.last_reply: dict[str, Any] | None = None
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
-        return stage_batches(iterator, self.opts, self.max_bytes)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self.last_reply = submit(
