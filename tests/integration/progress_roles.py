@@ -19,7 +19,8 @@ Commands (one per line), each answered with one JSON line on stdout once done:
   (``{consumer_id: [descriptor id, control id]}``).
 
 ``--per-consumer-ids``/``--control-ids`` (``START-END``): offer per-consumer descriptor and
-control streams from these ranges (#29.1, Wire §10.1.3).
+control streams from these ranges (#29.1, Wire §10.1.3). ``--driver``: attach through the SHM
+driver (its ``--control-channel``/``--control-stream-id``) instead of creating the regions.
 
 Between commands the producer runs its duty cycle (announces, hellos, held-back progress).
 """
@@ -76,7 +77,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--nslots", type=int, default=8)
     p.add_argument("--progress", choices=("off", "requested", "always"), default="requested")
+    p.add_argument("--control-channel", default=Endpoints().control_channel)
     p.add_argument("--control-stream-id", type=int, default=Endpoints().control_stream_id)
+    p.add_argument("--driver", action="store_true")
     p.add_argument("--per-consumer-ids", type=id_range, default=None)
     p.add_argument("--control-ids", type=id_range, default=None)
     a = p.parse_args()
@@ -84,7 +87,9 @@ def main() -> None:
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,
         announce_period_ns=100_000_000,
-        channels=Endpoints(control_stream_id=a.control_stream_id),
+        channels=Endpoints(
+            control_channel=a.control_channel, control_stream_id=a.control_stream_id
+        ),
     )
     progress = None
     if a.progress != "off":  # every step reported: no interval, no delta
@@ -99,13 +104,17 @@ def main() -> None:
         ctx.start()
         producer = Producer(
             ctx,
-            stream,
+            a.stream_id if a.driver else stream,
             settings,
+            driver=a.driver,
+            attach_timeout_s=60.0,
             progress=progress,
             per_consumer=a.per_consumer_ids is not None,
             per_consumer_ids=a.per_consumer_ids,
             per_consumer_control_ids=a.control_ids,
         )
+        if a.driver:
+            producer.wait_until_attached()
         emit(event="ready")
         claim = None
         batch = None
