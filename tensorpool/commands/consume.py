@@ -252,6 +252,7 @@ def _report(
     import numpy as np
 
     st = consumer.stats
+    cs = consumer.control_stream
     frames, nbytes, gap, late = st.frames, st.bytes, consumer.drops_gap, consumer.drops_late
     p50 = p99 = None
     if n:
@@ -276,6 +277,10 @@ def _report(
         # the shared descriptor stream, or the consumer's own (Wire Spec §10.1.3)
         "descriptor_stream": "{}#{}".format(*consumer.descriptor_stream),
         "descriptors": st.descriptors,
+        # --progress: the consumer's own control stream (None: the shared one), and the
+        # FrameProgress messages that came on it
+        "control_stream": None if cs is None else "{}#{}".format(*cs),
+        "progress_own": st.progress_own,
         "final": final,
         # per mapping: seq range taken, delivered, drops (the soak's ledger, #30.3)
         "segments": consumer.core.segment_records() if as_json else None,
