@@ -277,6 +277,11 @@ class ContextConductor:
             lane.taps = (*lane.taps, tap)
         return tap
 
+    def connected(self, key: LaneKey) -> bool:
+        """Whether lane ``key`` has a publisher (an image)."""
+        lane = self._lanes.get(key)
+        return lane is not None and lane.sub is not None and lane.sub.is_connected
+
     def unregister(self, inbox: Inbox) -> None:
         """Stop delivering to ``inbox`` (an inbox or a tap) and drop its hold on its lane."""
         with self._lock:
@@ -489,6 +494,12 @@ class ClientConductor:
         if self.qos_lane == self.control_lane:
             return inbox
         return self.hub.register(self.qos_lane, "producers", stream_id, inbox)
+
+    def register_own_control(self, channel: str, control_stream_id: int, stream_id: int) -> Inbox:
+        """A consumer's own control stream (§10.1.3): the ``FrameProgress`` of ``stream_id``
+        its producer sends there, in an inbox of their own (the consumer tells them from the
+        shared stream's); pair with :meth:`unregister`."""
+        return self.hub.register(lane_key(channel, control_stream_id), "consumers", stream_id)
 
     def register_lease(self, stream_id: int) -> Inbox:
         """For a lease machine (driver mode): the driver's messages of its stream, and those

@@ -39,7 +39,7 @@ import numpy as np
 
 from tensorpool.client import consumer_core as core_mod
 from tensorpool.client.announce import StreamLayout
-from tensorpool.client.conductor import ClientConductor
+from tensorpool.client.conductor import ClientConductor, Inbox, LaneKey, lane_key
 from tensorpool.client.consumer_core import (
     AFTER_HANDLER_ERROR,
     CHECK,
@@ -308,6 +308,10 @@ class Consumer:
         # one still is): (target, subscription, since); and an assignment nobody published on
         self._pending_desc: tuple[tuple[str, int], Subscriber, int] | None = None
         self._unconnected: tuple[str, int] | None = None  # until the next mapping
+        self.control_stream: tuple[str, int] | None = None
+        """Our own control stream (§10.1.3), where our ``FrameProgress`` comes from while it
+        has a publisher; None: the shared control stream."""
+        self._own_ctl: tuple[LaneKey, Inbox] | None = None
         # as long as a producer takes to release a stale consumer's stream (§10.1.3)
         self._assign_grace_ns = max(
             self.settings.freshness_ns, STALE_PERIODS * self.settings.qos_period_ns
@@ -951,11 +955,41 @@ class Consumer:
                 self._on_announce(dec, max(join or 0, self._inbox.registered_ns))
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 if dec.consumer_id == self.consumer_id:
-                    self._on_config(dec.descriptor_channel, dec.descriptor_stream_id)
+                    self._on_config(
+                        dec.descriptor_channel,
+                        dec.descriptor_stream_id,
+                        (dec.control_channel, dec.control_stream_id),
+                    )
             elif isinstance(dec, wire.FrameProgressDecoder):
-                self._on_progress(dec)
+                if self._own_ctl is not None and self._conductor.hub.connected(self._own_ctl[0]):
+                    # ours comes on our own control stream (§10.1.3): this is someone else's
+                    self.stats.control.increment("progress_shared_ignored")
+                else:
+                    self._on_progress(dec)
             else:
                 self._on_metadata(dec)
+        if self._own_ctl is not None:
+            for dec, _ in self._own_ctl[1].drain():
+                if isinstance(dec, wire.FrameProgressDecoder):
+                    self.stats.progress_own += 1
+                    self._on_progress(dec)
+                else:  # §10.1.3: producers MUST NOT send anything else there
+                    self._count_control(
+                        dec if isinstance(dec, str) else "control_stream_unexpected_message"
+                    )
+
+    def _set_own_control(self, target: tuple[str, int] | None) -> None:
+        """Take our ``FrameProgress`` from ``target`` (through the process's conductor), or
+        from the shared control stream again (None)."""
+        if target == self.control_stream:
+            return
+        if self._own_ctl is not None:
+            self._conductor.unregister(self._own_ctl[1])
+            self._own_ctl = None
+        self.control_stream = target
+        if target is not None:
+            inbox = self._conductor.register_own_control(*target, self.stream_id)
+            self._own_ctl = (lane_key(*target), inbox)
 
     def _subscribe_descriptors(self, channel: str, stream_id: int) -> Subscriber:
         return self._ctx.add_subscription(
@@ -966,10 +1000,11 @@ class Consumer:
             guard=False,  # _on_descriptor traps handler errors itself (and re-raises them)
         )
 
-    def _on_config(self, channel: str, stream_id: int) -> None:
+    def _on_config(self, channel: str, stream_id: int, control: tuple[str, int]) -> None:
         """Follow a ``ConsumerConfig`` (§10.1.3, §11): read descriptors from the stream it
         assigns once a publisher is there, or from the shared one when it declines (empty
-        channel, id 0; or names our shared stream)."""
+        channel, id 0; or names our shared stream); and progress from the control stream it
+        assigns with it (only with a descriptor stream of our own: stream_ids.grant)."""
         target = (channel, stream_id)
         assigned = bool(channel and stream_id) and target != self._shared_desc
         if not assigned:
@@ -978,6 +1013,9 @@ class Consumer:
             return  # tried: no publisher came (see _check_own_stream); stay on the shared one
         self._unconnected = None
         self.config_declined = not assigned
+        wants_progress = self._progress is not None
+        own_ctl = assigned and wants_progress and bool(control[0] and control[1])
+        self._set_own_control(control if own_ctl else None)
         pending = self._pending_desc
         if pending is not None:
             if pending[0] == target:
@@ -992,6 +1030,7 @@ class Consumer:
             except Exception as exc:  # pyaeron.AeronError: a channel Aeron refuses
                 self._unconnected = target
                 self.config_declined = True
+                self._set_own_control(None)
                 self._count_control("descriptor_stream_invalid")
                 log.warning("stream %d: cannot read %s#%d: %s", self.stream_id, *target, exc)
                 return
@@ -1004,6 +1043,8 @@ class Consumer:
         self._sub_desc = sub
         self._ctx.release(old)
         self.descriptor_stream = target
+        if target == self._shared_desc:  # our streams go (and are declined) together
+            self._set_own_control(None)
         self.core.on_consumer_config(target != self._shared_desc)
         self.stats.control.increment(f"descriptor_stream_{why}")
         log.info("stream %d: descriptors from %s#%d (%s)", self.stream_id, *target, why)
@@ -1023,6 +1064,7 @@ class Consumer:
                 self._ctx.release(sub)
                 self._unconnected = target
                 self.config_declined = True
+                self._set_own_control(None)
                 self.stats.control.increment("descriptor_stream_unconnected")
         elif self.descriptor_stream != self._shared_desc and not self._sub_desc.is_connected:
             sub = self._subscribe_descriptors(*self._shared_desc)
@@ -1219,6 +1261,7 @@ class Consumer:
             self._ctx.release(self._pending_desc[1])
             self._pending_desc = None
         self._ctx.release(self._sub_desc)
+        self._set_own_control(None)
         self._conductor.unregister(self._inbox)
         self._conductor.release()
 

@@ -187,6 +187,8 @@ class ConsumerStats:
     control: DropCounters = field(default_factory=DropCounters)
     progress: DropCounters = field(default_factory=DropCounters)
     """Refused ``FrameProgress`` messages and prefix reads (§10.2.2): never frame drops."""
+    progress_own: int = 0
+    """``FrameProgress`` messages received on the consumer's own control stream (§10.1.3)."""
 
 
 class ConsumerCore:

@@ -18,7 +18,8 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
   ``per_consumer=True`` a consumer asking for one (``RATE_LIMITED``, or a named stream) gets
   its own descriptor stream, to which only the frames its ``max_rate_hz`` admits go
   (client/per_consumer.py; ids from ``per_consumer_ids`` standalone, from the driver's
-  ``descriptor_stream_id_range`` in driver mode);
+  ``descriptor_stream_id_range`` in driver mode), and one that also asks for progress its own
+  control stream for that progress (``per_consumer_control_ids``, ``control_stream_id_range``);
 - on `QosConsumer` of its stream (the conductor's QoS lane): the consumer is alive; its own
   stream and its progress interest end 5 QoS periods after its last hello or QoS (§10.1.3).
 
@@ -26,8 +27,8 @@ Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
 With `progress=ProgressSettings()` a claimed frame can report how far it is filled
 (`progress(claim, bytes_written)`, Wire §10.2.2): `FrameProgress` STARTED at the claim,
-throttled PROGRESS, COMPLETE after the commit, on the control stream; the policy is
-`progress_core.ProgressThrottle`'s.
+throttled PROGRESS, COMPLETE after the commit, on the control stream (or a consumer's own
+control stream, §10.1.3); the policy is `progress_core.ProgressThrottle`'s.
 """
 
 from __future__ import annotations
@@ -185,7 +186,9 @@ class ProducerStats:
     consumer_descriptors: int = 0
     """Descriptors sent on consumers' own streams (§10.1.3), beside the shared stream's."""
     progress_not_sent: int = 0
-    """``FrameProgress`` messages the control publication did not take (back-pressure)."""
+    """``FrameProgress`` messages a control publication did not take (back-pressure)."""
+    consumer_progress: int = 0
+    """``FrameProgress`` messages sent on consumers' own control streams (§10.1.3)."""
     announces: int = 0
     wake_sems_removed: int = 0
     """Dead consumers' wake semaphore files the rescan removed (transport/wakeup.py)."""
@@ -275,11 +278,14 @@ class Producer:
         wake_consumers: bool = True,
         per_consumer: bool = False,
         per_consumer_ids: IdRange | None = None,
+        per_consumer_control_ids: IdRange | None = None,
         progress: ProgressSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
-        if per_consumer_ids is not None and not driver:  # before anything is acquired
-            check_per_consumer_ids(per_consumer_ids, self.settings.channels)
+        if not driver:  # before anything is acquired
+            check_per_consumer_ids(
+                per_consumer_ids, self.settings.channels, per_consumer_control_ids
+            )
         stream_cfg = StreamConfig(stream) if isinstance(stream, int) else stream
         self.stream = stream_cfg
         self.stream_id = stream_cfg.stream_id
@@ -325,11 +331,14 @@ class Producer:
         # publications by consumer id, and (gate, publication) pairs for the frame path
         self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher, int]] = {}
         self._fanout: tuple[tuple[RateGate[object], Publisher, int], ...] = ()
+        self._consumer_ctl: dict[int, Publisher] = {}  # their own control streams' (§10.1.3)
         streams = None
         if per_consumer:
             streams = ConsumerStreams(
                 ids=None if driver else StreamIdPool(per_consumer_ids),
+                control_ids=None if driver else StreamIdPool(per_consumer_control_ids),
                 default_channel=ch.descriptor_channel,
+                control_channel=ch.control_channel,
                 shared=(ch.descriptor_channel, ch.descriptor_stream_id),
                 stale_ns=STALE_PERIODS * s.qos_period_ns,
             )
@@ -732,7 +741,7 @@ class Producer:
         """§10.2.2 STARTED, after writing the whole header now: a consumer reading the prefix
         needs the frame's layout while it is written (commit writes it again, §8.3)."""
         now = self._clock()
-        if throttle.start(seq, index, layout.extent_bytes, now) is None:
+        if throttle.start(seq, index, layout.extent_bytes, now, self._sees(now)) is None:
             return
         self._progress_extent = layout.extent_bytes
         writer.write_header(
@@ -744,6 +753,15 @@ class Producer:
             meta_version=self.meta_version,
         )
         self._publish_progress(seq, index, 0, _STARTED)
+
+    def _sees(self, now: int) -> dict[int, bool] | None:
+        """The consumers with a control stream of their own, each with whether the frame
+        claimed now reaches its own descriptor stream (its rate slot is open: nothing but
+        this claim can use it up before the commit)."""
+        if not self._consumer_ctl:
+            return None
+        pubs = self._consumer_pubs  # opened and closed with the control streams
+        return {cid: pubs[cid][0].is_open(now) for cid in self._consumer_ctl}
 
     def progress(self, claim: FrameClaim | BatchClaim, bytes_written: int) -> bool:
         """Report the first ``bytes_written`` bytes of ``claim`` final (Wire §10.2.2); return
@@ -791,10 +809,20 @@ class Producer:
             payload_bytes_filled=filled,
             state=state,
         )
-        if self._pub_control.offer(buf):
-            return True
-        self.stats.progress_not_sent += 1
-        return False
+        throttle = self._progress
+        sent = False
+        if throttle is None or throttle.shared:
+            sent = bool(self._pub_control.offer(buf))
+            self.stats.progress_not_sent += not sent
+        if throttle is not None:
+            for cid in throttle.consumers:  # §10.1.3: its own control stream
+                pub = self._consumer_ctl.get(cid)
+                if pub is not None and pub.offer(buf):
+                    self.stats.consumer_progress += 1
+                    sent = True
+                else:
+                    self.stats.progress_not_sent += 1
+        return sent
 
     def commit(
         self,
@@ -868,7 +896,8 @@ class Producer:
         if throttle is not None:
             now = self._clock()
             extent = layout.extent_bytes
-            if throttle.start(claim.first_seq, claim.header_index, claim.n * extent, now) == 0:
+            own = self._sees(now)
+            if throttle.start(claim.first_seq, claim.header_index, claim.n * extent, now, own) == 0:
                 self._progress_extent = extent
                 bw.write_headers(claim, now, self.meta_version)  # see _start_progress
                 self._publish_progress(claim.first_seq, claim.header_index, 0, _STARTED)
@@ -1103,6 +1132,9 @@ class Producer:
                     max_rate_hz=dec.max_rate_hz,
                     descriptor_channel=dec.descriptor_channel,
                     descriptor_stream_id=dec.descriptor_stream_id,
+                    supports_progress=dec.supports_progress_raw == _TRUE,
+                    control_channel=dec.control_channel,
+                    control_stream_id=dec.control_stream_id,
                 )
                 if self._progress is not None and dec.stream_id == self.stream_id:
                     self._progress.on_hello(
@@ -1119,6 +1151,7 @@ class Producer:
                     dec.descriptor_channel,
                     dec.descriptor_stream_id,
                     self._clock(),
+                    (dec.control_channel, dec.control_stream_id),
                 )
         return len(items)
 
@@ -1242,11 +1275,17 @@ class Producer:
         return self._core.on_epoch_opened(now)
 
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
-        """§10.1.3: the assigned descriptor stream, or a decline."""
+        """§10.1.3: the assigned descriptor and control streams, or a decline."""
         if a.stream_id and a.consumer_id not in self._consumer_pubs:
             a = SendConsumerConfig(a.consumer_id, a.mode)  # its publication failed: decline
         fields = consumer_config_fields(
-            self.stream_id, a.consumer_id, a.mode, a.channel, a.stream_id
+            self.stream_id,
+            a.consumer_id,
+            a.mode,
+            a.channel,
+            a.stream_id,
+            a.control_channel,
+            a.control_stream_id,
         )
         n = wire.ConsumerConfigEncoder.encode(self._ctl_buf, 0, **fields)
         self._pub_control.offer(self._ctl_buf, 0, n)
@@ -1256,34 +1295,48 @@ class Producer:
         if streams is None:  # pragma: no cover - the core opens none then
             return
         self._close_consumer_stream(a.consumer_id)
+        opened: list[Publisher] = []
         try:
-            pub = self._ctx.add_publication(a.channel, a.stream_id)
+            opened.append(self._ctx.add_publication(a.channel, a.stream_id))
+            if a.control_stream_id:
+                opened.append(self._ctx.add_publication(a.control_channel, a.control_stream_id))
         except Exception as exc:  # pyaeron.AeronError (the client does not import pyaeron)
             log.warning(
-                "producer stream %d: cannot publish consumer %d's stream %s#%d: %s",
+                "producer stream %d: cannot publish consumer %d's streams %s#%d, %s#%d: %s",
                 self.stream_id,
                 a.consumer_id,
                 a.channel,
                 a.stream_id,
+                a.control_channel,
+                a.control_stream_id,
                 exc,
             )
+            for pub in opened:
+                self._ctx.release(pub)
             streams.on_open_failed(a.consumer_id)
             return
         self._consumer_pubs[a.consumer_id] = (
             streams.streams[a.consumer_id].gate,
-            pub,
+            opened[0],
             a.consumer_id,
         )
+        if a.control_stream_id:
+            self._consumer_ctl[a.consumer_id] = opened[1]
         self._set_fanout()
         log.info(
-            "producer stream %d: consumer %d gets descriptor stream %s#%d",
+            "producer stream %d: consumer %d gets descriptor stream %s#%d, control stream %s#%d",
             self.stream_id,
             a.consumer_id,
             a.channel,
             a.stream_id,
+            a.control_channel,
+            a.control_stream_id,
         )
 
     def _close_consumer_stream(self, consumer_id: int) -> None:
+        ctl = self._consumer_ctl.pop(consumer_id, None)
+        if ctl is not None:
+            self._ctx.release(ctl)
         entry = self._consumer_pubs.pop(consumer_id, None)
         if entry is None:
             return

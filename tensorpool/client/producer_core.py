@@ -40,7 +40,7 @@ from tensorpool.client.per_consumer import (
 )
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import ResponseCode
-from tensorpool.stream_ids import read_request
+from tensorpool.stream_ids import asks_for_streams
 
 __all__ = [
     "AttachWait",
@@ -191,6 +191,9 @@ class ProducerCore:
         max_rate_hz: int = 0,
         descriptor_channel: str = "",
         descriptor_stream_id: int = 0,
+        supports_progress: bool = False,
+        control_channel: str = "",
+        control_stream_id: int = 0,
     ) -> None:
         """§10.1.3: a consumer gets an announce now (it maps without waiting a period) and a
         ``ConsumerConfig``: a decline unless this producer offers per-consumer streams and
@@ -202,22 +205,44 @@ class ProducerCore:
         mode = mode_raw if mode_raw in _MODES else _MODE_STREAM
         if self.per_consumer is not None:
             self._pending += self.per_consumer.on_hello(
-                consumer_id, mode, max_rate_hz, descriptor_channel, descriptor_stream_id, now_ns
+                consumer_id,
+                mode,
+                max_rate_hz,
+                descriptor_channel,
+                descriptor_stream_id,
+                now_ns,
+                supports_progress=supports_progress,
+                control_channel=control_channel,
+                control_stream_id=control_stream_id,
             )
         elif not (
             self.driver_mode
-            and read_request(mode, max_rate_hz, descriptor_channel, descriptor_stream_id)
+            and asks_for_streams(
+                mode,
+                max_rate_hz,
+                descriptor_channel,
+                descriptor_stream_id,
+                supports_progress,
+                control_channel,
+                control_stream_id,
+            )
         ):  # in driver mode the driver answers per-consumer requests (Driver Model §11)
             self._pending.append(SendConsumerConfig(consumer_id, mode))
 
     def on_consumer_config(
-        self, stream_id: int, consumer_id: int, channel: str, descriptor_stream_id: int, now_ns: int
+        self,
+        stream_id: int,
+        consumer_id: int,
+        channel: str,
+        descriptor_stream_id: int,
+        now_ns: int,
+        control: tuple[str, int] = ("", 0),
     ) -> None:
-        """Driver mode: the driver assigned (or declined) a consumer's own stream (Driver
+        """Driver mode: the driver assigned (or declined) a consumer's own streams (Driver
         Model §11); an offering producer follows it."""
         if stream_id == self.stream_id and self.per_consumer is not None:
             self._pending += self.per_consumer.on_config(
-                consumer_id, channel, descriptor_stream_id, now_ns
+                consumer_id, channel, descriptor_stream_id, now_ns, control
             )
 
     def on_consumer_qos(self, stream_id: int, consumer_id: int, now_ns: int) -> None:

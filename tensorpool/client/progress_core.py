@@ -16,6 +16,11 @@ Producer side, :class:`ProgressThrottle`: when a claimed frame's progress goes o
   A consumer's interest lasts while it is alive: until a hello without ``supportsProgress``,
   or until neither a hello nor a ``QosConsumer`` came from it for ``stale_ns`` (the producer's
   per-consumer stream window, §10.1.3), so a killed consumer stops costing progress messages.
+* Where (§10.1.3): a consumer with a control stream of its own (client/per_consumer.py) gets
+  its progress there, for the frames it will see (its descriptor gate is open at the claim),
+  and never on the shared control stream; the shared control stream carries a frame's progress
+  only while an opted-in consumer without one is there (or ``only_when_requested`` is off).
+  :meth:`ProgressThrottle.start` decides it per frame (``shared``, ``consumers``).
 * Per frame: ``STARTED`` once at the claim, then ``PROGRESS`` at most once per interval *and*
   only when the filled count advanced by at least the byte delta, then ``COMPLETE`` after the
   commit (with the descriptor, §15.18 step 8). The latest state held back by the interval is
@@ -45,6 +50,7 @@ read_prefix`): seqlock-validated like any read, refused with a reason when the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -148,6 +154,10 @@ class ProgressThrottle:
         self.frame_id = -1
         self.header_index = 0
         self.limit = 0
+        self.shared = False
+        """The open frame's progress goes on the shared control stream."""
+        self.consumers: tuple[int, ...] = ()
+        """... and on these consumers' own control streams."""
         self._filled = 0  # the caller's latest count for the open frame
         self._sent = 0  # the count last published
         self._sent_ns = 0
@@ -221,10 +231,23 @@ class ProgressThrottle:
         return bool(self._hints) or not self.settings.only_when_requested
 
     # --- one frame --------------------------------------------------------------------------
-    def start(self, frame_id: int, header_index: int, limit: int, now_ns: int) -> int | None:
+    def start(
+        self,
+        frame_id: int,
+        header_index: int,
+        limit: int,
+        now_ns: int,
+        own: Mapping[int, bool] | None = None,
+    ) -> int | None:
         """A claim of ``limit`` bytes (its ``values_len_bytes``): ``STARTED`` with 0 bytes, or
-        None when nobody wants progress (the frame then gets none at all)."""
-        if not self.active:
+        None when nobody wants progress (the frame then gets none at all). ``own``: the
+        consumers with a control stream of their own, each with whether it will see this
+        frame (see the module)."""
+        own = own or {}
+        hints = self._hints
+        self.shared = not self.settings.only_when_requested or any(c not in own for c in hints)
+        self.consumers = tuple(c for c, sees in own.items() if sees and c in hints)
+        if not (self.shared or self.consumers):
             self.frame_id = -1
             return None
         self.frame_id = frame_id

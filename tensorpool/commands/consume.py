@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-id", type=int, default=1, help="tensorpool stream id (%(default)s)")
     p.add_argument("--mode", choices=("stream", "rate-limited"), default="stream")
     p.add_argument("--max-rate-hz", type=int, default=0, help="with --mode rate-limited")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="opt in to FrameProgress (Wire §10.2.2): supportsProgress in the hello; with "
+        "--mode rate-limited a producer offering per-consumer streams sends it on this "
+        "consumer's own control stream (§10.1.3)",
+    )
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
     p.add_argument("--count", type=int, default=0, help="stop after N frames")
     p.add_argument("--max-outstanding-seq-gap", type=int, default=256)
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tensorpool.cli import UserError
     from tensorpool.client.consumer import MODE_RATE_LIMITED, MODE_STREAM, Consumer, Frame
+    from tensorpool.client.progress_core import ProgressRequest
     from tensorpool.transport.clock import now_ns
     from tensorpool.transport.idle import idle_strategy
 
@@ -116,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             max_rate_hz=args.max_rate_hz,
             max_outstanding_seq_gap=args.max_outstanding_seq_gap,
             driver=args.driver,
+            progress=ProgressRequest() if args.progress else None,
         )
     except ValueError as exc:
         ctx.close()
@@ -243,6 +252,7 @@ def _report(
     import numpy as np
 
     st = consumer.stats
+    cs = consumer.control_stream
     frames, nbytes, gap, late = st.frames, st.bytes, consumer.drops_gap, consumer.drops_late
     p50 = p99 = None
     if n:
@@ -267,6 +277,10 @@ def _report(
         # the shared descriptor stream, or the consumer's own (Wire Spec §10.1.3)
         "descriptor_stream": "{}#{}".format(*consumer.descriptor_stream),
         "descriptors": st.descriptors,
+        # --progress: the consumer's own control stream (None: the shared one), and the
+        # FrameProgress messages that came on it
+        "control_stream": None if cs is None else "{}#{}".format(*cs),
+        "progress_own": st.progress_own,
         "final": final,
         # per mapping: seq range taken, delivered, drops (the soak's ledger, #30.3)
         "segments": consumer.core.segment_records() if as_json else None,

@@ -127,6 +127,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="standalone: the descriptor stream ids to hand out (with --per-consumer-streams; "
         "unset: every request is declined)",
     )
+    p.add_argument(
+        "--per-consumer-control-stream-ids",
+        type=parse_stream_id_range,
+        default=None,
+        metavar="START-END",
+        help="standalone: the control stream ids to hand out to consumers that get their own "
+        "descriptor stream and ask for FrameProgress (unset: declined, their progress stays on "
+        "the shared control stream; with --driver: the driver's control_stream_id_range)",
+    )
     add_transport_args(p)
     add_shm_args(p)
     add_channel_args(p)
@@ -234,11 +243,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--meta {item!r}: expected KEY=VALUE")
         meta[key] = value
 
-    if args.per_consumer_stream_ids is not None:
+    if not args.driver:
         from tensorpool.client.per_consumer import check_per_consumer_ids
 
         try:
-            check_per_consumer_ids(args.per_consumer_stream_ids, settings.channels)
+            check_per_consumer_ids(
+                args.per_consumer_stream_ids,
+                settings.channels,
+                args.per_consumer_control_stream_ids,
+            )
         except ValueError as exc:
             raise UserError(f"--per-consumer-stream-ids: {exc}") from None
     metrics = bind_metrics(args.metrics_bind)  # #26.6: before any file is created
@@ -277,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
                 takeover=args.takeover,
                 per_consumer=args.per_consumer_streams,
                 per_consumer_ids=args.per_consumer_stream_ids,
+                per_consumer_control_ids=args.per_consumer_control_stream_ids,
             )
     except (AttachError, StreamBusy) as exc:
         ctx.close()

@@ -241,14 +241,16 @@ class ReclaimStream:
 @dataclass(frozen=True, slots=True)
 class SendConsumerConfig:
     """Wire ``ConsumerConfig`` on the control stream (Wire §10.1.3, Driver Model §11): the
-    per-consumer descriptor stream assigned to a consumer, or a decline (``descriptor_channel``
-    "" and id 0). Per-consumer control streams are declined (id 0, channel "")."""
+    per-consumer descriptor and control streams assigned to a consumer, each a decline when
+    its channel is "" and its id 0."""
 
     stream_id: int
     consumer_id: int
     mode: int
     descriptor_channel: str
     descriptor_stream_id: int
+    control_channel: str = ""
+    control_stream_id: int = 0
 
 
 Action = (

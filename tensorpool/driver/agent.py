@@ -320,6 +320,9 @@ class DriverAgent:
                 dec.max_rate_hz,
                 dec.descriptor_channel,
                 dec.descriptor_stream_id,
+                supports_progress=dec.supports_progress_raw == int(wire.Bool.TRUE),
+                control_channel=dec.control_channel,
+                control_stream_id=dec.control_stream_id,
             )
         except (CodecError, ValueError) as exc:
             self._drop(getattr(exc, "reason", "malformed_consumer_hello"))
@@ -638,7 +641,13 @@ class DriverAgent:
 
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
         fields = consumer_config_fields(
-            a.stream_id, a.consumer_id, a.mode, a.descriptor_channel, a.descriptor_stream_id
+            a.stream_id,
+            a.consumer_id,
+            a.mode,
+            a.descriptor_channel,
+            a.descriptor_stream_id,
+            a.control_channel,
+            a.control_stream_id,
         )
         n = self._encode(wire.ConsumerConfigEncoder.encode, **fields)
         if n:
@@ -649,6 +658,7 @@ class DriverAgent:
             stream=a.stream_id,
             consumer=a.consumer_id,
             descriptor=f"{a.descriptor_channel}#{a.descriptor_stream_id}",
+            control=f"{a.control_channel}#{a.control_stream_id}",
         )
 
     def _publish_revoked(self, a: PublishLeaseRevoked) -> None:

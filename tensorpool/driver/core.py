@@ -98,7 +98,7 @@ from tensorpool.specs.generated.driver import (
     ShmDetachRequestDecoder,
     ShutdownReason,
 )
-from tensorpool.stream_ids import INVALID, StreamIdPool, StreamRequest, read_request
+from tensorpool.stream_ids import StreamIdPool, grant, read_control_request, read_request
 
 __all__ = [
     "DRIVER_SCHEMA_VERSION",
@@ -241,8 +241,10 @@ class DriverCore:
         self._shutdown_message = ""
         self._wake_ns = _NEVER
         self._dyn_cursor = 0
-        # per-consumer descriptor streams (Driver Model §11), by (stream id, consumer id)
+        # per-consumer descriptor and control streams (Driver Model §11), by (stream id,
+        # consumer id)
         self._descriptor_ids = StreamIdPool(config.driver.descriptor_stream_id_range)
+        self._control_ids = StreamIdPool(config.driver.control_stream_id_range)
         floors = dict(epoch_floors or {})
         known = {sid: list(epochs) for sid, epochs in (known_epochs or {}).items()}
         # Histories of stream ids seen on disk; adopted when such a stream is (re)created.
@@ -642,15 +644,21 @@ class DriverCore:
         max_rate_hz: int,
         descriptor_channel: str,
         descriptor_stream_id: int,
+        *,
+        supports_progress: bool = False,
+        control_channel: str = "",
+        control_stream_id: int = 0,
     ) -> list[Action]:
         """A wire ``ConsumerHello`` seen on the control stream (Driver Model §11).
 
-        A per-consumer descriptor stream request (``client/per_consumer.py``) from the holder
-        of a consumer lease on ``stream_id`` gets an id of ``driver.descriptor_stream_id_range``
-        (kept while the lease lives, released when it ends) in a ``ConsumerConfig``; the
-        stream's producer, if it offers per-consumer streams, follows that answer. Declines:
-        a half request (Wire §10.1.2), no lease, no range configured or an exhausted one --
-        empty channel, id 0 (Wire §10.1.3). Driver Model §11 words the unset-range decline as
+        Per-consumer stream requests (``client/per_consumer.py``) from the holder of a consumer
+        lease on ``stream_id`` get ids of ``driver.descriptor_stream_id_range`` and (a control
+        stream for its ``FrameProgress``, with a descriptor stream only: see
+        :func:`~tensorpool.stream_ids.grant`) ``driver.control_stream_id_range``, kept while
+        the lease lives and released when it ends, in a ``ConsumerConfig``; the stream's
+        producer, if it offers per-consumer streams, follows that answer. Declines: a half
+        request (Wire §10.1.2), no lease, no range configured or an exhausted one -- empty
+        channel, id 0 (Wire §10.1.3). Driver Model §11 words the unset-range decline as
         "return the shared descriptor/control channel and stream IDs": the driver's shared ids
         are not every consumer's (a rate limiter's destination consumers read descriptors on
         the rate limiter's stream), so naming them would move such a consumer onto a stream
@@ -660,31 +668,35 @@ class DriverCore:
         what the consumer held.
         """
         key = (stream_id, consumer_id)
-        request = read_request(mode, max_rate_hz, descriptor_channel, descriptor_stream_id)
-        if request is None:
+        desc = read_request(mode, max_rate_hz, descriptor_channel, descriptor_stream_id)
+        ctl = read_control_request(supports_progress, desc, control_channel, control_stream_id)
+        if desc is None and ctl is None:
             if self._descriptor_ids.release(key):
                 self.counters["per_consumer_released"] += 1
+            if self._control_ids.release(key):
+                self.counters["per_consumer_control_released"] += 1
             return []
-        d = self.config.driver
-
-        def answer(channel: str, sid: int, counter: str) -> list[Action]:
-            self.counters[counter] += 1
-            return [SendConsumerConfig(stream_id, consumer_id, mode, channel, sid)]
-
-        if request == INVALID:
-            return answer("", 0, "per_consumer_declined_invalid")
-        assert isinstance(request, StreamRequest)
         stream = self._streams.get(stream_id)
         if stream is None or not any(
             lease.client_id == consumer_id for lease in stream.consumers.values()
         ):
-            return answer("", 0, "per_consumer_declined_no_lease")
-        if d.descriptor_stream_id_range is None:
-            return answer("", 0, "per_consumer_declined_no_range")
-        sid = self._descriptor_ids.assign(key, request.stream_id)
-        if not sid:
-            return answer("", 0, "per_consumer_declined_exhausted")
-        return answer(request.channel or d.descriptor_channel, sid, "per_consumer_assigned")
+            self.counters["per_consumer_declined_no_lease"] += 1
+            return [SendConsumerConfig(stream_id, consumer_id, mode, "", 0)]
+        d = self.config.driver
+        g = grant(
+            key,
+            desc,
+            ctl,
+            self._descriptor_ids,
+            self._control_ids,
+            d.descriptor_channel,
+            d.control_channel,
+        )
+        if g.descriptor_outcome:
+            self.counters[f"per_consumer_{g.descriptor_outcome}"] += 1
+        if g.control_outcome:
+            self.counters[f"per_consumer_control_{g.control_outcome}"] += 1
+        return [SendConsumerConfig(stream_id, consumer_id, mode, *g.descriptor, *g.control)]
 
     # ------------------------------------------------------------------ keepalive / detach
 
@@ -1106,9 +1118,12 @@ class DriverCore:
                 actions.append(self._advance_epoch(stream, now_ns))
         else:
             stream.consumers.pop(lease.lease_id, None)
-            # the consumer left: its per-consumer stream id is free again (§11, §10.1.3)
-            if self._descriptor_ids.release((lease.stream_id, lease.client_id)):
+            # the consumer left: its per-consumer stream ids are free again (§11, §10.1.3)
+            key = (lease.stream_id, lease.client_id)
+            if self._descriptor_ids.release(key):
                 self.counters["per_consumer_released"] += 1
+            if self._control_ids.release(key):
+                self.counters["per_consumer_control_released"] += 1
         self._note_idle(stream, now_ns)
         return actions
 

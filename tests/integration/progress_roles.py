@@ -14,7 +14,13 @@ Commands (one per line), each answered with one JSON line on stdout once done:
 * ``offer N`` -> ``{"event": "offered", "last"}``: N whole frames through ``offer`` (to make the
   ring reuse slots);
 * ``stats`` -> ``{"event": "stats", "interested", "interval_ns", "bytes_delta",
-  "progress_not_sent"}``: the throttle's state (consumers that asked, the policy in force).
+  "progress_not_sent", "consumer_progress", "streams"}``: the throttle's state (consumers that
+  asked, the policy in force) and, with ``--per-consumer-ids``, the consumers' own streams
+  (``{consumer_id: [descriptor id, control id]}``).
+
+``--per-consumer-ids``/``--control-ids`` (``START-END``): offer per-consumer descriptor and
+control streams from these ranges (#29.1, Wire §10.1.3). ``--driver``: attach through the SHM
+driver (its ``--control-channel``/``--control-stream-id``) instead of creating the regions.
 
 Between commands the producer runs its duty cycle (announces, hellos, held-back progress).
 """
@@ -30,7 +36,8 @@ import numpy as np
 
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.progress_core import ProgressSettings
-from tensorpool.client.settings import ClientSettings
+from tensorpool.client.settings import ClientSettings, Endpoints
+from tensorpool.config_util import IdRange
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 
@@ -48,6 +55,18 @@ def row_pattern(seq: int, rows: int, cols: int) -> np.ndarray:
     )
 
 
+def id_range(text: str) -> IdRange:
+    start, end = text.split("-")
+    return IdRange(int(start), int(end))
+
+
+def own_streams(producer: Producer) -> dict[str, list[int]]:
+    table = producer._core.per_consumer
+    if table is None:
+        return {}
+    return {str(cid): [s.stream_id, s.control[1]] for cid, s in table.streams.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--aeron-dir", required=True)
@@ -58,11 +77,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--nslots", type=int, default=8)
     p.add_argument("--progress", choices=("off", "requested", "always"), default="requested")
+    p.add_argument("--control-channel", default=Endpoints().control_channel)
+    p.add_argument("--control-stream-id", type=int, default=Endpoints().control_stream_id)
+    p.add_argument("--driver", action="store_true")
+    p.add_argument("--per-consumer-ids", type=id_range, default=None)
+    p.add_argument("--control-ids", type=id_range, default=None)
     a = p.parse_args()
     settings = ClientSettings(
         transport=TransportConfig(aeron_dir=a.aeron_dir),
         shm_base_dir=a.shm_base_dir,
         announce_period_ns=100_000_000,
+        channels=Endpoints(
+            control_channel=a.control_channel, control_stream_id=a.control_stream_id
+        ),
     )
     progress = None
     if a.progress != "off":  # every step reported: no interval, no delta
@@ -75,7 +102,19 @@ def main() -> None:
     )
     with AeronContext(settings.transport) as ctx:
         ctx.start()
-        producer = Producer(ctx, stream, settings, progress=progress)
+        producer = Producer(
+            ctx,
+            a.stream_id if a.driver else stream,
+            settings,
+            driver=a.driver,
+            attach_timeout_s=60.0,
+            progress=progress,
+            per_consumer=a.per_consumer_ids is not None,
+            per_consumer_ids=a.per_consumer_ids,
+            per_consumer_control_ids=a.control_ids,
+        )
+        if a.driver:
+            producer.wait_until_attached()
         emit(event="ready")
         claim = None
         batch = None
@@ -135,6 +174,8 @@ def main() -> None:
                         interval_ns=None if throttle is None else throttle.interval_ns,
                         bytes_delta=None if throttle is None else throttle.bytes_delta,
                         progress_not_sent=producer.stats.progress_not_sent,
+                        consumer_progress=producer.stats.consumer_progress,
+                        streams=own_streams(producer),
                     )
         finally:
             producer.close()

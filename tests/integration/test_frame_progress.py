@@ -1,4 +1,5 @@
-"""FrameProgress from producers, end to end (issue #29 point 2; Wire §10.2.2, §10.1.2, §8.3).
+"""FrameProgress from producers, end to end (issue #29 points 1-2; Wire §10.2.2, §10.1.2,
+§10.1.3, §8.3).
 
 A real producer process (tests/integration/progress_roles.py, driven line by line) writes a
 claimed frame in steps and reports each step; the consumer here, on the same real media driver
@@ -18,10 +19,12 @@ import numpy as np
 import pytest
 from jsonlines_proc import JsonLinesProcess
 
-from tensorpool.client.consumer import Consumer, Frame
+from tensorpool.client.conductor import ContextConductor, lane_key
+from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
 from tensorpool.client.progress_core import FrameProgress, ProgressRequest
 from tensorpool.client.settings import ClientSettings
 from tensorpool.shm.seqlock import PREFIX_SLOT_REUSED
+from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.wire import FrameProgressState
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
@@ -337,3 +340,147 @@ def test_s10_1_2_consumer_hints_reach_the_producer_policy(start_producer, ctx) -
         first.close()
         if second is not None:
             second.close()
+
+
+# --- per-consumer control streams (issue #29.1; Wire §10.1.3) ----------------------------------
+
+OWN_RANGES = ("--per-consumer-ids", "31000-31001")
+
+
+def _shared_progress_tap(context: AeronContext, settings: ClientSettings):
+    """Every FrameProgress on the shared control stream (what `tensorpool tap` prints)."""
+    conductor = ContextConductor.acquire(context)
+    ch = settings.channels
+    return conductor, conductor.tap(
+        ch.control_channel, ch.control_stream_id, (wire.FrameProgressDecoder,)
+    )
+
+
+def _own_streams_up(
+    consumer: Consumer, frames: list, want_control: bool, also: Consumer | None = None
+) -> None:
+    """Until the consumer reads its own descriptor stream and (or not) its own control
+    stream, both with their publisher there (``also`` is polled meanwhile: its QoS keeps its
+    own streams)."""
+    hub = consumer._conductor.hub
+
+    def up() -> bool:
+        if also is not None:
+            also.poll(lambda f: None)
+        own_desc = consumer.descriptor_stream[1] != consumer.settings.channels.descriptor_stream_id
+        ctl = consumer.control_stream
+        if not want_control:
+            return own_desc and consumer.config_declined is False
+        return own_desc and ctl is not None and hub.connected(lane_key(*ctl))
+
+    _poll_until(consumer, lambda: consumer.is_mapped and up(), frames, "its own streams")
+
+
+def _write_frame(producer: ProducerRole) -> int:
+    seq = producer.do("claim", "claimed")["seq"]
+    for k in range(STEPS):
+        producer.do(f"step {k}", "stepped")
+    producer.do("commit", "committed")
+    return seq
+
+
+def test_s10_1_3_progress_for_a_consumer_with_its_own_streams_goes_on_its_control_stream(
+    start_producer, ctx
+) -> None:
+    """#29.1, §10.1.3: a RATE_LIMITED consumer that opted in to progress gets a control stream
+    of its own (from the producer's control range) beside its descriptor stream, and its
+    FrameProgress arrives there: the shared control stream carries none. Progress goes only
+    for frames it will see: every frame it got progress for is delivered to it (at 1 Hz the
+    frame claimed right after the first is not)."""
+    producer, stream_id = start_producer(*OWN_RANGES, "--control-ids", "32000-32001")
+    context, settings = ctx
+    conductor, tap = _shared_progress_tap(context, settings)
+    consumer = Consumer(
+        context,
+        stream_id,
+        settings,
+        mode=MODE_RATE_LIMITED,
+        max_rate_hz=1,
+        progress=ProgressRequest(),
+    )
+    events: list[FrameProgress] = []
+    consumer.set_progress_handler(events.append)
+    frames: list = []
+    try:
+        _own_streams_up(consumer, frames, want_control=True)
+        assert consumer.control_stream == (settings.channels.control_channel, 32000)
+        first = _write_frame(producer)
+        second = _write_frame(producer)  # inside the first frame's 1 s rate slot
+        _poll_until(
+            consumer,
+            lambda: (
+                first in [s for s, _ in frames]
+                and any(
+                    e.frame_id == first and e.state is FrameProgressState.COMPLETE for e in events
+                )
+            ),
+            frames,
+            "the first frame and its COMPLETE",
+        )
+        with_progress = {e.frame_id for e in events}
+        _poll_until(
+            consumer,
+            lambda: with_progress <= {s for s, _ in frames},
+            frames,
+            "a descriptor for every frame that had progress",
+        )
+        assert first in with_progress
+        assert consumer.stats.progress_own == len(events) >= STEPS + 2
+        stats = producer.do("stats", "stats")
+        assert stats["consumer_progress"] >= STEPS + 2
+        assert stats["streams"] == {str(consumer.consumer_id): [31000, 32000]}
+        shared = [d for d, _raw, _j in tap.drain() if d.stream_id == stream_id]
+        assert shared == [], "progress for a consumer with its own control stream went shared"
+        assert second not in {s for s, _ in frames} or second in with_progress
+    finally:
+        consumer.close()
+        conductor.unregister(tap)
+        conductor.release()
+
+
+def test_s10_1_3_exhausted_control_range_declines_control_and_progress_stays_shared(
+    start_producer, ctx
+) -> None:
+    """#29.1, Driver Model §11 / Wire §10.1.3: with one control id, the second consumer keeps
+    its own descriptor stream but is declined a control stream (empty channel, 0): its progress
+    comes on the shared control stream, which the first consumer (on its own) ignores."""
+    producer, stream_id = start_producer(*OWN_RANGES, "--control-ids", "32000-32000")
+    context, settings = ctx
+    conductor, tap = _shared_progress_tap(context, settings)
+    kw = {"mode": MODE_RATE_LIMITED, "max_rate_hz": 1, "progress": ProgressRequest()}
+    own = Consumer(context, stream_id, settings, **kw)  # type: ignore[arg-type]
+    frames: list = []
+    try:
+        _own_streams_up(own, frames, want_control=True)
+        other = Consumer(context, stream_id, settings, **kw)  # type: ignore[arg-type]
+        try:
+            _own_streams_up(other, frames, want_control=False, also=own)
+            assert other.control_stream is None and other.descriptor_stream[1] == 31001
+            got: dict[str, list[FrameProgress]] = {"own": [], "other": []}
+            own.set_progress_handler(got["own"].append)
+            other.set_progress_handler(got["other"].append)
+            seq = _write_frame(producer)
+
+            def both_complete() -> bool:
+                other.poll(lambda f: None)
+                return all(
+                    any(e.frame_id == seq and e.state is FrameProgressState.COMPLETE for e in v)
+                    for v in got.values()
+                )
+
+            _poll_until(own, both_complete, frames, "COMPLETE at both consumers")
+            assert own.stats.progress_own >= STEPS + 2 and other.stats.progress_own == 0
+            assert own.stats.control["progress_shared_ignored"] >= STEPS + 2
+            shared = [d for d, _raw, _j in tap.drain() if d.stream_id == stream_id]
+            assert len(shared) >= STEPS + 2  # the declined consumer's, on the shared stream
+        finally:
+            other.close()
+    finally:
+        own.close()
+        conductor.unregister(tap)
+        conductor.release()

@@ -1,4 +1,5 @@
-"""Per-consumer descriptor streams (issue #29.1; Wire Spec §10.1.3, §11; Driver Model §11).
+"""Per-consumer descriptor and control streams (issue #29.1; Wire Spec §10.1.3, §11; Driver
+Model §11).
 
 Real processes over a real media driver: `tensorpool produce` (and `tensorpool driver`) as
 subprocesses, consumers as real clients in the test. A RATE_LIMITED consumer of a producer that
@@ -11,6 +12,7 @@ sends it back to the shared one; a stale consumer's id is released and handed ou
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,10 +25,11 @@ import numpy as np
 import pytest
 from driver_fixtures import DriverProcess, driver_toml
 
-from tensorpool.client.conductor import ContextConductor
+from tensorpool.client.conductor import ContextConductor, lane_key
 from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
 from tensorpool.client.per_consumer import STALE_PERIODS
 from tensorpool.client.producer import Producer, StreamConfig
+from tensorpool.client.progress_core import ProgressRequest, ProgressSettings
 from tensorpool.client.settings import ClientSettings, Endpoints
 from tensorpool.config_util import IdRange
 from tensorpool.specs.generated import wire
@@ -338,7 +341,9 @@ def test_s10_1_3_config_naming_the_shared_stream_is_a_decline(
 # --- driver mode --------------------------------------------------------------------------------
 
 
-def _driver(media_driver: MediaDriverProcess, work: str, control: int, rng: str) -> DriverProcess:
+def _driver(
+    media_driver: MediaDriverProcess, work: str, control: int, rng: str, ctl_range: str = ""
+) -> DriverProcess:
     base = os.path.join(work, "shm")
     # a long lease grace: a loaded host must not revoke the producer under the test
     policies = {"lease_expiry_grace_intervals": 50}
@@ -347,6 +352,11 @@ def _driver(media_driver: MediaDriverProcess, work: str, control: int, rng: str)
         text = text.replace(
             'stream_id_range = "20000-20099"',
             f'stream_id_range = "20000-20099"\ndescriptor_stream_id_range = "{rng}"',
+        )
+    if ctl_range:
+        text = text.replace(
+            'stream_id_range = "20000-20099"',
+            f'stream_id_range = "20000-20099"\ncontrol_stream_id_range = "{ctl_range}"',
         )
     cfg = Path(work, "driver.toml")
     cfg.write_text(text)
@@ -490,9 +500,9 @@ def test_s11_assigned_stream_without_publisher_falls_back_to_shared(
         daemon.stop()
 
 
-def _consume(md: MediaDriverProcess, base: str, control: int) -> subprocess.Popen:
+def _consume(md: MediaDriverProcess, base: str, control: int, *args: str) -> subprocess.Popen:
     """`tensorpool consume` asking for 10 Hz of stream 7 (a per-consumer stream request)."""
-    cmd = [sys.executable, "-m", "tensorpool", "consume", "--stream-id", "7"]
+    cmd = [sys.executable, "-m", "tensorpool", "consume", "--stream-id", "7", *args]
     cmd += ["--mode", "rate-limited", "--max-rate-hz", "10", "--duration", "120"]
     cmd += ["--report-interval", "60"]
     cmd += ["--aeron-dir", md.dir, "--shm-base-dir", base, "--control-stream-id", str(control)]
@@ -568,3 +578,118 @@ def test_s10_1_3_qos_keeps_a_live_consumers_stream_and_kill_9_releases_it(
                 hellos.release()
     finally:
         stop_process(proc)
+
+
+# --- per-consumer control streams (#29.1) -------------------------------------------------------
+
+
+def test_s10_1_3_kill_9_releases_the_control_stream_id_for_the_next_consumer(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§10.1.3: a real `tensorpool consume --progress` process asking for 10 Hz gets its own
+    descriptor stream and the producer's only control stream id; killed with SIGKILL it sends
+    no more QoS, so after the stale window both its publications are closed and the control id
+    goes to the next consumer that asks for progress."""
+    control = next(_controls)
+    settings = _settings(media_driver, work, control)  # 1 s QoS period: a 5 s stale window
+    window_s = STALE_PERIODS * settings.qos_period_ns / 1e9
+    proc = _consume(media_driver, work, control, "--progress")
+    try:
+        with AeronContext(settings.transport) as ctx:
+            ctx.start()
+            producer = Producer(
+                ctx,
+                StreamConfig.for_frame_bytes(7, 64, header_nslots=256),
+                settings,
+                per_consumer=True,
+                per_consumer_ids=IdRange(31000, 31001),
+                per_consumer_control_ids=IdRange(32000, 32000),
+                progress=ProgressSettings(),
+            )
+            streams = producer._core.per_consumer
+            assert streams is not None
+
+            def pump(pred: Callable[[], bool], timeout: float, *clients: Consumer) -> None:
+                deadline = time.monotonic() + timeout
+                while not pred() and time.monotonic() < deadline:
+                    producer.offer(np.zeros(64, np.uint8))
+                    producer.do_work()
+                    for c in clients:
+                        c.poll(lambda f: None)
+                    time.sleep(0.002)
+                assert pred(), (streams.streams, streams.counters, proc.poll())
+
+            def controls() -> list[int]:
+                return [s.control[1] for s in streams.streams.values()]
+
+            try:
+                pump(lambda: controls() == [32000], 60)  # the process asked and got it
+                proc.kill()  # SIGKILL: no detach, no last hello, no more QoS
+                proc.wait(30)
+                pump(lambda: controls() == [], 3 * window_s + 60)
+                assert streams.counters["released"] == 1
+                other = Consumer(
+                    ctx,
+                    7,
+                    settings,
+                    mode=MODE_RATE_LIMITED,
+                    max_rate_hz=10,
+                    progress=ProgressRequest(),
+                )
+                try:
+                    own_ctl = (settings.channels.control_channel, 32000)
+                    pump(lambda: other.control_stream == own_ctl, 60, other)  # reused
+                finally:
+                    other.close()
+            finally:
+                producer.close()
+    finally:
+        stop_process(proc)
+
+
+def test_driver_s11_assigns_control_stream_from_control_stream_id_range(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """Driver Model §11: the driver answers a lease holder asking for its own streams and
+    progress with ids of descriptor_stream_id_range and control_stream_id_range; the real
+    `tensorpool produce --driver --per-consumer-streams` process follows and publishes both,
+    and the consumer subscribes to its control stream (through its process's conductor)."""
+    control = next(_controls)
+    daemon = _driver(media_driver, work, control, RANGE, ctl_range="32000-32001")
+    base = os.path.join(work, "shm")
+    proc = _produce(
+        media_driver, base, control, "--driver", "--per-consumer-streams", stream=DRIVER_STREAM
+    )
+    try:
+        with AeronContext(TransportConfig(aeron_dir=media_driver.dir)) as ctx:
+            ctx.start()
+            settings = _settings(media_driver, base, control, announce_period_ns=DRIVER_ANNOUNCE)
+            consumer = Consumer(
+                ctx,
+                DRIVER_STREAM,
+                settings,
+                mode=MODE_RATE_LIMITED,
+                max_rate_hz=10,
+                driver=True,
+                progress=ProgressRequest(),
+            )
+            hub = ContextConductor.acquire(ctx)
+            try:
+
+                def own_control_up() -> bool:
+                    ctl = consumer.control_stream
+                    return ctl is not None and hub.connected(lane_key(*ctl))
+
+                seqs: list[int] = []
+                _poll_until([consumer], own_control_up, 60, seqs)
+                assert consumer.descriptor_stream[1] in IdRange(31000, 31001)
+                assert consumer.control_stream is not None
+                channel, sid = consumer.control_stream
+                assert sid in IdRange(32000, 32001) and channel.startswith("aeron:ipc")
+            finally:
+                consumer.close()
+                hub.release()
+    finally:
+        stop_process(proc)
+        daemon.stop()
+    assert re.search(r"control=\S*#3200[01]", daemon.log_text())

@@ -145,3 +145,61 @@ def test_driver_s11_lease_expiry_releases_the_id() -> None:
     h.attach_ok(2, CAM, 6, C)
     assert _hello(h, 6).descriptor_stream_id == 31000  # type: ignore[union-attr]
     assert h.core.counters["per_consumer_released"] == 1
+
+
+# --- per-consumer control streams (issue #29.1) -------------------------------------------------
+
+CTL_TOML = RANGE_TOML.replace(
+    'descriptor_stream_id_range = "31000-31001"',
+    'descriptor_stream_id_range = "31000-31001"\ncontrol_stream_id_range = "32000-32000"',
+)
+
+
+def _hello_progress(h: Harness, consumer_id: int) -> SendConsumerConfig:
+    actions = h.run(
+        h.core.on_consumer_hello(CAM, consumer_id, LIMITED, 10, "", 0, supports_progress=True)
+    )
+    (cfg,) = only(actions, SendConsumerConfig)
+    return cfg
+
+
+def test_driver_s11_control_stream_from_control_stream_id_range() -> None:
+    """Driver Model §11: a lease holder asking for its own streams and progress gets a control
+    stream id of control_stream_id_range on the driver's control channel, with its descriptor
+    stream; one that does not ask for progress gets none."""
+    h = _harness(CTL_TOML)
+    h.attach_ok(1, CAM, 5, C)
+    cfg = _hello_progress(h, 5)
+    assert (cfg.descriptor_stream_id, cfg.control_stream_id) == (31000, 32000)
+    assert cfg.control_channel == h.core.config.driver.control_channel
+    h.attach_ok(2, CAM, 6, C)
+    plain = _hello(h, 6)
+    assert plain is not None and (plain.descriptor_stream_id, plain.control_stream_id) == (31001, 0)
+
+
+def test_driver_s11_unset_or_exhausted_control_range_declines_control_only() -> None:
+    """Driver Model §11: an unset or exhausted control range declines the control stream
+    (empty channel, 0); the descriptor stream is still granted."""
+    h = _harness(RANGE_TOML)  # no control range
+    h.attach_ok(1, CAM, 5, C)
+    cfg = _hello_progress(h, 5)
+    assert (cfg.descriptor_stream_id, cfg.control_channel, cfg.control_stream_id) == (31000, "", 0)
+    assert h.core.counters["per_consumer_control_declined_no_range"] == 1
+    h = _harness(CTL_TOML)
+    h.attach_ok(1, CAM, 5, C)
+    h.attach_ok(2, CAM, 6, C)
+    assert _hello_progress(h, 5).control_stream_id == 32000
+    cfg = _hello_progress(h, 6)
+    assert (cfg.descriptor_stream_id, cfg.control_stream_id) == (31001, 0)
+    assert h.core.counters["per_consumer_control_declined_exhausted"] == 1
+
+
+def test_driver_s11_lease_expiry_releases_the_control_id() -> None:
+    """§10.1.3: a consumer whose lease expired (killed) gives its control id back too."""
+    h = _harness(CTL_TOML)
+    h.attach_ok(1, CAM, 5, C)
+    assert _hello_progress(h, 5).control_stream_id == 32000
+    h.advance(TTL_NS)  # expired
+    h.attach_ok(2, CAM, 6, C)
+    assert _hello_progress(h, 6).control_stream_id == 32000
+    assert h.core.counters["per_consumer_control_released"] == 1
