@@ -201,3 +201,83 @@ def check_bridge(source_published: int, dest_delivered: int) -> int:
     """Frames a bridge's destination delivered that its source never published (the bridge
     forwards, never invents)."""
     return max(0, dest_delivered - source_published)
+
+
+@dataclass(frozen=True, slots=True)
+class SparkBatch:
+    """One micro-batch of the soak's Spark query for one stream: the source's offsets at its
+    start and end (``lost``: the cumulative ``lost``, ``late``: the cumulative ``lostLate``)
+    and the rows the sink got per epoch: epoch -> (rows, distinct seqs, min seq, max seq)."""
+
+    batch_id: int
+    stream_id: int
+    start_epoch: int
+    start_seq: int
+    start_lost: int
+    start_late: int
+    end_epoch: int
+    end_seq: int
+    end_lost: int
+    end_late: int
+    rows: Mapping[int, tuple[int, int, int, int]]
+
+
+def spark_segments(
+    batches: Iterable[SparkBatch], name: str = "spark"
+) -> tuple[list[Segment], list[Unaccounted], int]:
+    """The Spark query's batches as ledger segments (#30.3: Spark's rows plus its reported loss
+    equal what was published in its range), rows no batch range explains, and how many batches
+    crossed an epoch change.
+
+    A batch ``[start, end)`` of one epoch delivers every seq committed in it, minus the frames
+    the source counted lost: at planning (``lost``, in the batch's own end offset) or at
+    reading (``lostLate``, reported through the next batch's offset). So each such batch is a
+    segment ``start.seq .. end.seq - 1`` with ``delivered`` its distinct seqs and, counted, the
+    loss ``lost`` grew by in it plus what ``lostLate`` grew by in the next batch. A seq twice
+    in one batch, or a row outside its batch's range or epoch, is unaccounted. A batch across
+    an epoch change is left out (its old epoch's end is not in the offsets) and only counted."""
+    by_stream: dict[int, dict[int, SparkBatch]] = {}
+    for b in batches:  # a replayed batch: the last report wins
+        by_stream.setdefault(b.stream_id, {})[b.batch_id] = b
+    segments: list[Segment] = []
+    odd: list[Unaccounted] = []
+    across = 0
+    for sid, got in sorted(by_stream.items()):
+        order = [got[k] for k in sorted(got)]
+        for i, b in enumerate(order):
+            if b.start_epoch != b.end_epoch:
+                across += 1
+                continue
+            who = f"{name}#{b.batch_id}"
+            for e, (count, distinct, lo, hi) in sorted(b.rows.items()):
+                if count > distinct:
+                    odd.append(Unaccounted(who, sid, e, lo, hi, count - distinct, "duplicate rows"))
+                if e != b.end_epoch or lo < b.start_seq or hi >= b.end_seq:
+                    odd.append(
+                        Unaccounted(
+                            who,
+                            sid,
+                            e,
+                            lo,
+                            hi,
+                            distinct,
+                            f"rows outside the batch's range (epoch {b.end_epoch} seq "
+                            f"{b.start_seq}..{b.end_seq - 1})",
+                        )
+                    )
+            if b.end_seq <= b.start_seq:
+                continue  # empty batch
+            late = order[i + 1].end_late - b.end_late if i + 1 < len(order) else 0
+            segments.append(
+                Segment(
+                    who,
+                    sid,
+                    b.end_epoch,
+                    b.start_seq,
+                    b.end_seq - 1,
+                    b.rows.get(b.end_epoch, (0, 0, -1, -1))[1],
+                    0,
+                    {"spark_lost": b.end_lost - b.start_lost, "spark_lost_late": late},
+                )
+            )
+    return segments, odd, across

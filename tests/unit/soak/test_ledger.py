@@ -10,9 +10,11 @@ from tensorpool.soak.ledger import (
     DESCRIPTOR_REASONS,
     Published,
     Segment,
+    SparkBatch,
     check_bridge,
     check_rate_limit,
     reconcile,
+    spark_segments,
 )
 from tensorpool.specs.generated import wire
 
@@ -128,3 +130,64 @@ def test_30_3_consumer_core_segments_balance_through_gaps_late_reads_and_remaps(
     segs = [Segment("c", STREAM, **r) for r in records]  # type: ignore[arg-type]
     pub = [Published(STREAM, 1, 0, 11), Published(STREAM, 2, 0, 4)]
     assert reconcile(pub, segs).unaccounted_frames == 0
+
+
+def _batch(
+    bid: int, start: tuple[int, int, int, int], end: tuple[int, int, int, int], rows: dict
+) -> SparkBatch:
+    return SparkBatch(bid, STREAM, *start, *end, rows)
+
+
+def test_30_3_spark_rows_plus_reported_loss_equal_what_was_published_in_its_range() -> None:
+    """Spark batches [0,100) and [100,200) of epoch 2: batch 1 lost 5 at planning (its own
+    ``lost``) and 3 at reading (``lostLate`` grows in the next batch's offset); rows + loss
+    balance every range, so nothing is unaccounted."""
+    batches = [
+        _batch(0, (2, 0, 0, 0), (2, 100, 0, 0), {2: (100, 100, 0, 99)}),
+        _batch(1, (2, 100, 0, 0), (2, 200, 5, 0), {2: (92, 92, 100, 199)}),
+        _batch(2, (2, 200, 5, 0), (2, 250, 5, 3), {2: (50, 50, 200, 249)}),
+    ]
+    segs, odd, across = spark_segments(batches)
+    res = reconcile([Published(STREAM, 2, 0, 300)], segs)
+    assert (res.unaccounted_frames, odd, across) == (0, [], 0)
+    assert res.delivered == 242 and res.dropped == {"spark_lost": 5, "spark_lost_late": 3}
+
+
+def test_30_3_a_seq_spark_neither_read_nor_counted_is_unaccounted_with_its_range() -> None:
+    batches = [
+        _batch(0, (2, 0, 0, 0), (2, 100, 2, 0), {2: (97, 97, 0, 99)}),
+        _batch(1, (2, 100, 2, 0), (2, 150, 2, 0), {2: (50, 50, 100, 149)}),
+    ]
+    segs, _odd, _ = spark_segments(batches)
+    res = reconcile([Published(STREAM, 2, 0, 200)], segs)
+    assert res.unaccounted_frames == 1
+    (u,) = res.unaccounted
+    assert (u.consumer, u.stream_id, u.epoch, u.first_seq, u.last_seq) == (
+        "spark#0",
+        STREAM,
+        2,
+        0,
+        99,
+    )
+
+
+def test_30_3_spark_rows_never_published_duplicated_or_outside_the_batch_are_unaccounted() -> None:
+    segs, odd, _ = spark_segments([_batch(0, (2, 0, 0, 0), (2, 100, 0, 0), {2: (100, 100, 0, 99)})])
+    res = reconcile([Published(STREAM, 2, 0, 49)], segs)  # the producer stopped at 49
+    assert res.unaccounted_frames == 50 and res.unaccounted[0].why == "taken but never published"
+    _segs, odd, _ = spark_segments(
+        [_batch(0, (2, 0, 0, 0), (2, 100, 0, 0), {2: (101, 100, 0, 100)})]
+    )
+    assert [u.why.split(" (")[0] for u in odd] == [
+        "duplicate rows",
+        "rows outside the batch's range",
+    ]
+
+
+def test_30_3_a_replayed_spark_batch_counts_once_and_epoch_crossings_are_counted_apart() -> None:
+    first = _batch(0, (2, 0, 0, 0), (2, 100, 0, 0), {2: (40, 40, 0, 39)})  # cut by a kill
+    replay = _batch(0, (2, 0, 0, 0), (2, 100, 0, 0), {2: (100, 100, 0, 99)})
+    cross = _batch(1, (2, 100, 0, 0), (3, 10, 4, 0), {2: (4, 4, 100, 103), 3: (10, 10, 0, 9)})
+    segs, odd, across = spark_segments([first, replay, cross])
+    res = reconcile([Published(STREAM, 2, 0, 103), Published(STREAM, 3, 0, 20)], segs)
+    assert (res.unaccounted_frames, res.delivered, odd, across) == (0, 100, [], 1)
