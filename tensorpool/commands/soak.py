@@ -852,11 +852,12 @@ class Injector:
                 if r.kind == "consumer" and not n.startswith("churn-") and r.stream != BRIDGE_DEST
             )
         elif kind == "spark-restart":
-            # the query's process group (its JVM too): SIGTERM and kill -9 in turn; the soak
-            # starts it again at once from the same checkpoint (Topology.reap)
+            # SIGTERM to the query's process (it stops the query, then its JVM) and kill -9 of
+            # its whole process group (the JVM too) in turn; the soak starts it again at once
+            # from the same checkpoint (Topology.reap)
             self.spark_restarts += 1
             sig = signal.SIGTERM if self.spark_restarts % 2 else signal.SIGKILL
-            ok = topo.signal(target, sig, group=True) is not None
+            ok = topo.signal(target, sig, group=sig == signal.SIGKILL) is not None
             note = signal.Signals(sig).name
         elif kind == "fs-full":
             why = _fs_full_possible()
