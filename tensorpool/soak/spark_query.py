@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.pollingDelay", "50ms")
+        # a soak shares a small host with ~25 other processes: start the JVM cheaply
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
