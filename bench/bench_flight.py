@@ -38,7 +38,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from bench import free_ports
 from bench.bench_spark import ROOT, ProducerThread, _emit, _split, timed
-from tensorpool.spark_source.source import SCHEMA_DDL
+from tensorpool.spark_source.spark.source import SCHEMA_DDL
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024
@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import bench.bench_flight as me
     import tensorpool.spark_source as tps
-    from tensorpool.spark_source import remote
+    from tensorpool.spark_source.options import FlightAccess
+    from tensorpool.spark_source.rings import flight_protocol as protocol
+    from tensorpool.spark_source.rings import remote
     from tensorpool.transport.mediadriver import MediaDriverProcess
     from tensorpool.transport.process import stop_process
 
@@ -215,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(serve)
                 _line(serve, "tensorpool serve")
                 address = f"127.0.0.1:{port}"
-                access = remote.FlightAccess(retry_s=0)
+                access = FlightAccess(retry_s=0)
                 snap = remote.scan_host(address, [sid], access)[sid]
                 assert snap is not None and snap.state.head - snap.state.oldest == frames
-                ticket = remote.Ticket(sid, snap.spec.epoch, snap.state.oldest, snap.state.head)
+                ticket = protocol.Ticket(sid, snap.spec.epoch, snap.state.oldest, snap.state.head)
 
                 def get_serve(
                     address: str = address,

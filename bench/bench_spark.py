@@ -63,8 +63,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from tensorpool.spark_source.datasource import TensorPoolDataSource
-from tensorpool.spark_source.source import SCHEMA_DDL, TensorPoolBatchReader
+from tensorpool.spark_source.spark.datasource import TensorPoolDataSource
+from tensorpool.spark_source.spark.source import SCHEMA_DDL, TensorPoolBatchReader
 
 KIB: Final = 1024
 MIB: Final = 1024 * 1024
@@ -82,7 +82,7 @@ def _prebuilt(rows: int, frame_bytes: int) -> Any:
     if batch is None:
         import pyarrow as pa
 
-        from tensorpool.spark_source.source import arrow_schema
+        from tensorpool.spark_source.spark.source import arrow_schema
 
         schema = arrow_schema(True)
         data = np.full(rows * frame_bytes, 7, np.uint8)
@@ -113,7 +113,7 @@ def _prebuilt(rows: int, frame_bytes: int) -> Any:
 
 
 def _emit(count: int, frame_bytes: int) -> Iterator[Any]:
-    from tensorpool.spark_source.mapped_rings import rows_per_batch
+    from tensorpool.spark_source.rings.mapped_rings import rows_per_batch
 
     step = rows_per_batch(frame_bytes)
     full = _prebuilt(step, frame_bytes)
@@ -190,9 +190,9 @@ class _FreshProbes:
     """While active, this process's plans open a one-shot announce probe (the pre-#15 path)."""
 
     def __enter__(self) -> None:
-        import tensorpool.spark_source.layout_hint as hint
-        import tensorpool.spark_source.source as src
-        from tensorpool.spark_source.attach import AnnounceProbe
+        import tensorpool.spark_source.rings.layout_hint as hint
+        import tensorpool.spark_source.spark.source as src
+        from tensorpool.spark_source.rings.probe import AnnounceProbe
 
         def fresh(settings: Any, *, map_layout: Any, **_: Any) -> Any:
             return AnnounceProbe((), settings, map_layout=map_layout)
@@ -201,8 +201,8 @@ class _FreshProbes:
         src.shared_probe = hint.shared_probe = fresh  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:
-        import tensorpool.spark_source.layout_hint as hint
-        import tensorpool.spark_source.source as src
+        import tensorpool.spark_source.rings.layout_hint as hint
+        import tensorpool.spark_source.spark.source as src
 
         src.shared_probe, hint.shared_probe = self.saved
 
@@ -354,7 +354,7 @@ def write_parquet(frames: np.ndarray, path: str, files: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tensorpool.spark_source.source import arrow_schema
+    from tensorpool.spark_source.spark.source import arrow_schema
 
     n, size = frames.shape
     os.makedirs(path)

@@ -185,7 +185,7 @@ def source_own_cost(md_dir: str, shm: str, prod: Any, hz: float, frames: int) ->
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from tensorpool.spark_source.options import parse_source_options
-    from tensorpool.spark_source.source import TensorPoolStreamReader
+    from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 
     opts = parse_source_options(
         {"streams": str(STREAM + 1), "aeronDir": md_dir, "shmBaseDir": shm}, streaming=True

@@ -33,9 +33,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos
-from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import PolicyOptions
+from tensorpool.spark_source.options import PolicyOptions
+from tensorpool.spark_source.plan.offsets import Limits, RingState, StreamPos
+from tensorpool.spark_source.plan.planner import StreamPlanner
+from tensorpool.spark_source.plan.policy import SourcePolicy
 
 MS: Final = 1_000_000
 KIB: Final = 1024

@@ -21,7 +21,7 @@ from collections.abc import Container, Hashable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from tensorpool.specs.generated.wire import Mode
+from tensorpool.specs.generated.wire import Bool, Mode
 
 __all__ = [
     "INVALID",
@@ -29,6 +29,7 @@ __all__ = [
     "StreamIdPool",
     "StreamRequest",
     "allocate_stream_id",
+    "consumer_config_fields",
     "read_request",
 ]
 
@@ -73,6 +74,25 @@ def read_request(
     if mode == _MODE_RATE_LIMITED and max_rate_hz not in (0, _NULL_U32):
         return StreamRequest("", 0)
     return None
+
+
+def consumer_config_fields(
+    stream_id: int, consumer_id: int, mode: int, channel: str, descriptor_stream_id: int
+) -> dict[str, object]:
+    """The fields of a ``ConsumerConfig`` (§10.1.3) as the driver and a producer both send it:
+    the assigned descriptor stream, or a decline (``channel`` "" and id 0). Per-consumer
+    control streams are always declined: tensorpool has no per-consumer control traffic."""
+    return {
+        "stream_id": stream_id,
+        "consumer_id": consumer_id,
+        "use_shm": int(Bool.TRUE),
+        "mode": mode,
+        "descriptor_stream_id": descriptor_stream_id,
+        "control_stream_id": 0,
+        "payload_fallback_uri": "",
+        "descriptor_channel": channel,
+        "control_channel": "",
+    }
 
 
 def allocate_stream_id(

@@ -19,7 +19,8 @@ stream id (the lease machine then checks correlation, lease and client ids) thro
 payload streams.
 
 :class:`ClientConductor` is a client's view of it for one set of endpoints: the control,
-QoS and metadata publications and the control and metadata lanes of those endpoints.
+QoS and metadata publications and the control and metadata lanes of those endpoints (and,
+for a producer, the QoS lane: its consumers' ``QosConsumer`` say they are alive, §10.1.3).
 
 Driving: any client's ``poll``/``do_work`` (or an agent's duty cycle) calls
 :meth:`ContextConductor.poll`, so the public API and its blocking and non-blocking behaviour
@@ -393,6 +394,9 @@ class ContextConductor:
             self._deliver(lane.consumers.get(stream_id, ()), (dec, None))
             self._deliver(lane.producers.get(stream_id, ()), (dec, None))
         else:
+            if isinstance(dec, wire.QosConsumerDecoder):
+                # a consumer's QoS keeps its per-consumer stream and progress interest (§10.1.3)
+                self._deliver(lane.producers.get(stream_id, ()), (dec, None))
             self._deliver(lane.metadata.get(stream_id, ()), (dec, None))
 
 
@@ -420,6 +424,7 @@ class ClientConductor:
         e = endpoints
         self.control_lane = lane_key(e.control_channel, e.control_stream_id)
         self.metadata_lane = lane_key(e.metadata_channel, e.metadata_stream_id)
+        self.qos_lane = lane_key(e.qos_channel, e.qos_stream_id)
         self.control_pub: Publisher = hub.publication(e.control_channel, e.control_stream_id)
         self.qos_pub: Publisher = hub.publication(e.qos_channel, e.qos_stream_id)
         self.meta_pub: Publisher = hub.publication(e.metadata_channel, e.metadata_stream_id)
@@ -477,7 +482,13 @@ class ClientConductor:
         return self.hub.register(self.metadata_lane, "metadata", stream_id, inbox)
 
     def register_producer(self, stream_id: int) -> Inbox:
-        return self.hub.register(self.control_lane, "producers", stream_id)
+        """Announces, hellos and configs of ``stream_id`` (control lane), and its consumers'
+        ``QosConsumer`` (QoS lane, subscribed while a producer holds it): the liveness that
+        keeps a consumer's per-consumer stream (§10.1.3)."""
+        inbox = self.hub.register(self.control_lane, "producers", stream_id)
+        if self.qos_lane == self.control_lane:
+            return inbox
+        return self.hub.register(self.qos_lane, "producers", stream_id, inbox)
 
     def register_lease(self, stream_id: int) -> Inbox:
         """For a lease machine (driver mode): the driver's messages of its stream, and those

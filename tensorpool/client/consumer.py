@@ -769,7 +769,9 @@ class Consumer:
         that forgets to cannot leave ``/dev/shm/sem.tensorpool-wake-*`` behind. It blocks for
         at most ``max_wait_ns`` per empty poll, so the consumer's duties still run that often.
         """
-        strategy = SemaphoreIdleStrategy(self.settings.namespace, self.stream_id, max_wait_ns)
+        strategy = SemaphoreIdleStrategy(
+            self.settings.namespace, self.stream_id, max_wait_ns, self.consumer_id
+        )
         self._wake_strategies.append(strategy)
         self.stats.wake_sems_removed += strategy.removed
         return strategy

@@ -51,7 +51,8 @@ Lease (Driver Model §2.3, §4.9, §10)
 
 Cadence
     :meth:`~ConsumerCore.tick` returns the announce-timeout unmap, ``ConsumerHello`` (after
-    each mapping, until sent) and ``QosConsumer`` (every ``qos_period_ns``).
+    each mapping, until sent; a RATE_LIMITED consumer without a stream of its own every QoS
+    period, to ask again) and ``QosConsumer`` (every ``qos_period_ns``).
 """
 
 from __future__ import annotations
@@ -656,9 +657,10 @@ class ConsumerCore:
             out = [Unmap(decision.reason)]
             if self._driver_mode:  # the driver went quiet: it may have crashed (§10)
                 out.append(DriverSilent())
-        if self._local_gate is not None and now_ns >= self._next_hello_ns:
-            # a RATE_LIMITED consumer's hello asks for its own stream (§11), which the
-            # producer releases once hellos stop (§10.1.3): renew it every QoS period
+        if self._local_gate is not None and not self.per_consumer and now_ns >= self._next_hello_ns:
+            # a RATE_LIMITED consumer without a stream of its own asks again every QoS period
+            # (declined for now: range exhausted, no lease yet, released); on its own stream
+            # it says nothing more, its QoS keeps the stream (§10.1.3)
             self._next_hello_ns = now_ns + self._qos_period_ns
             self._hello_due = True
         if self._hello_due:

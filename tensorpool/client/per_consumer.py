@@ -10,9 +10,10 @@ implementations (Julia, C) work the same way. What a hello asks for and how ids 
 shared with the driver in :mod:`tensorpool.stream_ids`.
 
 :class:`ConsumerStreams` is the producer's table: which consumers have their own stream, at
-which rate, and when a stream is released -- the consumer went stale (no hello for
-``stale_ns``; §10.1.3: "3-5x the configured hello/qos interval", and a ``RATE_LIMITED``
-consumer says hello every QoS period), or it stopped asking.
+which rate, and when a stream is released -- the consumer went stale (neither a hello nor a
+``QosConsumer`` for ``stale_ns``; §10.1.3: "3-5x the configured hello/qos interval"; a consumer
+says hello on start and changes and sends QoS every period, so its QoS keeps the stream), or it
+stopped asking.
 
 Per-consumer control streams (the ``control_*`` fields) are always declined: nothing of this
 producer's is per-consumer control traffic yet.
@@ -36,7 +37,7 @@ __all__ = [
     "check_per_consumer_ids",
 ]
 
-#: A per-consumer stream is released after this many hello periods without a hello (§10.1.3).
+#: A per-consumer stream is released after this many QoS periods without a hello or QoS (§10.1.3).
 STALE_PERIODS: Final = 5
 
 
@@ -189,6 +190,12 @@ class ConsumerStreams:
         out.append(OpenConsumerStream(consumer_id, channel, stream_id))
         return out
 
+    def on_qos(self, consumer_id: int, now_ns: int) -> None:
+        """A consumer's ``QosConsumer`` of our stream: it is alive, its stream stays (§10.1.3)."""
+        current = self.streams.get(consumer_id)
+        if current is not None:
+            current.last_seen_ns = now_ns
+
     def on_open_failed(self, consumer_id: int) -> None:
         """The agent could not add the publication (Aeron refused the channel): forget the
         stream; the answer then goes out as a decline (the agent's execution contract)."""
@@ -205,7 +212,8 @@ class ConsumerStreams:
         return [CloseConsumerStream(consumer_id, reason)]
 
     def tick(self, now_ns: int) -> list[PerConsumerAction]:
-        """Release the streams of consumers gone stale (§10.1.3)."""
+        """Release the streams of consumers gone stale: no hello or QoS for ``stale_ns``
+        (§10.1.3; a consumer killed with SIGKILL sends neither)."""
         stale = [cid for cid, s in self.streams.items() if now_ns - s.last_seen_ns > self._stale_ns]
         out: list[PerConsumerAction] = []
         for cid in stale:

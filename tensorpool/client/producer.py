@@ -18,7 +18,9 @@ pools under `<shm_base_dir>/<namespace>/<instance>/epoch-<E>/` with private mode
   ``per_consumer=True`` a consumer asking for one (``RATE_LIMITED``, or a named stream) gets
   its own descriptor stream, to which only the frames its ``max_rate_hz`` admits go
   (client/per_consumer.py; ids from ``per_consumer_ids`` standalone, from the driver's
-  ``descriptor_stream_id_range`` in driver mode).
+  ``descriptor_stream_id_range`` in driver mode);
+- on `QosConsumer` of its stream (the conductor's QoS lane): the consumer is alive; its own
+  stream and its progress interest end 5 QoS periods after its last hello or QoS (§10.1.3).
 
 Two write APIs: `offer(array)` copies a numpy array in; `claim(shape, dtype)`
 hands back a writable view of the slot for in-place filling, then `commit()`.
@@ -100,6 +102,7 @@ from tensorpool.shm.tensor import TensorLayout
 from tensorpool.shm.uri import format_shm_uri
 from tensorpool.specs.generated import wire
 from tensorpool.specs.generated.driver import PublishMode
+from tensorpool.stream_ids import consumer_config_fields
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
 from tensorpool.transport.publication import Publisher
@@ -320,8 +323,8 @@ class Producer:
         self._ctl_buf = bytearray(64 * 1024)
         # per-consumer descriptor streams (§10.1.3), off by default (the spec's MAY): the
         # publications by consumer id, and (gate, publication) pairs for the frame path
-        self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher]] = {}
-        self._fanout: tuple[tuple[RateGate[object], Publisher], ...] = ()
+        self._consumer_pubs: dict[int, tuple[RateGate[object], Publisher, int]] = {}
+        self._fanout: tuple[tuple[RateGate[object], Publisher, int], ...] = ()
         streams = None
         if per_consumer:
             streams = ConsumerStreams(
@@ -331,7 +334,11 @@ class Producer:
                 stale_ns=STALE_PERIODS * s.qos_period_ns,
             )
         # FrameProgress (§10.2.2): off unless asked for; the throttle decides, we publish
-        self._progress = ProgressThrottle(progress) if progress is not None else None
+        self._progress = (
+            ProgressThrottle(progress, stale_ns=STALE_PERIODS * s.qos_period_ns)
+            if progress is not None
+            else None
+        )
         self._progress_buf = bytearray(wire.FrameProgressEncoder.encoded_length())
         self._progress_extent = 0  # bytes per frame of the open claim with progress
         self._core = ProducerCore(
@@ -1014,10 +1021,13 @@ class Producer:
         """The descriptor to each consumer's own stream whose rate slot is open (§10.1.3, §11:
         the rate limiter's grid); a slot is used up only by a descriptor that went out."""
         now = self._clock()
-        for gate, pub in self._fanout:
+        wake = self._wake
+        for gate, pub, consumer_id in self._fanout:
             if gate.is_open(now) and pub.offer(desc):
                 gate.published(now)
                 self.stats.consumer_descriptors += 1
+                if wake is not None:  # its semaphore only, after its own descriptor
+                    wake.post_consumer(consumer_id)
 
     # --- metadata -----------------------------------------------------------------------------
     def set_metadata(
@@ -1073,10 +1083,15 @@ class Producer:
 
     # --- periodic duties ----------------------------------------------------------------------
     def _take_inbox(self) -> int:
-        """The announces and hellos of this stream the conductor decoded for us."""
+        """The announces, hellos and consumers' QoS of this stream the conductor decoded for us."""
         items = self._inbox.drain()
         for dec, _ in items:
-            if isinstance(dec, wire.ShmPoolAnnounceDecoder):
+            if isinstance(dec, wire.QosConsumerDecoder):  # the consumer is alive (§10.1.3)
+                now = self._clock()
+                self._core.on_consumer_qos(dec.stream_id, dec.consumer_id, now)
+                if self._progress is not None and dec.stream_id == self.stream_id:
+                    self._progress.on_qos(dec.consumer_id, now)
+            elif isinstance(dec, wire.ShmPoolAnnounceDecoder):
                 now = self._clock()
                 self._execute(self._core.on_driver_announce(dec.stream_id, dec.epoch, now), now)
             elif isinstance(dec, wire.ConsumerHelloDecoder):
@@ -1095,6 +1110,7 @@ class Producer:
                         dec.supports_progress_raw == _TRUE,
                         dec.progress_interval_us,
                         dec.progress_bytes_delta,
+                        self._clock(),
                     )
             elif isinstance(dec, wire.ConsumerConfigDecoder):
                 self._core.on_consumer_config(
@@ -1117,6 +1133,7 @@ class Producer:
             self.stats.wake_sems_removed += self._wake.maybe_rescan(now)
         throttle = self._progress
         if throttle is not None:  # the latest count the interval held back (§10.2.2)
+            throttle.forget_stale(now)
             filled = throttle.flush(now)
             if filled is not None:
                 self._publish_cursor(throttle, filled, _PROGRESS)
@@ -1225,23 +1242,13 @@ class Producer:
         return self._core.on_epoch_opened(now)
 
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
-        """§10.1.3: the assigned descriptor stream, or a decline (empty channel, id 0);
-        per-consumer control streams are always declined."""
+        """§10.1.3: the assigned descriptor stream, or a decline."""
         if a.stream_id and a.consumer_id not in self._consumer_pubs:
             a = SendConsumerConfig(a.consumer_id, a.mode)  # its publication failed: decline
-        n = wire.ConsumerConfigEncoder.encode(
-            self._ctl_buf,
-            0,
-            stream_id=self.stream_id,
-            consumer_id=a.consumer_id,
-            use_shm=int(wire.Bool.TRUE),
-            mode=a.mode,
-            descriptor_stream_id=a.stream_id,
-            control_stream_id=0,
-            payload_fallback_uri="",
-            descriptor_channel=a.channel,
-            control_channel="",
+        fields = consumer_config_fields(
+            self.stream_id, a.consumer_id, a.mode, a.channel, a.stream_id
         )
+        n = wire.ConsumerConfigEncoder.encode(self._ctl_buf, 0, **fields)
         self._pub_control.offer(self._ctl_buf, 0, n)
 
     def _open_consumer_stream(self, a: OpenConsumerStream) -> None:
@@ -1262,8 +1269,12 @@ class Producer:
             )
             streams.on_open_failed(a.consumer_id)
             return
-        self._consumer_pubs[a.consumer_id] = (streams.streams[a.consumer_id].gate, pub)
-        self._fanout = tuple(self._consumer_pubs.values())
+        self._consumer_pubs[a.consumer_id] = (
+            streams.streams[a.consumer_id].gate,
+            pub,
+            a.consumer_id,
+        )
+        self._set_fanout()
         log.info(
             "producer stream %d: consumer %d gets descriptor stream %s#%d",
             self.stream_id,
@@ -1276,8 +1287,13 @@ class Producer:
         entry = self._consumer_pubs.pop(consumer_id, None)
         if entry is None:
             return
-        self._fanout = tuple(self._consumer_pubs.values())
+        self._set_fanout()
         self._ctx.release(entry[1])
+
+    def _set_fanout(self) -> None:
+        self._fanout = tuple(self._consumer_pubs.values())
+        if self._wake is not None:  # consumers on their own stream: woken by its descriptors
+            self._wake.set_own_streams(frozenset(self._consumer_pubs))
 
     @property
     def progress_throttle(self) -> ProgressThrottle | None:

@@ -220,6 +220,11 @@ class ProducerCore:
                 consumer_id, channel, descriptor_stream_id, now_ns
             )
 
+    def on_consumer_qos(self, stream_id: int, consumer_id: int, now_ns: int) -> None:
+        """§10.1.3: a consumer's ``QosConsumer`` keeps its per-consumer stream alive."""
+        if stream_id == self.stream_id and self.per_consumer is not None:
+            self.per_consumer.on_qos(consumer_id, now_ns)
+
     def on_driver_announce(self, stream_id: int, epoch: int, now_ns: int) -> list[ProducerAction]:
         """Driver mode: an announce for our stream proves the driver alive (§10); one at a
         newer epoch than our lease's says the driver moved the stream on without us."""

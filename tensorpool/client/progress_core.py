@@ -13,6 +13,9 @@ Producer side, :class:`ProgressThrottle`: when a claimed frame's progress goes o
 * §10.2.2 "only publish when at least one subscriber has ``supports_progress=true``": nothing is
   published until a ``ConsumerHello`` with ``supportsProgress`` arrived (``only_when_requested``,
   the default; turn it off to publish for consumers that never say hello, e.g. a ``tap``).
+  A consumer's interest lasts while it is alive: until a hello without ``supportsProgress``,
+  or until neither a hello nor a ``QosConsumer`` came from it for ``stale_ns`` (the producer's
+  per-consumer stream window, §10.1.3), so a killed consumer stops costing progress messages.
 * Per frame: ``STARTED`` once at the claim, then ``PROGRESS`` at most once per interval *and*
   only when the filled count advanced by at least the byte delta, then ``COMPLETE`` after the
   commit (with the descriptor, §15.18 step 8). The latest state held back by the interval is
@@ -135,9 +138,11 @@ class ProgressThrottle:
     ``bytes_filled`` to publish, or None for nothing.
     """
 
-    def __init__(self, settings: ProgressSettings) -> None:
+    def __init__(self, settings: ProgressSettings, *, stale_ns: int | None = None) -> None:
         self.settings = settings
         self._hints: dict[int, tuple[int | None, int | None]] = {}
+        self._stale_ns = stale_ns
+        self._seen: dict[int, int] = {}  # an opted-in consumer's last hello or QoS
         self.interval_ns = settings.interval_us * 1000
         self.bytes_delta = settings.bytes_delta
         self.frame_id = -1
@@ -147,21 +152,52 @@ class ProgressThrottle:
         self._sent = 0  # the count last published
         self._sent_ns = 0
         self.published = 0
+        self.forgotten_stale = 0
+        """Consumers whose interest was dropped because their QoS stopped (§10.1.3)."""
 
-    # --- consumers' hellos ------------------------------------------------------------------
+    # --- consumers' hellos and QoS ------------------------------------------------------------
     def on_hello(
         self,
         consumer_id: int,
         supports_progress: bool,
         interval_us: int | None,
         bytes_delta: int | None,
+        now_ns: int = 0,
     ) -> None:
         """Remember who wants progress and with which hints (§10.1.2); a hello without
         ``supportsProgress`` withdraws that consumer's interest."""
         if supports_progress:
             self._hints[consumer_id] = (interval_us, bytes_delta)
+            self._seen[consumer_id] = now_ns
         else:
-            self._hints.pop(consumer_id, None)
+            self._forget(consumer_id)
+        self._choose_policy()
+
+    def on_qos(self, consumer_id: int, now_ns: int) -> None:
+        """A consumer's ``QosConsumer``: it is alive, so its interest holds (hellos are sent
+        only on start and changes, §10.1.2)."""
+        if consumer_id in self._seen:
+            self._seen[consumer_id] = now_ns
+
+    def forget_stale(self, now_ns: int) -> int:
+        """Drop the interest of consumers with no hello or QoS for ``stale_ns`` (the
+        producer's per-consumer stream window, §10.1.3): a killed consumer's hints must not
+        keep progress going, or keep its finer interval. Returns how many were dropped."""
+        if self._stale_ns is None:
+            return 0
+        stale = [c for c, seen in self._seen.items() if now_ns - seen > self._stale_ns]
+        for consumer_id in stale:
+            self._forget(consumer_id)
+        if stale:
+            self.forgotten_stale += len(stale)
+            self._choose_policy()
+        return len(stale)
+
+    def _forget(self, consumer_id: int) -> None:
+        self._hints.pop(consumer_id, None)
+        self._seen.pop(consumer_id, None)
+
+    def _choose_policy(self) -> None:
         s = self.settings
         intervals = [i for i, _ in self._hints.values() if i is not None]
         deltas = [d for _, d in self._hints.values() if d is not None]

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tensorpool.observe.metrics import ServeCollector
     from tensorpool.serve.server import TensorPoolFlightServer
-    from tensorpool.spark_source.attach import StreamsNotAttached, open_attachment
+    from tensorpool.spark_source.rings.attach import StreamsNotAttached, open_attachment
     from tensorpool.transport.idle import SleepingIdleStrategy
     from tensorpool.transport.process import StopSignals
 

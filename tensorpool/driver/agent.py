@@ -78,6 +78,7 @@ from tensorpool.specs import (
 )
 from tensorpool.specs.generated import driver as drv
 from tensorpool.specs.generated import wire
+from tensorpool.stream_ids import consumer_config_fields
 from tensorpool.transport.agent import AgentTermination
 from tensorpool.transport.clock import NanoClock, now_ns
 from tensorpool.transport.context import AeronContext
@@ -636,18 +637,10 @@ class DriverAgent:
         )
 
     def _send_consumer_config(self, a: SendConsumerConfig) -> None:
-        n = self._encode(
-            wire.ConsumerConfigEncoder.encode,
-            stream_id=a.stream_id,
-            consumer_id=a.consumer_id,
-            use_shm=int(wire.Bool.TRUE),
-            mode=a.mode,
-            descriptor_stream_id=a.descriptor_stream_id,
-            control_stream_id=0,
-            payload_fallback_uri="",
-            descriptor_channel=a.descriptor_channel,
-            control_channel="",
+        fields = consumer_config_fields(
+            a.stream_id, a.consumer_id, a.mode, a.descriptor_channel, a.descriptor_stream_id
         )
+        n = self._encode(wire.ConsumerConfigEncoder.encode, **fields)
         if n:
             self._send(self._control_pub, n)
         log_event(

@@ -4,6 +4,7 @@
 * :mod:`.server` -- the Flight server (auth, describe, scan, do_get).
 
 Layer: above ``spark_source`` (it serves the Spark source's reads: the same mapped rings,
-seqlock read into Arrow, schema and protocol module, :mod:`tensorpool.spark_source.remote`),
-below the command line. See docs/operator.md ("Serving streams to other hosts").
+seqlock read into Arrow, schema and protocol module,
+:mod:`tensorpool.spark_source.rings.flight_protocol`), below the command line. See docs/operator.md
+("Serving streams to other hosts").
 """

@@ -1,8 +1,8 @@
 """What one ``do_get`` reads and what it reports lost: the server's rules, sans-IO.
 
-Inputs are the decoded :class:`~tensorpool.spark_source.remote.Ticket`, the served stream's
-current epoch and a fresh ring scan; the output is a :class:`GetPlan`. Nothing here touches
-files, Flight or clocks, so each rule is a unit test.
+Inputs are the decoded :class:`~tensorpool.spark_source.rings.flight_protocol.Ticket`, the
+served stream's current epoch and a fresh ring scan; the output is a :class:`GetPlan`. Nothing
+here touches files, Flight or clocks, so each rule is a unit test.
 
 * A ticket names at most as many frames as the ring of its stream holds (``nslots``, the
   largest this server has seen announced for it): a plan names frames it found together in one
@@ -18,7 +18,7 @@ files, Flight or clocks, so each rule is a unit test.
 * A ticket whose range ends past the ring's head asks for frames that were never published:
   the client did not plan it from this server's scans, so it is refused (:class:`BadTicket`).
 * The rest is read with the seqlock, exactly as a local read (the agent calls
-  :func:`~tensorpool.spark_source.mapped_rings.read_range` with the clipped range and runs).
+  :func:`~tensorpool.spark_source.rings.mapped_rings.read_range` with the clipped range and runs).
 * Frames a ticket with a loss key did not get are counted in the :class:`LossLedger` until that
   query's driver takes them (its ``lostLate``; a task on another host cannot reach the driver).
 """
@@ -32,9 +32,9 @@ from typing import Final
 import numpy as np
 
 from tensorpool.counters import Reason
-from tensorpool.spark_source.mapped_rings import REGION_UNAVAILABLE
-from tensorpool.spark_source.offsets import RingState
-from tensorpool.spark_source.remote import Ticket
+from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings.flight_protocol import Ticket
+from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
 
 #: the reason given for frames that were below the ring's oldest frame when the ticket came
 OVERWRITTEN_REASON: Final = Reason.SEQ_MISMATCH

@@ -3,10 +3,10 @@
 The server learns its streams the way any consumer does -- announces (standalone) or leases
 from the SHM driver (``driver=True``) -- through the Spark source's control-plane attachment,
 and maps exactly what was announced, through the path containment and superblock checks of
-every consumer (:class:`~tensorpool.spark_source.mapped_rings.MappedStream`). A client names a
+every consumer (:class:`~tensorpool.spark_source.rings.mapped_rings.MappedStream`). A client names a
 stream id, an epoch and seqs; never a path.
 
-Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
+Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.rings.flight_protocol`):
 
 * ``list_flights`` / ``get_flight_info(path=[stream id])``: each served stream, its schema and a
   JSON summary in the schema metadata (layout, epoch, head seq, oldest seq in the ring,
@@ -19,13 +19,13 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.remote`):
   :class:`~tensorpool.serve.core.LossLedger` (how a driver on another host learns its tasks'
   read-time loss);
 * ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
-  read with the seqlock by :func:`~tensorpool.spark_source.mapped_rings.read_range`; frames not
-  delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
+  read with the seqlock by :func:`~tensorpool.spark_source.rings.mapped_rings.read_range`;
+  frames not delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
 
 Failures are Flight errors with one clear message (bad ticket, stream not served, bad or
 missing token); the server never dies on them. Every refusal and every lost frame is counted
 (:attr:`TensorPoolFlightServer.counters`). A request is bounded before it is parsed (size,
-JSON depth, stream ids per scan: :func:`~tensorpool.spark_source.remote.load_request`), and
+JSON depth, stream ids per scan: :func:`~tensorpool.spark_source.rings.protocol.load_request`), and
 anything that still goes wrong in a handler is logged here and answered with one line
 (``internal_error``): a client never sees the server's traceback or its file paths.
 
@@ -51,9 +51,11 @@ import pyarrow.flight as flight
 
 from tensorpool.client.announce import StreamLayout
 from tensorpool.serve.core import BadTicket, LossLedger, plan_get
-from tensorpool.spark_source import mapped_rings, remote
-from tensorpool.spark_source.hosts import STREAM, PlanOrigin
-from tensorpool.spark_source.offsets import RingState
+from tensorpool.spark_source.plan.margin import now_for
+from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings import flight_protocol as protocol
+from tensorpool.spark_source.rings import mapped_rings
+from tensorpool.spark_source.rings.hosts import STREAM, PlanOrigin
 
 log = logging.getLogger("tensorpool.serve")
 
@@ -208,16 +210,16 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         live, age = self.directory.liveness(time.monotonic_ns()).get(sid, (False, None))
         summary = {
             "stream": sid,
-            "region": remote.spec_to_json(spec),
+            "region": protocol.spec_to_json(spec),
             "epoch": spec.epoch,
             "head": st.head,
             "oldest": st.oldest,
             "nslots": spec.nslots,
             "live": live,
             "announce_age_ms": age,
-            "origin": remote.origin_to_json(origin),
+            "origin": protocol.origin_to_json(origin),
             "base_dirs": list(self.base_dirs),
-            "now_ns": remote.clock_now(spec.clock_domain),  # the client shifts stamps by its now
+            "now_ns": now_for(spec.clock_domain),  # the client shifts stamps by its now
         }
         return summary, st, fields
 
@@ -227,12 +229,12 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         summary: dict[str, Any] = (
             {"stream": sid, "missing": "no producer announced"} if got is None else got[0]
         )
-        schema = SCHEMAS[True].with_metadata({remote.SUMMARY_KEY: json.dumps(summary).encode()})
+        schema = SCHEMAS[True].with_metadata({protocol.SUMMARY_KEY: json.dumps(summary).encode()})
         descriptor = flight.FlightDescriptor.for_path(str(sid))
         endpoints = []
         if got is not None:
             st = got[1]
-            t = remote.Ticket(sid, st.epoch, st.oldest, st.head)
+            t = protocol.Ticket(sid, st.epoch, st.oldest, st.head)
             endpoints.append(flight.FlightEndpoint(t.encode(), []))
             records = st.head - st.oldest
         else:
@@ -264,9 +266,9 @@ class TensorPoolFlightServer(flight.FlightServerBase):
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [
-            (remote.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)"),
+            (protocol.ACTION_SCAN, "ring scans of {'streams': [ids]} (one Arrow IPC each)"),
             (ACTION_STATS, "the server's counters (JSON)"),
-            (remote.ACTION_LOSSES, "take the read-time loss counted for {'key': loss key}"),
+            (protocol.ACTION_LOSSES, "take the read-time loss counted for {'key': loss key}"),
         ]
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
@@ -277,19 +279,19 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         if action.type == ACTION_STATS:
             return iter([json.dumps(dict(self.counters), sort_keys=True).encode()])
         decode = {
-            remote.ACTION_LOSSES: remote.decode_losses_request,
-            remote.ACTION_SCAN: remote.decode_scan_request,
+            protocol.ACTION_LOSSES: protocol.decode_losses_request,
+            protocol.ACTION_SCAN: protocol.decode_scan_request,
         }.get(action.type)
         if decode is None:
             raise self._refuse("bad_action", f"unknown action {action.type[:40]!r}")
         try:
             request = decode(action.body.to_pybytes())
-        except remote.TicketError as exc:
+        except protocol.TicketError as exc:
             raise self._refuse("bad_action", str(exc)) from None
         if isinstance(request, str):  # the losses key
             with self._ledger_lock:
                 taken = self.ledger.take(request, time.monotonic_ns())
-            return iter([remote.encode_losses(taken)])
+            return iter([protocol.encode_losses(taken)])
         sids = request
         for sid in sids:
             self._served(sid)
@@ -299,7 +301,7 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             if got is None:
                 out.append(json.dumps({"stream": sid, "missing": "no producer announced"}).encode())
                 continue
-            tbl = remote.scan_table(*got)
+            tbl = protocol.scan_table(*got)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, tbl.schema) as w:
                 w.write_table(tbl)
@@ -313,8 +315,8 @@ class TensorPoolFlightServer(flight.FlightServerBase):
 
     def _get(self, ticket: flight.Ticket) -> flight.FlightDataStream:
         try:
-            t = remote.decode_ticket(ticket.ticket)
-        except remote.TicketError as exc:
+            t = protocol.decode_ticket(ticket.ticket)
+        except protocol.TicketError as exc:
             raise self._refuse("bad_ticket", f"bad ticket: {exc}") from None
         self._served(t.stream_id)
         spec = self._spec(t.stream_id)
@@ -338,14 +340,14 @@ class TensorPoolFlightServer(flight.FlightServerBase):
 
     def _stream(
         self,
-        t: remote.Ticket,
+        t: protocol.Ticket,
         spec: mapped_rings.RegionSpec | None,
         plan: Any,
         schema: pa.Schema,
     ) -> Iterator[Any]:
         """Batches with pending loss ranges in their app_metadata; a last empty batch carries
         what is left. Runs in the gRPC thread; a client that goes away closes it."""
-        loss = remote.LossRanges()
+        loss = protocol.LossRanges()
         for a, b, why in plan.lost:
             loss.add(a, b, why)
         empty = schema.empty_table().to_batches()
@@ -387,7 +389,7 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             self.counters["frames"] += frames
             self.counters["frames_lost"] += loss.frames
 
-    def _loss_meta(self, t: remote.Ticket, lost: list[tuple[int, int, str]]) -> bytes:
+    def _loss_meta(self, t: protocol.Ticket, lost: list[tuple[int, int, str]]) -> bytes:
         """The ranges' ``app_metadata``; with a loss key, first counted in the ledger for the
         key's driver (before the client can see them, so a driver that collects after its
         tasks finished finds them)."""
@@ -395,7 +397,7 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             n = sum(b - a for a, b, _ in lost)
             with self._ledger_lock:
                 self.ledger.record(t.loss_key, t.stream_id, t.epoch, n, time.monotonic_ns())
-        return remote.encode_loss(lost)
+        return protocol.encode_loss(lost)
 
 
 __all__ = ["SCHEMAS", "BearerToken", "StreamDirectory", "TensorPoolFlightServer", "arrow_schema"]

@@ -104,7 +104,7 @@ def tensor_layout(obj: Any) -> tuple[str, tuple[int, ...]] | None:
     ``obj``: a Spark DataFrame or ``StructType`` / ``StructField`` (``df.schema``), a pyarrow
     Table, RecordBatch, Schema or Field (``df.toArrow()``), or the metadata dict itself. The
     tensorpool source puts it there when every frame of the read streams had one layout at
-    ``load()`` (see :mod:`tensorpool.spark_source.layout_hint`).
+    ``load()`` (see :mod:`tensorpool.spark_source.rings.layout_hint`).
     """
     import json
 

@@ -18,8 +18,7 @@ Names are re-exported lazily (PEP 562): importing a light module such as
 `tensorpool inspect` start fast.
 """
 
-import importlib
-from typing import Any
+from tensorpool.lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "AeronContext": "tensorpool.transport.context",
@@ -58,11 +57,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

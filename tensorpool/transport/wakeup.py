@@ -22,7 +22,10 @@ Model:
   creator is gone.
 * :class:`WakePoster` (producer side) finds the semaphores of its stream by listing
   ``/dev/shm`` (glibc keeps a named semaphore ``/x`` as ``/dev/shm/sem.x``) every
-  ``rescan_ns`` and posts each one after a descriptor went out. It posts only while a
+  ``rescan_ns`` and posts each one after a descriptor went out. A consumer names its
+  semaphore with its consumer id as the token; while it reads a per-consumer descriptor stream
+  (Wire §10.1.3) the producer posts it only after descriptors on that stream
+  (:meth:`WakePoster.set_own_streams`, :meth:`WakePoster.post_consumer`). It posts only while a
   semaphore's value is 0, so a consumer that is busy (never idles) does not accumulate posts:
   at most one spurious wakeup follows a busy period. No wakeup is lost: the descriptor is in
   the Aeron log before the value is read, and a consumer that finds the value non-zero polls
@@ -205,12 +208,20 @@ class SemaphoreIdleStrategy:
     name: Final = "semaphore"
 
     def __init__(
-        self, namespace: str, stream_id: int, max_wait_ns: int = DEFAULT_MAX_WAIT_NS
+        self,
+        namespace: str,
+        stream_id: int,
+        max_wait_ns: int = DEFAULT_MAX_WAIT_NS,
+        consumer_id: int | None = None,
     ) -> None:
         if max_wait_ns <= 0:
             raise ValueError(f"max_wait_ns must be > 0, got {max_wait_ns}")
         ipc = _posix_ipc()
-        self.sem_name = f"/{wake_prefix(namespace, stream_id)}{os.getpid()}-{secrets.token_hex(4)}"
+        prefix = f"/{wake_prefix(namespace, stream_id)}{os.getpid()}-"
+        # the token is the consumer id when known: its producer then posts it only after the
+        # descriptors it reads (its own stream's, once it has one, §10.1.3), not the shared ones
+        token = secrets.token_hex(4) if consumer_id is None else f"{consumer_id & 0xFFFF_FFFF:08x}"
+        self.sem_name = prefix + token
         self.path = SEM_DIR / f"sem.{self.sem_name[1:]}"
         self.max_wait_ns = max_wait_ns
         self._timeout_s = max_wait_ns / 1e9
@@ -220,7 +231,12 @@ class SemaphoreIdleStrategy:
         # (a handler that raises, e.g. SIGINT's KeyboardInterrupt, still raises)
         self._busy: tuple[type[BaseException], ...] = (ipc.BusyError, ipc.SignalError)
         self.removed = len(sweep_abandoned(namespace))
-        self._sem: Any = ipc.Semaphore(self.sem_name, ipc.O_CREX, 0o600, 0)
+        try:
+            self._sem: Any = ipc.Semaphore(self.sem_name, ipc.O_CREX, 0o600, 0)
+        except ipc.ExistentialError:  # a second strategy of the same consumer: a random token
+            self.sem_name = prefix + secrets.token_hex(4)
+            self.path = SEM_DIR / f"sem.{self.sem_name[1:]}"
+            self._sem = ipc.Semaphore(self.sem_name, ipc.O_CREX, 0o600, 0)
         self._stamp()
 
     def _stamp(self) -> None:
@@ -278,7 +294,17 @@ class WakePoster:
     consumer's file is gone within ``rescan_ns``; ``removed`` counts them.
     """
 
-    __slots__ = ("_ipc", "_next_scan_ns", "_prefix", "_sems", "removed", "rescan_ns")
+    __slots__ = (
+        "_ipc",
+        "_next_scan_ns",
+        "_own",
+        "_own_ids",
+        "_prefix",
+        "_sems",
+        "_shared",
+        "removed",
+        "rescan_ns",
+    )
 
     def __init__(self, namespace: str, stream_id: int, rescan_ns: int = DEFAULT_RESCAN_NS) -> None:
         self._ipc = _posix_ipc()
@@ -286,6 +312,9 @@ class WakePoster:
         self.rescan_ns = rescan_ns
         self._next_scan_ns = 0
         self._sems: dict[str, Any] = {}
+        self._own_ids: frozenset[int] = frozenset()
+        self._shared: tuple[Any, ...] = ()  # posted after each shared-stream descriptor
+        self._own: dict[int, Any] = {}  # consumer id -> its semaphore, on its own stream
         self.removed = 0
         """Dead consumers' semaphore files this poster removed."""
 
@@ -332,7 +361,28 @@ class WakePoster:
             self._sems.pop(entry).close()
         self.removed += len(removed)
         _log_removed(removed)
+        self._route()
         return len(removed)
+
+    def set_own_streams(self, consumer_ids: frozenset[int]) -> None:
+        """The consumers that read their own descriptor stream now (§10.1.3): their
+        semaphores (named with their consumer id as the token) are posted by
+        :meth:`post_consumer` after a descriptor on their stream, no longer by :meth:`post`
+        (a 10 Hz consumer of a 1 kHz stream is woken 10 times a second, not 1000)."""
+        self._own_ids = consumer_ids
+        self._route()
+
+    def _route(self) -> None:
+        shared: list[Any] = []
+        own: dict[int, Any] = {}
+        for entry, sem in self._sems.items():
+            cid = int(entry[-8:], 16)  # the token (_OWNER_RE: 8 hex digits)
+            if cid in self._own_ids:
+                own[cid] = sem
+            else:
+                shared.append(sem)
+        self._shared = tuple(shared)
+        self._own = own
 
     def maybe_rescan(self, now_ns: int) -> int:
         """:meth:`rescan` when due; return the files it removed (0 when not due)."""
@@ -342,13 +392,21 @@ class WakePoster:
         return 0
 
     def post(self) -> None:
-        """Wake every blocked consumer of the stream (call after the descriptor was offered)."""
-        for sem in self._sems.values():
+        """Wake every blocked consumer of the shared stream (call after the descriptor was
+        offered)."""
+        for sem in self._shared:
             if sem.value == 0:
                 sem.release()
+
+    def post_consumer(self, consumer_id: int) -> None:
+        """Wake a consumer on its own stream (after a descriptor went out on it)."""
+        sem = self._own.get(consumer_id)
+        if sem is not None and sem.value == 0:
+            sem.release()
 
     def close(self) -> None:
         """Close (never unlink: the consumers own them) every semaphore."""
         sems, self._sems = self._sems, {}
+        self._shared, self._own = (), {}
         for sem in sems.values():
             sem.close()

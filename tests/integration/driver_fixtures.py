@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyaeron
@@ -94,6 +98,29 @@ def driver_toml(
     for sid in streams:
         lines += ["", f"[streams.s{sid}]", f"stream_id = {sid}", 'profile = "small"']
     return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def embedded_driver_work(prefix: str, control: str) -> Iterator[dict[str, str]]:
+    """A fresh directory (on /dev/shm when there is one) with a driver config: embedded media
+    driver, ``control`` as its control channel, and lease timings generous enough that a loaded
+    host never expires a lease on its own (100 ms x 3 lost one under a parallel Spark run).
+    Paths: ``root``, ``aeron``, ``base`` (SHM), ``config``; removed afterwards."""
+    shm_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    root = tempfile.mkdtemp(prefix=prefix, dir=shm_root)
+    paths = {
+        "root": root,
+        "aeron": os.path.join(root, "aeron"),
+        "base": os.path.join(root, "shm"),
+        "config": os.path.join(root, "driver.toml"),
+    }
+    policies = {"lease_keepalive_interval_ms": 200, "lease_expiry_grace_intervals": 25}
+    text = driver_toml(paths["base"], paths["aeron"], embedded=True, policies=policies)
+    Path(paths["config"]).write_text(text.replace('"aeron:ipc?term-length=1m"', f'"{control}"'))
+    try:
+        yield paths
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def status_file(base_dir: str) -> str:

@@ -79,8 +79,9 @@ def test_28_1_clients_of_one_context_share_one_aeron_client_and_control_subscrip
 
 def test_28_1_each_control_message_is_decoded_once_for_all_consumers() -> None:
     """Three consumers of one stream: the conductor's ``decoded`` counter equals the number of
-    messages the control and metadata streams carried (counted by a raw subscription of the
-    test), not three times the announces; every consumer still maps and reads frames."""
+    messages the control, metadata and QoS streams carried (counted by a raw subscription of
+    the test; the producer's QoS lane brings it its consumers' QosConsumer, §10.1.3), not three
+    times the announces; every consumer still maps and reads frames."""
     with tempfile.TemporaryDirectory(dir=SHM_ROOT) as shm_base, AeronContext() as ctx:
         s = _settings(shm_base)
         ch = s.channels
@@ -92,6 +93,9 @@ def test_28_1_each_control_message_is_decoded_once_for_all_consumers() -> None:
             ),
             ctx.add_subscription(
                 ch.metadata_channel, ch.metadata_stream_id, lambda b, h: raw.update(["meta"])
+            ),
+            ctx.add_subscription(
+                ch.qos_channel, ch.qos_stream_id, lambda b, h: raw.update(["qos"])
             ),
         ]
         producer = Producer(ctx, _stream(31), s)
@@ -124,7 +128,8 @@ def test_28_1_each_control_message_is_decoded_once_for_all_consumers() -> None:
                 for sub in raw_subs:
                     sub.poll()
             assert raw["control"] >= 5
-            assert conductor.counters["decoded"] == raw["control"] + raw["meta"]
+            assert raw["qos"] >= 3  # each consumer's first QoS, and the producer's
+            assert conductor.counters["decoded"] == raw["control"] + raw["meta"] + raw["qos"]
             assert conductor.counters["dispatched"] >= 3 * 5  # each announce to 3 consumers
         finally:
             for c in [*consumers, producer]:

@@ -13,15 +13,17 @@ same epoch and lease, and the consumer keeps its lease.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-from driver_fixtures import ControlClient, DriverProcess, driver_toml, read_status
+from driver_fixtures import (
+    ControlClient,
+    DriverProcess,
+    embedded_driver_work,
+    read_status,
+)
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer
@@ -36,7 +38,6 @@ from tensorpool.transport.context import AeronContext
 
 pytestmark = pytest.mark.slow
 
-SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
 CONTROL = "aeron:ipc?term-length=4m"
 CONTROL_STREAM = 1000
 STREAM = 10000
@@ -45,20 +46,8 @@ WAIT = 30.0
 
 @pytest.fixture
 def work() -> Iterator[dict[str, str]]:
-    root = tempfile.mkdtemp(prefix="tp-forged-", dir=SHM_ROOT)
-    paths = {
-        "root": root,
-        "aeron": os.path.join(root, "aeron"),
-        "base": os.path.join(root, "shm"),
-        "config": os.path.join(root, "driver.toml"),
-    }
-    # Generous lease timings: this test is about forged notices, and a loaded host must not
-    # expire a lease on its own (100 ms x 3 lost one under a parallel Spark run).
-    policies = {"lease_keepalive_interval_ms": 200, "lease_expiry_grace_intervals": 25}
-    text = driver_toml(paths["base"], paths["aeron"], embedded=True, policies=policies)
-    Path(paths["config"]).write_text(text.replace('"aeron:ipc?term-length=1m"', f'"{CONTROL}"'))
-    yield paths
-    shutil.rmtree(root, ignore_errors=True)
+    with embedded_driver_work("tp-forged-", CONTROL) as paths:
+        yield paths
 
 
 def _forged_shutdown() -> bytes:

@@ -244,7 +244,12 @@ def test_s10_2_2_consumer_without_opt_in_sees_no_progress_and_none_is_published(
         time.sleep(0.5)
     finally:
         tap.proc.terminate()
-        out, _ = tap.proc.communicate(timeout=30)
+        tap.proc.wait(timeout=30)
+        # the rest through the same text reader: lines it already buffered are not on the fd
+        out = tap.stdout.read()
+        tap.stdout.close()
+        if tap.proc.stdin is not None:
+            tap.proc.stdin.close()
         plain.close()
         if progress_consumer is not None:
             progress_consumer.close()

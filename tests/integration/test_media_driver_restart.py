@@ -224,7 +224,8 @@ def test_26_2_every_daemon_survives_external_media_driver_kill9_and_restart(work
     start -> first new frame at that client) for docs/operator.md."""
     from netports import free_port, free_udp_ports
 
-    from tensorpool.spark_source import remote
+    from tensorpool.spark_source.options import FlightAccess
+    from tensorpool.spark_source.rings import remote
 
     aeron_dir = os.path.join(work, "aeron")
     base = os.path.join(work, "shm")
@@ -243,7 +244,7 @@ def test_26_2_every_daemon_survives_external_media_driver_kill9_and_restart(work
     shm = ["--aeron-dir", aeron_dir, "--shm-base-dir", base, "--driver"]
     report = ["--json", "--report-interval", "0.2"]
     port = free_port()
-    access = remote.FlightAccess(retry_s=0)
+    access = FlightAccess(retry_s=0)
 
     def served() -> tuple[int, int] | None:
         """(epoch, head) of the stream while ``serve`` says it is live."""

@@ -27,7 +27,8 @@ from driver_fixtures import DriverProcess, driver_toml
 from netports import free_ports
 
 from tensorpool.observe.metrics import scrape_values
-from tensorpool.spark_source import remote
+from tensorpool.spark_source.options import FlightAccess
+from tensorpool.spark_source.rings import remote
 from tensorpool.transport.process import stop_process
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -198,7 +199,7 @@ profile = "small"
             scans = 'tensorpool_serve_events_total{event="scans"}'
             a_srv = wait_scrape(p_srv, lambda m: "tensorpool_serve_frames_total" in m, "serve")
             for _ in range(3):  # Flight "scan" actions: the serve counters must move
-                remote.scan_host(f"127.0.0.1:{p_flight}", [SOURCE], remote.FlightAccess())
+                remote.scan_host(f"127.0.0.1:{p_flight}", [SOURCE], FlightAccess())
         except AssertionError:
             for name, path in logs.items():
                 print(name, Path(path).read_text(errors="replace")[-2000:])

@@ -28,8 +28,9 @@ from tensorpool.client.settings import ClientSettings
 from tensorpool.endpoints import Endpoints
 from tensorpool.ratelimiter.agent import RateLimiterAgent
 from tensorpool.ratelimiter.config import DriverAccess, MappingConfig, RateLimiterConfig
-from tensorpool.spark_source.attach import AnnounceProbe, Attachment
-from tensorpool.spark_source.discovery import StreamDiscovery
+from tensorpool.spark_source.rings.attach import Attachment
+from tensorpool.spark_source.rings.discovery import StreamDiscovery
+from tensorpool.spark_source.rings.probe import AnnounceProbe
 from tensorpool.transport.cnc import CLIENT_HEARTBEAT_TYPE, read_counters
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import release_shared_context, shared_context

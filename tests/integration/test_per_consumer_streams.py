@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 from driver_fixtures import DriverProcess, driver_toml
 
+from tensorpool.client.conductor import ContextConductor
 from tensorpool.client.consumer import MODE_RATE_LIMITED, Consumer, Frame
+from tensorpool.client.per_consumer import STALE_PERIODS
 from tensorpool.client.producer import Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings, Endpoints
 from tensorpool.config_util import IdRange
@@ -486,3 +488,83 @@ def test_s11_assigned_stream_without_publisher_falls_back_to_shared(
     finally:
         stop_process(proc)
         daemon.stop()
+
+
+def _consume(md: MediaDriverProcess, base: str, control: int) -> subprocess.Popen:
+    """`tensorpool consume` asking for 10 Hz of stream 7 (a per-consumer stream request)."""
+    cmd = [sys.executable, "-m", "tensorpool", "consume", "--stream-id", "7"]
+    cmd += ["--mode", "rate-limited", "--max-rate-hz", "10", "--duration", "120"]
+    cmd += ["--report-interval", "60"]
+    cmd += ["--aeron-dir", md.dir, "--shm-base-dir", base, "--control-stream-id", str(control)]
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def test_s10_1_3_qos_keeps_a_live_consumers_stream_and_kill_9_releases_it(
+    media_driver: MediaDriverProcess, work: str
+) -> None:
+    """§10.1.3: the producer judges a consumer stale on its hello/QoS, and hellos go out on
+    start and changes only (§10.1.2). A real `tensorpool consume` process that says hello once
+    keeps its per-consumer stream for longer than the stale window because it keeps sending
+    QosConsumer; killed with SIGKILL it sends neither, so its stream is closed after the window
+    and its id (the range's only one) goes to the next consumer."""
+    control = next(_controls)
+    settings = _settings(media_driver, work, control)  # 1 s QoS period: a 5 s stale window
+    window_s = STALE_PERIODS * settings.qos_period_ns / 1e9
+    proc = _consume(media_driver, work, control)
+    try:
+        with AeronContext(settings.transport) as ctx:
+            ctx.start()
+            hellos = ContextConductor.acquire(ctx)
+            tap = hellos.tap(
+                settings.channels.control_channel, control, (wire.ConsumerHelloDecoder,)
+            )
+            producer = Producer(
+                ctx,
+                StreamConfig.for_frame_bytes(7, 64, header_nslots=256),
+                settings,
+                per_consumer=True,
+                per_consumer_ids=IdRange(31000, 31000),
+            )
+            streams = producer._core.per_consumer
+            assert streams is not None
+            seen: list[int] = []
+
+            def pump(pred: Callable[[], bool], timeout: float, *clients: Consumer) -> None:
+                deadline = time.monotonic() + timeout
+                while not pred() and time.monotonic() < deadline:
+                    producer.offer(np.zeros(64, np.uint8))
+                    producer.do_work()
+                    seen.extend(d.consumer_id for d, _raw, _j in tap.drain())
+                    for c in clients:
+                        c.poll(lambda f: None)
+                    time.sleep(0.002)
+                assert pred(), (streams.streams, streams.counters, proc.poll())
+
+            def own() -> list[int]:
+                return [s.stream_id for s in streams.streams.values()]
+
+            try:
+                pump(lambda: own() == [31000], 60)  # the process asked and got the range's id
+                (cid,) = streams.streams
+                # alive for three stale windows: QoS keeps the stream, no hello renews it
+                t0 = time.monotonic()
+                pump(lambda: time.monotonic() - t0 > 3 * window_s, 3 * window_s + 30)
+                assert own() == [31000] and streams.counters["released"] == 0
+                assert seen.count(cid) <= 2, seen  # start (and a remap at most), not per period
+                proc.kill()  # SIGKILL: no detach, no last hello, no more QoS
+                proc.wait(30)
+                pump(lambda: own() == [], 3 * window_s + 60)
+                assert streams.counters["released"] == 1
+                other = Consumer(ctx, 7, settings, mode=MODE_RATE_LIMITED, max_rate_hz=10)
+                try:
+                    pump(lambda: other.descriptor_stream[1] == 31000, 60, other)  # reused
+                finally:
+                    other.close()
+            finally:
+                producer.close()
+                hellos.unregister(tap)
+                hellos.release()
+    finally:
+        stop_process(proc)

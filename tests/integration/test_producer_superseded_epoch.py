@@ -20,15 +20,12 @@ the consumer must receive its frames again.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-from driver_fixtures import ControlClient, DriverProcess, driver_toml
+from driver_fixtures import ControlClient, DriverProcess, embedded_driver_work
 
 from tensorpool.client.consumer import Consumer, Frame
 from tensorpool.client.producer import Producer
@@ -40,7 +37,6 @@ from tensorpool.transport.context import AeronContext
 
 pytestmark = pytest.mark.slow
 
-SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None
 CONTROL = "aeron:ipc?term-length=4m"
 CONTROL_STREAM = 1000
 STREAM = 10000
@@ -49,19 +45,8 @@ WAIT = 60.0
 
 @pytest.fixture
 def work() -> Iterator[dict[str, str]]:
-    root = tempfile.mkdtemp(prefix="tp-superseded-", dir=SHM_ROOT)
-    paths = {
-        "root": root,
-        "aeron": os.path.join(root, "aeron"),
-        "base": os.path.join(root, "shm"),
-        "config": os.path.join(root, "driver.toml"),
-    }
-    # generous lease timings: a loaded host must not expire a lease on its own here
-    policies = {"lease_keepalive_interval_ms": 200, "lease_expiry_grace_intervals": 25}
-    text = driver_toml(paths["base"], paths["aeron"], embedded=True, policies=policies)
-    Path(paths["config"]).write_text(text.replace('"aeron:ipc?term-length=1m"', f'"{CONTROL}"'))
-    yield paths
-    shutil.rmtree(root, ignore_errors=True)
+    with embedded_driver_work("tp-superseded-", CONTROL) as paths:
+        yield paths
 
 
 def test_30_producer_whose_lease_ended_unseen_follows_the_newer_epoch(

@@ -15,10 +15,10 @@ import numpy as np
 from tensorpool.client.consumer import Consumer
 from tensorpool.client.producer import PoolConfig, Producer, StreamConfig
 from tensorpool.client.settings import ClientSettings
-from tensorpool.spark_source import mapped_rings
-from tensorpool.spark_source.mapped_rings import RegionSpec, mapped, read_range
-from tensorpool.spark_source.offsets import to_runs
-from tensorpool.spark_source.source import arrow_schema
+from tensorpool.spark_source.plan.offsets import to_runs
+from tensorpool.spark_source.rings import mapped_rings
+from tensorpool.spark_source.rings.mapped_rings import RegionSpec, mapped, read_range
+from tensorpool.spark_source.spark.source import arrow_schema
 from tensorpool.transport.config import TransportConfig
 from tensorpool.transport.context import AeronContext
 

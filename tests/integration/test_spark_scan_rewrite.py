@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from test_spark_ring_sparse import _layout
 
-from tensorpool.spark_source.mapped_rings import MappedStream, RegionSpec
-from tensorpool.spark_source.offsets import Limits, StreamPlanner, StreamPos
+from tensorpool.spark_source.plan.offsets import Limits, StreamPos
+from tensorpool.spark_source.plan.planner import StreamPlanner
+from tensorpool.spark_source.rings.mapped_rings import MappedStream, RegionSpec
 
 
 class _WriteDuringCopy:

@@ -11,6 +11,9 @@ Issue #28 point 2: the sans-IO cores (``CORES``) and everything they import, tra
 ``TYPE_CHECKING`` edges included and a package's ``__init__`` counted for each of its modules
 (importing ``shm.uri`` runs ``shm/__init__.py``), reach no Aeron, no socket, no transport layer
 (``transport.context``, ``transport.clock``) and no clock module: time is passed in.
+
+Issue #27 point 2: inside ``spark_source`` four layers, options < plan < rings < spark, with
+``TYPE_CHECKING`` edges counted; ``plan/`` reaches no pyspark, pyarrow, pyaeron or transport.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ RANK: dict[str, int] = {
     "config_schema": 1,
     "fsafety": 1,
     "counters": 1,
+    # PEP 562 lazy package exports (transport, spark_source): stdlib only
+    "lazy": 1,
     "endpoints": 1,
     # SHM and Aeron, side by side
     "shm": 2,
@@ -55,7 +60,7 @@ RANK: dict[str, int] = {
     # metrics, top and the viewer (#19): readers of everything below, used by the commands
     "observe": 5,
     # `tensorpool serve` (#18): the Spark source's reads served over Arrow Flight; it builds on
-    # spark_source (mapped rings, read into Arrow, the protocol in spark_source/remote.py)
+    # spark_source (mapped rings, read into Arrow, the protocol in spark_source/rings/remote.py)
     "serve": 5,
     # the command line composes everything
     "commands": 5,
@@ -355,8 +360,8 @@ def test_14_1_the_checker_sees_a_forbidden_import(module: str, target: str, frag
 def test_14_1_the_checker_sees_a_cycle() -> None:
     """#14.1: a lazy import back from ``source`` to ``pulse`` (the cycle that existed) is found."""
     graph = {m: dict(t) for m, t in GRAPH.items()}
-    graph["tensorpool.spark_source.source"]["tensorpool.spark_source.pulse"] = 1
-    assert any("tensorpool.spark_source.pulse" in c for c in cycles(graph))
+    graph["tensorpool.spark_source.spark.source"]["tensorpool.spark_source.spark.pulse"] = 1
+    assert any("tensorpool.spark_source.spark.pulse" in c for c in cycles(graph))
 
 
 def test_28_2_cores_reach_no_io_transitively() -> None:
@@ -392,3 +397,154 @@ def test_28_2_the_full_graph_keeps_type_checking_edges() -> None:
     rules above leave out (gpu names shm types only for the type checker)."""
     assert "tensorpool.shm.batch" not in GRAPH["tensorpool.gpu.delivery"]
     assert "tensorpool.shm.batch" in FULL_GRAPH["tensorpool.gpu.delivery"]
+
+
+# --- #27 point 2: the Spark source's four layers ------------------------------------------------
+SPARK = "tensorpool.spark_source"
+#: Rank of each part of ``spark_source`` (the name after ``spark_source.``): options < plan <
+#: rings < spark. A module imports its own part or a lower one; options-layer modules are peers.
+#: ``options`` is the ``options/`` package (its modules are peers).
+SPARK_RANK: dict[str, int] = {
+    "options": 0,
+    "convert": 0,
+    "plan": 1,
+    "rings": 2,
+    "spark": 3,
+}
+#: What planning never reaches, even transitively (package ``__init__`` files and
+#: ``TYPE_CHECKING`` edges included): it decides from ring states, it does no I/O.
+PLAN_FORBIDDEN = ("pyspark", "pyarrow", "pyaeron", "tensorpool.transport.")
+
+
+def spark_part(module: str) -> str:
+    """``tensorpool.spark_source.plan.offsets`` -> ``plan``; the package itself -> ``""``."""
+    pieces = module.split(".")
+    return pieces[2] if len(pieces) > 2 and pieces[1] == "spark_source" else ""
+
+
+def spark_layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import inside ``spark_source`` that points up (or into the package facade)."""
+    out: list[str] = []
+    for module, targets in graph.items():
+        if not module.startswith(SPARK + "."):
+            continue
+        src = spark_part(module)
+        for target, line in targets.items():
+            if target != SPARK and not target.startswith(SPARK + "."):
+                continue
+            where = f"{module}:{line} imports {target}"
+            dst = spark_part(target)
+            if not dst:
+                out.append(f"{where}: import from the defining module, not the package facade")
+            elif src not in SPARK_RANK or dst not in SPARK_RANK:
+                out.append(f"{where}: {src if src not in SPARK_RANK else dst!r} has no layer")
+            elif SPARK_RANK[dst] > SPARK_RANK[src]:
+                out.append(f"{where}: {src} (layer {SPARK_RANK[src]}) may not import {dst}")
+    return out
+
+
+def plan_io_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    out: list[str] = []
+    for root in sorted(m for m in MODULES if spark_part(m) == "plan"):
+        found = reach(root, graph)
+        for target in sorted(found):
+            if not any(
+                target == bad or (bad.endswith(".") and target.startswith(bad))
+                for bad in PLAN_FORBIDDEN
+            ):
+                continue
+            chain = [target]
+            while chain[-1] != root:
+                chain.append(found[chain[-1]])
+            out.append(" <- ".join(chain))
+    return out
+
+
+def test_27_2_spark_source_modules_have_a_layer() -> None:
+    """#27.2: every module of ``spark_source`` is in one of the four layers."""
+    parts = {spark_part(m) for m in MODULES if m.startswith(SPARK + ".")}
+    assert parts <= set(SPARK_RANK), sorted(parts - set(SPARK_RANK))
+
+
+def test_27_2_spark_source_layers_point_downward() -> None:
+    """#27.2: options < plan < rings < spark, ``TYPE_CHECKING`` imports counted (a type named
+    from a higher layer ties the lower one to it as much as a runtime import). On the flat
+    package ``options.py`` imported ``remote.py`` (a rings module) for the ``hosts`` types."""
+    assert spark_layer_violations(FULL_GRAPH) == []
+
+
+def test_27_2_spark_source_has_no_cycle_even_for_the_type_checker() -> None:
+    """#27.2: the options <-> remote cycle (one side under ``TYPE_CHECKING``) is gone."""
+    inner = {m: t for m, t in FULL_GRAPH.items() if m.startswith(SPARK + ".")}
+    assert cycles(inner) == []
+
+
+def test_27_2_plan_reaches_no_spark_arrow_aeron_or_transport() -> None:
+    """#27.2: ``plan/`` and everything it imports (``TYPE_CHECKING`` edges and package
+    ``__init__`` files included) reach no pyspark, pyarrow, pyaeron or transport module. The
+    package ``__init__`` imports nothing eagerly so that importing ``plan.offsets`` does not
+    load ``convert`` (pyarrow) or ``options`` (transport config)."""
+    assert plan_io_violations(FULL_GRAPH) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "target", "fragment"),
+    [
+        (
+            "tensorpool.spark_source.plan.policy",
+            "tensorpool.spark_source.rings.mapped_rings",
+            "layer 1",
+        ),
+        ("tensorpool.spark_source.rings.remote", "tensorpool.spark_source.spark.source", "layer 2"),
+        ("tensorpool.spark_source.options", "tensorpool.spark_source.rings.remote", "layer 0"),
+        ("tensorpool.spark_source.spark.source", "tensorpool.spark_source", "package facade"),
+    ],
+)
+def test_27_2_the_spark_layer_checker_sees_an_upward_import(
+    module: str, target: str, fragment: str
+) -> None:
+    """#27.2: the sub-layer rule bites (an empty list is not the checker seeing nothing)."""
+    graph = {m: dict(t) for m, t in FULL_GRAPH.items()}
+    graph[module][target] = 1
+    problems = spark_layer_violations(graph)
+    assert any(module in p and fragment in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        ("tensorpool.spark_source.plan.offsets", "pyarrow"),
+        ("tensorpool.spark_source.options.policy", "tensorpool.transport.config"),  # via policy
+        ("tensorpool.spark_source", "pyspark"),  # the package __init__ runs first
+    ],
+)
+def test_27_2_the_plan_checker_sees_an_indirect_import(module: str, target: str) -> None:
+    """#27.2: an I/O import anywhere below ``plan/`` is reported with its chain."""
+    graph = {m: dict(t) for m, t in FULL_GRAPH.items()}
+    graph[module][target] = 1
+    problems = plan_io_violations(graph)
+    assert any(p.startswith(f"{target} <- {module} <- ") for p in problems), problems
+
+
+def test_27_2_type_checking_edges_are_counted() -> None:
+    """#27.2: the sub-layer checks read ``if TYPE_CHECKING:`` imports: ``rings.remote`` names
+    ``SourceOptions`` and ``hosts``' ``RemoteHosts`` only for the type checker, and that edge
+    is in the graph they walk."""
+    remote, options = "tensorpool.spark_source.rings.remote", "tensorpool.spark_source.options"
+    assert options not in GRAPH[remote]
+    assert options in FULL_GRAPH[remote]
+    graph = {m: dict(t) for m, t in FULL_GRAPH.items()}
+    graph[options][remote] = graph[remote][options]  # the cycle the flat package had
+    assert any(remote in c and options in c for c in cycles(graph))
+
+
+def test_27_2_package_map_names_every_module() -> None:
+    """#27.2: ``spark_source/__init__.py``'s module map names every module of the package (it
+    named 11 of 27 when the package was flat)."""
+    doc = (ROOT / "spark_source" / "__init__.py").read_text()
+    missing = [
+        m
+        for m in sorted(MODULES)
+        if m.startswith(SPARK + ".") and f":mod:`.{m[len(SPARK) + 1 :]}`" not in doc
+    ]
+    assert missing == []

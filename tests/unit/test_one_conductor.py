@@ -40,7 +40,7 @@ DECODERS: dict[str, str] = {
     "commands/top.py": "diagnostic: its own process and client",
     "commands/driver.py": "the driver command's shutdown request and its reply",
     "ratelimiter/forward.py": "sans-IO: re-encodes the bytes of messages the conductor decoded",
-    "spark_source/stream_meta.py": "MetaTracker.on_message: bytes in, for the unit tests",
+    "spark_source/rings/stream_meta.py": "MetaTracker.on_message: bytes in, for the unit tests",
 }
 
 

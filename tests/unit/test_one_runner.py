@@ -30,7 +30,7 @@ LONG_RUNNING: dict[str, tuple[str, ...]] = {
     "driver": ("commands/driver.py", "driver/daemon.py"),
     "ratelimiter": ("commands/ratelimiter.py",),
     "bridge": ("commands/bridge.py", "bridge/app.py"),
-    "serve": ("commands/serve.py", "spark_source/attach.py"),
+    "serve": ("commands/serve.py", "spark_source/rings/attach.py"),
     "produce": ("commands/produce.py",),
     "consume": ("commands/consume.py",),
     "view": ("commands/view.py",),
@@ -45,12 +45,18 @@ SHORT_LIVED: dict[str, str] = {
     "soak": "supervises the other commands as processes for --duration (no Aeron context)",
 }
 #: Background processes that are not CLI commands: the Spark source's keepers and publisher.
-OTHER_PROCESSES = ("spark_source/attach.py", "spark_source/publisher.py")
+OTHER_PROCESSES = (
+    "spark_source/rings/attach.py",
+    "spark_source/rings/probe.py",
+    "spark_source/rings/lifecycle.py",
+    "spark_source/spark/publisher.py",
+)
 #: (module, function): bounded waits with a deadline, not duty cycles.
 BOUNDED_WAITS = {
     ("commands/driver.py", "_shutdown"): "waits (deadline) for the driver's shutdown reply",
-    ("spark_source/attach.py", "wait_for_layouts"): "a plan waits (deadline) for layouts",
-    ("spark_source/attach.py", "announced"): "a plan listens for the rest of a window",
+    ("spark_source/rings/attach.py", "wait_for_layouts"): "a plan waits (deadline) for layouts",
+    ("spark_source/rings/probe.py", "wait_for_layouts"): "a plan waits (deadline) for layouts",
+    ("spark_source/rings/probe.py", "announced"): "a plan listens for the rest of a window",
     ("transport/mediadriver.py", "start_media_driver_after_crash"): "bounded takeover wait",
     ("transport/mediadriver.py", "wait_until_active"): "bounded start-up wait",
 }

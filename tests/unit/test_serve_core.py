@@ -7,10 +7,9 @@ from typing import Any
 import pytest
 
 from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
-from tensorpool.spark_source.mapped_rings import REGION_UNAVAILABLE
-from tensorpool.spark_source.offsets import RingState
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
-from tensorpool.spark_source.remote import (
+from tensorpool.spark_source.options import TensorPoolOptionError, parse_hosts, parse_source_options
+from tensorpool.spark_source.plan.offsets import RingState
+from tensorpool.spark_source.rings.flight_protocol import (
     MAX_TICKET_SPAN,
     LossRanges,
     Ticket,
@@ -23,8 +22,8 @@ from tensorpool.spark_source.remote import (
     encode_losses,
     encode_losses_request,
     new_loss_key,
-    parse_hosts,
 )
+from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
 
 
 def ring(oldest: int, head: int, nslots: int = 64, epoch: int = 3) -> RingState:
@@ -182,7 +181,7 @@ def test_18_2_server_schema_is_the_sources() -> None:
     """The server builds the Spark source's Arrow schema without pyspark: equal, exactly."""
     pytest.importorskip("pyspark")
     from tensorpool.serve.server import arrow_schema
-    from tensorpool.spark_source.source import arrow_schema as spark_schema
+    from tensorpool.spark_source.spark.source import arrow_schema as spark_schema
 
     for meta in (True, False):
         assert arrow_schema(meta).equals(spark_schema(meta))
@@ -194,7 +193,7 @@ def test_18_2_a_loss_range_is_counted_at_once_or_fails_at_its_first_frame() -> N
     pytest.importorskip("pyspark")
     from types import SimpleNamespace
 
-    from tensorpool.spark_source.source import LossRecorder, TensorPoolDataLossError
+    from tensorpool.spark_source.spark.source import LossRecorder, TensorPoolDataLossError
 
     part = SimpleNamespace(
         stream_id=5, epoch=2, region=None, fail_on_data_loss=False, spool_dir=None
@@ -284,8 +283,8 @@ def test_18_2_loss_a_server_counts_is_not_spooled_too(tmp_path: Any) -> None:
     pytest.importorskip("pyspark")
     from types import SimpleNamespace
 
-    from tensorpool.spark_source import spool
-    from tensorpool.spark_source.source import LossRecorder
+    from tensorpool.spark_source.rings import spool
+    from tensorpool.spark_source.spark.source import LossRecorder
 
     address = spool.make_spool(str(tmp_path))
     try:

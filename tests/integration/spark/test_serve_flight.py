@@ -26,7 +26,9 @@ from tensorpool.transport.process import stop_process
 flight = pytest.importorskip("pyarrow.flight")
 
 from tensorpool.serve.server import arrow_schema  # noqa: E402
-from tensorpool.spark_source import remote  # noqa: E402
+from tensorpool.spark_source.options import FlightAccess  # noqa: E402
+from tensorpool.spark_source.rings import flight_protocol as protocol  # noqa: E402
+from tensorpool.spark_source.rings import remote  # noqa: E402
 
 SID = 181
 BIG = 182  # 1 MiB frames: a full read of the ring is two 32 MiB batches
@@ -60,13 +62,13 @@ class Served:
             self.big.close()
             raise
         self.address = f"127.0.0.1:{self.port}"
-        self.access = remote.FlightAccess(token=TOKEN, retry_s=0)
+        self.access = FlightAccess(token=TOKEN, retry_s=0)
         self.md_dir, self.shm, self.token_file = md.dir, shm, token_file
 
     def client(self) -> Any:
         return flight.FlightClient(f"grpc://{self.address}")
 
-    def snapshot(self) -> remote.StreamSnapshot:
+    def snapshot(self) -> protocol.StreamSnapshot:
         snap = remote.scan_host(self.address, [SID], self.access)[SID]
         assert snap is not None
         return snap
@@ -106,7 +108,7 @@ def _alive(s: Served) -> None:
     assert s.snapshot().state.head >= 10
 
 
-def _read(s: Served, ticket: remote.Ticket) -> tuple[list[Any], list[tuple[int, str]]]:
+def _read(s: Served, ticket: protocol.Ticket) -> tuple[list[Any], list[tuple[int, str]]]:
     lost: list[tuple[int, str]] = []
     batches = list(remote.fetch(s.address, s.access, ticket, lambda q, w: lost.append((q, w))))
     return batches, lost
@@ -121,23 +123,23 @@ def test_18_1_describe_and_read(served: Served) -> None:
     info = served.client().get_flight_info(flight.FlightDescriptor.for_path(str(SID)), opts)
     import json
 
-    summary = json.loads(info.schema.metadata[remote.SUMMARY_KEY])
+    summary = json.loads(info.schema.metadata[protocol.SUMMARY_KEY])
     assert summary["epoch"] == served.prod.epoch and summary["live"] is True
     assert summary["nslots"] == NSLOTS and summary["oldest"] == 0 and summary["head"] >= 10
     assert summary["region"]["header_uri"].startswith("shm:file?path=")
     snap = served.snapshot()
-    batches, lost = _read(served, remote.Ticket(SID, snap.spec.epoch, 0, 10))
+    batches, lost = _read(served, protocol.Ticket(SID, snap.spec.epoch, 0, 10))
     assert lost == []
     rows = [r for b in batches for r in b.to_pylist()]
     assert [r["seq"] for r in rows] == list(range(10))
     assert all(check_payload(r["payload"], r["seq"]) for r in rows)
     assert batches[0].schema.equals(arrow_schema(True))
-    from tensorpool.spark_source.source import arrow_schema as spark_schema
+    from tensorpool.spark_source.spark.source import arrow_schema as spark_schema
 
     assert arrow_schema(True).equals(spark_schema(True))
     assert arrow_schema(False).equals(spark_schema(False))
     # the planned-runs form reads exactly those seqs
-    batches, lost = _read(served, remote.Ticket(SID, snap.spec.epoch, 2, 9, ((2, 4), (6, 9))))
+    batches, lost = _read(served, protocol.Ticket(SID, snap.spec.epoch, 2, 9, ((2, 4), (6, 9))))
     assert [r["seq"] for b in batches for r in b.to_pylist()] == [2, 3, 6, 7, 8] and lost == []
 
 
@@ -145,12 +147,12 @@ def test_18_1_describe_and_read(served: Served) -> None:
 def test_18_4_token_missing_or_wrong(served: Served, token: str | None) -> None:
     """#18.4: no token, or a wrong one, is refused with an authentication error on every call
     (describe, scan, read), and the server goes on serving."""
-    bad = remote.FlightAccess(token=token, retry_s=0)
+    bad = FlightAccess(token=token, retry_s=0)
     want = "no bearer token" if token is None else "wrong bearer token"
     with pytest.raises(flight.FlightUnauthenticatedError, match=want):
         remote.scan_host(served.address, [SID], bad)
     with pytest.raises(flight.FlightUnauthenticatedError, match=want):
-        list(remote.fetch(served.address, bad, remote.Ticket(SID, 1, 0, 1), lambda q, w: None))
+        list(remote.fetch(served.address, bad, protocol.Ticket(SID, 1, 0, 1), lambda q, w: None))
     with pytest.raises(flight.FlightUnauthenticatedError, match=want):
         list(served.client().list_flights(options=bad.call_options()))
     _alive(served)
@@ -182,7 +184,7 @@ def test_18_4_stream_not_served(served: Served) -> None:
     ):
         list(
             remote.fetch(
-                served.address, served.access, remote.Ticket(999, 1, 0, 1), lambda q, w: None
+                served.address, served.access, protocol.Ticket(999, 1, 0, 1), lambda q, w: None
             )
         )
     with pytest.raises(flight.FlightServerError, match="stream 999 is not served"):
@@ -214,16 +216,16 @@ def test_18_4_range_far_outside_the_ring(served: Served) -> None:
         def add_range(self, a: int, b: int, why: str) -> None:
             ranges.append((a, b, why))
 
-    key, other = remote.new_loss_key(), remote.new_loss_key()
+    key, other = protocol.new_loss_key(), protocol.new_loss_key()
     served.next_seq = served.prod.produce(5)  # the ring moves on: 5 frames of it overwritten
-    ticket = remote.Ticket(SID, epoch, first, head, None, True, key)
+    ticket = protocol.Ticket(SID, epoch, first, head, None, True, key)
     batches = list(remote.fetch(served.address, served.access, ticket, Rec()))
     assert ranges == [(first, first + 5, "seq_mismatch")]
     assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(first + 5, head))
     with pytest.raises(flight.FlightServerError, match="newest frame is seq"):
-        _read(served, remote.Ticket(SID, epoch, served.next_seq, served.next_seq + 10))
+        _read(served, protocol.Ticket(SID, epoch, served.next_seq, served.next_seq + 10))
     ranges.clear()
-    ticket = remote.Ticket(SID, epoch - 1, 0, NSLOTS, None, True, key)
+    ticket = protocol.Ticket(SID, epoch - 1, 0, NSLOTS, None, True, key)
     list(remote.fetch(served.address, served.access, ticket, Rec()))
     assert ranges == [(0, NSLOTS, "region_unavailable")]
     assert remote.take_losses(served.address, other, served.access) == []
@@ -233,7 +235,7 @@ def test_18_4_range_far_outside_the_ring(served: Served) -> None:
     with pytest.raises(flight.FlightServerError, match="loss key"):
         list(
             served.client().do_action(
-                flight.Action(remote.ACTION_LOSSES, b'{"key": "../etc"}'),
+                flight.Action(protocol.ACTION_LOSSES, b'{"key": "../etc"}'),
                 served.access.call_options(),
             )
         )
@@ -255,7 +257,7 @@ def test_18_4_client_disconnects_mid_stream(served: Served) -> None:
         "print('got one', flush=True)\n"
         "import os; os._exit(0)\n"
     )
-    t = remote.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head).encode().decode()
+    t = protocol.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head).encode().decode()
     for _ in range(3):
         out = subprocess.run(
             [sys.executable, "-c", probe, t], capture_output=True, text=True, timeout=60
@@ -267,7 +269,7 @@ def test_18_4_client_disconnects_mid_stream(served: Served) -> None:
         r.read_chunk()
         r.cancel()
     _alive(served)
-    batches, lost = _read(served, remote.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head))
+    batches, lost = _read(served, protocol.Ticket(BIG, snap.spec.epoch, head - NSLOTS, head))
     assert [b.num_rows for b in batches] == [32, 32] and lost == []
     seqs = [s for b in batches for s in b.column("seq").to_pylist()]
     assert seqs == list(range(head - NSLOTS, head))
@@ -305,21 +307,19 @@ def test_18_1_tls(served: Served, tmp_path: Any) -> None:
         assert proc.stdout is not None
         assert f"grpc+tls://127.0.0.1:{port}" in proc.stdout.readline()
         address = f"127.0.0.1:{port}"
-        tls = remote.FlightAccess(token=TOKEN, tls_root_certs=cert.read_bytes(), retry_s=0)
+        tls = FlightAccess(token=TOKEN, tls_root_certs=cert.read_bytes(), retry_s=0)
         snap = remote.scan_host(address, [SID], tls)[SID]
         assert snap is not None and snap.state.head >= 10
         first = snap.state.oldest
-        t = remote.Ticket(SID, snap.spec.epoch, first, first + 5)
+        t = protocol.Ticket(SID, snap.spec.epoch, first, first + 5)
         batches = list(remote.fetch(address, tls, t, lambda q, w: None))
         assert [r["seq"] for b in batches for r in b.to_pylist()] == list(range(first, first + 5))
         with pytest.raises(flight.FlightUnauthenticatedError):
             remote.scan_host(
-                address, [SID], remote.FlightAccess(tls_root_certs=cert.read_bytes(), retry_s=0)
+                address, [SID], FlightAccess(tls_root_certs=cert.read_bytes(), retry_s=0)
             )
-        with pytest.raises(remote.RemoteUnavailableError):  # plaintext to a TLS port
-            remote.scan_host(
-                address, [SID], remote.FlightAccess(token=TOKEN, retry_s=0, timeout_s=3)
-            )
+        with pytest.raises(protocol.RemoteUnavailableError):  # plaintext to a TLS port
+            remote.scan_host(address, [SID], FlightAccess(token=TOKEN, retry_s=0, timeout_s=3))
     finally:
         stop_process(proc)
 
@@ -361,7 +361,7 @@ def test_18_1_driver_mode(tmp_path: Any) -> None:
                 [*cmd, "--attach-timeout", "20"], stdout=subprocess.PIPE, text=True
             )
             assert proc.stdout is not None and "streams [10000]" in proc.stdout.readline()
-            access = remote.FlightAccess(retry_s=0)
+            access = FlightAccess(retry_s=0)
             deadline = time.monotonic() + 20  # live once the driver's announce names the producer
             while True:
                 snap = remote.scan_host(f"127.0.0.1:{port}", [10000], access)[10000]
@@ -371,7 +371,7 @@ def test_18_1_driver_mode(tmp_path: Any) -> None:
                 time.sleep(0.1)
             assert snap.live
             assert (snap.state.oldest, snap.state.head) == (0, 12)
-            t = remote.Ticket(10000, prod.epoch, 0, 12)
+            t = protocol.Ticket(10000, prod.epoch, 0, 12)
             rows = [
                 r
                 for b in remote.fetch(f"127.0.0.1:{port}", access, t, lambda q, w: None)
@@ -425,7 +425,7 @@ def _action(s: Served, kind: str, body: bytes) -> Any:
             b'{"v": 1, "stream": 181, "epoch": 1, "first": 0, "end": 2, "runs": [[0, 1e400]]}',
             "field 'runs'",
         ),
-        (b" " * (remote.MAX_REQUEST_BYTES + 1), "ticket is 4194305 bytes; at most 4194304"),
+        (b" " * (protocol.MAX_REQUEST_BYTES + 1), "ticket is 4194305 bytes; at most 4194304"),
     ],
 )
 def test_27_3_malformed_tickets_get_one_line_and_are_counted(
@@ -446,7 +446,7 @@ def test_27_3_malformed_tickets_get_one_line_and_are_counted(
         ("scan", b'{"streams": [181.0]}', r"'streams' holds 181.0, not a stream id"),
         ("scan", b'{"streams": 181}', r"'streams' must be a list"),
         ("scan", b'{"stream": [181]}', r"needs a JSON body"),
-        ("scan", b"x" * (remote.MAX_REQUEST_BYTES + 1), "at most 4194304"),
+        ("scan", b"x" * (protocol.MAX_REQUEST_BYTES + 1), "at most 4194304"),
         ("losses", b"{" * 100_000, "losses action's body nests JSON deeper"),
     ],
 )
@@ -460,9 +460,9 @@ def test_27_3_malformed_actions_get_one_line_and_are_counted(
 def test_27_3_a_scan_names_a_bounded_number_of_streams_each_scanned_once(served: Served) -> None:
     """#27.3: 60,000 stream ids (29 s of server CPU before) are refused at once, naming the
     bound; ids named twice are scanned once."""
-    body = remote.encode_scan_request([SID] * 60_000)
+    body = protocol.encode_scan_request([SID] * 60_000)
     _refused(served, _action(served, "scan", body), "bad_action", "names 60000 ids; at most 1024")
-    body = remote.encode_scan_request([SID, BIG] * (remote.MAX_SCAN_STREAMS // 2))
+    body = protocol.encode_scan_request([SID, BIG] * (protocol.MAX_SCAN_STREAMS // 2))
     scans = _stats(served).get("scans", 0)
     assert len(_action(served, "scan", body)()) == 2  # one table per distinct stream
     assert _stats(served)["scans"] == scans + 1
@@ -474,12 +474,12 @@ def test_27_3_a_ticket_cannot_count_more_loss_than_its_ring_holds(served: Served
     stream's ring holds is refused and nothing is counted lost; so is an epoch never
     announced."""
     snap = served.snapshot()
-    key = remote.new_loss_key()
+    key = protocol.new_loss_key()
     lost = _stats(served).get("frames_lost", 0)
     for ticket, why in (
-        (remote.Ticket(SID, snap.spec.epoch - 1, 0, 1 << 20, None, True, key), "names 1048576"),
-        (remote.Ticket(SID, snap.spec.epoch, 0, NSLOTS + 1, None, True, key), "names 65 frames"),
-        (remote.Ticket(SID, snap.spec.epoch + 7, 0, 1, None, True, key), "never announced"),
+        (protocol.Ticket(SID, snap.spec.epoch - 1, 0, 1 << 20, None, True, key), "names 1048576"),
+        (protocol.Ticket(SID, snap.spec.epoch, 0, NSLOTS + 1, None, True, key), "names 65 frames"),
+        (protocol.Ticket(SID, snap.spec.epoch + 7, 0, 1, None, True, key), "never announced"),
     ):
         _refused(served, _do_get(served, ticket.encode()), "bad_ticket", why)
     assert _stats(served).get("frames_lost", 0) == lost

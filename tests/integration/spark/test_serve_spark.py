@@ -23,9 +23,9 @@ from pyspark.sql.datasource import ReadAllAvailable
 from spark_helpers import BatchLog, check_payload
 
 import tensorpool.spark_source as tps
-from tensorpool.spark_source import remote
 from tensorpool.spark_source.options import parse_source_options
-from tensorpool.spark_source.source import TensorPoolStreamReader
+from tensorpool.spark_source.rings import remote
+from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 from tensorpool.transport.mediadriver import MediaDriverProcess
 from tensorpool.transport.process import stop_process
 
@@ -187,7 +187,7 @@ def test_18_2_read_time_loss_reaches_the_driver_from_any_host(served: Any) -> No
                 part = dataclasses.replace(
                     part,
                     spool_dir=spool_dir or part.spool_dir,
-                    remote=dataclasses.replace(part.remote, prefer_local=prefer_local),
+                    reader=dataclasses.replace(part.reader, prefer_local=prefer_local),
                 )
                 assert [b.num_rows for b in reader.read(part) if b.num_rows] == []
             return end

@@ -130,7 +130,7 @@ ATTACHED_CHILD = textwrap.dedent(
     """
     import logging, sys, time
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    from tensorpool.spark_source.attach import open_attachment
+    from tensorpool.spark_source.rings.attach import open_attachment
     from tensorpool.spark_source.options import parse_source_options
     opts = parse_source_options(dict(arg.split("=", 1) for arg in sys.argv[1:]), streaming=True)
     conn = opts.connection

@@ -25,7 +25,7 @@ from spark_helpers import (
     wait_query,
 )
 
-from tensorpool.spark_source import spool
+from tensorpool.spark_source.rings import spool
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 
@@ -34,8 +34,8 @@ ATTACHED = textwrap.dedent(
     """
     import sys, time
     from tensorpool.client.settings import ClientSettings
-    from tensorpool.spark_source import spool
-    from tensorpool.spark_source.attach import open_attachment
+    from tensorpool.spark_source.rings import spool
+    from tensorpool.spark_source.rings.attach import open_attachment
     from tensorpool.transport.config import TransportConfig
 
     aeron_dir, shm = sys.argv[1], sys.argv[2]

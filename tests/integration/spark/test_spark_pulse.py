@@ -17,16 +17,16 @@ import pytest
 from spark_helpers import check_payload, end_offsets, source_options, start_query, wait_query
 
 import tensorpool.spark_source as tps
-from tensorpool.spark_source import mapped_rings, spool
-from tensorpool.spark_source.attach import open_attachment
 from tensorpool.spark_source.options import parse_source_options
-from tensorpool.spark_source.pulse import (
+from tensorpool.spark_source.rings import mapped_rings, spool
+from tensorpool.spark_source.rings.attach import open_attachment
+from tensorpool.spark_source.spark.pulse import (
     PulsePartition,
     PulseStreamReader,
     pulse_arrow_schema,
     read_pulse_partition,
 )
-from tensorpool.spark_source.source import TensorPoolDataLossError, arrow_schema
+from tensorpool.spark_source.spark.source import TensorPoolDataLossError, arrow_schema
 
 pytestmark = pytest.mark.spark
 

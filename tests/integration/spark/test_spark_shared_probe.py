@@ -3,8 +3,9 @@
 The fixed cost of a small ``spark.read.format("tensorpool")`` query was an Aeron client, a
 control subscription and publication (and closing them) plus a hello round trip, in both the
 Python process that runs ``schema()`` and the one that runs ``partitions()``. Spark reuses those
-processes, so :func:`~tensorpool.spark_source.attach.shared_probe` keeps the probe between plans.
-These tests hold it to the rules a fresh probe obeys, and to the process hygiene rules (#13.6).
+processes, so :func:`~tensorpool.spark_source.rings.probe.shared_probe` keeps the probe between
+plans. These tests hold it to the rules a fresh probe obeys, and to the process hygiene rules
+(#13.6).
 
 Real parts, no JVM: a standalone media driver, a producer process, the probe in this process or
 in a child process.
@@ -23,8 +24,9 @@ import time
 import pytest
 from spark_helpers import process_alive, source_options, wait_gone
 
-from tensorpool.spark_source import attach, mapped_rings
 from tensorpool.spark_source.options import parse_source_options
+from tensorpool.spark_source.rings import attach, lifecycle, mapped_rings
+from tensorpool.spark_source.rings import probe as probes
 
 STREAM = 151
 
@@ -36,7 +38,7 @@ def _probe(opts: dict[str, str], stream: int = STREAM):  # type: ignore[no-untyp
         spec = mapped_rings.RegionSpec.from_layout(layout)  # type: ignore[arg-type]
         mapped_rings.mapped(spec, conn.base_dirs, revalidate=True)
 
-    return attach.shared_probe(
+    return probes.shared_probe(
         conn.client_settings(freshness_ms=int(opts.get("freshnessMs", "3000"))),
         map_layout=validate,
         is_current=mapped_rings.layout_still_mapped,
@@ -85,8 +87,8 @@ def test_second_plan_reuses_the_probe_and_drops_layouts_gone_or_stale(
         finally:
             q.proc.send_signal(signal.SIGCONT)
     finally:
-        attach.close_all()
-    assert attach.shared_probes() == 0
+        lifecycle.close_all()
+    assert probes.shared_probes() == 0
 
 
 def test_same_epoch_from_other_files_replaces_the_remembered_layout(spark_media_driver, tmp_shm):
@@ -114,7 +116,7 @@ def test_same_epoch_from_other_files_replaces_the_remembered_layout(spark_media_
         assert new.epoch == old.epoch and new.header_region_uri != old.header_region_uri
         assert dirs[1] in new.header_region_uri
     finally:
-        attach.close_all()
+        lifecycle.close_all()
         for p in (first, second):
             if p is not None:
                 p.close()
@@ -142,8 +144,8 @@ def test_kept_metadata_tracker_waits_for_the_planned_epoch(spark_media_driver, t
             assert meta.wait((sid,), 10, probe.hello, epochs={sid: layout.epoch}) == []
             assert dict(meta.versions_for(sid, q.epoch)[-1][1]) == {"name": "cam", "site": "B"}
     finally:
-        attach.close_all()
-    assert attach.shared_probes() == 0
+        lifecycle.close_all()
+    assert probes.shared_probes() == 0
 
 
 CHILD = textwrap.dedent(
@@ -151,32 +153,32 @@ CHILD = textwrap.dedent(
     import atexit, os, sys, threading, time
 
     # registered before tensorpool's own exit hook, so it runs after it (LIFO)
-    atexit.register(lambda: print("exit", attach.shared_probes(), flush=True))
-    from tensorpool.spark_source import attach
+    atexit.register(lambda: print("exit", probes.shared_probes(), flush=True))
+    from tensorpool.spark_source.rings import probe as probes
     from tensorpool.client.settings import ClientSettings
     from tensorpool.transport.config import TransportConfig
 
     aeron_dir, shm, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-    attach.PROBE_IDLE_S = 0.3
+    probes.PROBE_IDLE_S = 0.3
     s = ClientSettings(transport=TransportConfig(aeron_dir=aeron_dir), shm_base_dir=shm)
 
     def keepers():
         return sum(t.name == "tensorpool-spark-probe" for t in threading.enumerate())
 
     def plan():
-        with attach.shared_probe(s, map_layout=lambda layout: None) as probe:
+        with probes.shared_probe(s, map_layout=lambda layout: None) as probe:
             probe.hello(4343)
             return probe
 
     probe = plan()
-    print("open", attach.shared_probes(), keepers(), flush=True)
+    print("open", probes.shared_probes(), keepers(), flush=True)
     if mode == "idle":
         deadline = time.monotonic() + 10
-        while (attach.shared_probes() or keepers()) and time.monotonic() < deadline:
+        while (probes.shared_probes() or keepers()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        print("idle", attach.shared_probes(), keepers(), probe.closed, flush=True)
+        print("idle", probes.shared_probes(), keepers(), probe.closed, flush=True)
         plan()  # a later plan opens a new one; the normal exit closes it (atexit)
-        print("again", attach.shared_probes(), flush=True)
+        print("again", probes.shared_probes(), flush=True)
     else:
         time.sleep(600)  # the parent is killed: the parent watch must end this process
     """

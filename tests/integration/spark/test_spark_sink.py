@@ -12,7 +12,7 @@ import pytest
 from spark_helpers import ProducerProc, source_options
 
 from tensorpool.spark_source.options import parse_sink_options
-from tensorpool.spark_source.sink import (
+from tensorpool.spark_source.spark.sink import (
     TensorPoolStreamWriter,
     ensure_publisher,
     stage_batches,

@@ -27,10 +27,8 @@ from spark_helpers import (
 )
 
 from tensorpool.spark_source.options import parse_source_options
-from tensorpool.spark_source.source import (
-    TensorPoolDataLossError,
-    TensorPoolStreamReader,
-)
+from tensorpool.spark_source.spark.source import TensorPoolDataLossError
+from tensorpool.spark_source.spark.stream import TensorPoolStreamReader
 
 pytestmark = pytest.mark.spark
 

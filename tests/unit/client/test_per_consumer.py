@@ -128,12 +128,41 @@ def test_s10_1_2_half_request_declined_by_producer() -> None:
 
 
 def test_s10_1_3_stale_consumer_stream_closed_and_id_released() -> None:
-    """§10.1.3: no hello for stale_ns: the publication is closed and the id is free again."""
+    """§10.1.3: no hello and no QoS for stale_ns: the publication is closed and the id is free."""
     core = _core(IdRange(31000, 31000))
     _hello(core, 7, 0)
     assert _pc(core.tick(STALE)) == []  # not yet
     assert _pc(core.tick(STALE + 1)) == [CloseConsumerStream(7, "stale")]
     assert _hello(core, 8, STALE + 2)[0] == OpenConsumerStream(8, SHARED[0], 31000)
+
+
+def test_s10_1_3_qos_keeps_the_stream_without_another_hello() -> None:
+    """§10.1.3 ("stale" is judged on the hello/QoS interval): a consumer that said hello once
+    and keeps sending QosConsumer keeps its stream; when its QoS stops, the stale window runs
+    from its last QoS. QoS of another stream or of another consumer does not count."""
+    core = _core(IdRange(31000, 31000))
+    _hello(core, 7, 0)
+    for t in range(STALE // 2, 4 * STALE, STALE // 2):
+        core.on_consumer_qos(1, 7, t)
+        core.on_consumer_qos(2, 8, t + STALE)  # not ours: ignored
+        assert _pc(core.tick(t)) == [], t
+    last = 4 * STALE - STALE // 2
+    core.on_consumer_qos(2, 7, last + STALE)  # the same consumer id on another stream
+    core.on_consumer_qos(1, 8, last + STALE)  # another consumer of ours
+    assert _pc(core.tick(last + STALE)) == []
+    assert _pc(core.tick(last + STALE + 1)) == [CloseConsumerStream(7, "stale")]
+
+
+def test_driver_s11_qos_keeps_a_driver_assigned_stream() -> None:
+    """Driver mode: the producer follows the driver's assignment, and the consumer's QoS keeps
+    it open as in standalone mode (§10.1.3)."""
+    core = _core(driver=True)
+    _hello(core, 7, 0)
+    core.on_consumer_config(1, 7, "aeron:ipc", 31000, 0)
+    assert _pc(core.tick(0)) == [OpenConsumerStream(7, "aeron:ipc", 31000)]
+    core.on_consumer_qos(1, 7, STALE)
+    assert _pc(core.tick(2 * STALE)) == []
+    assert _pc(core.tick(2 * STALE + 1)) == [CloseConsumerStream(7, "stale")]
 
 
 def test_s10_1_3_consumer_that_stops_asking_is_released() -> None:
@@ -198,16 +227,28 @@ def _consumer(mode: int = LIMITED, rate: int = 10) -> ConsumerCore:
     )
 
 
-def test_s11_rate_limited_consumer_renews_its_hello_every_qos_period() -> None:
-    """§10.1.3: a per-consumer stream is released when hellos stop, so a RATE_LIMITED consumer
-    says hello every QoS period; a STREAM consumer only once."""
+def test_s10_1_3_hello_asks_again_until_own_stream_then_qos_keeps_it() -> None:
+    """§10.1.3: QoS, every period, is what keeps a per-consumer stream, so a consumer on its
+    own stream says hello no more; a RATE_LIMITED one without it (declined: range exhausted,
+    no lease yet; or released) asks again every QoS period; a STREAM consumer says hello once."""
     for mode, expected in ((LIMITED, 3), (STREAM, 1)):
         core = _consumer(mode)
-        hellos = 0
+        hellos = qos = 0
         for t in range(0, 250 * MS, 10 * MS):
-            hellos += sum(type(a).__name__ == "SendHello" for a in core.tick(t))
+            actions = core.tick(t)
+            hellos += sum(type(a).__name__ == "SendHello" for a in actions)
+            qos += sum(type(a).__name__ == "SendQos" for a in actions)
             core.hello_sent()
-        assert hellos == expected, mode
+        assert (hellos, qos) == (expected, 3), mode
+    core = _consumer(LIMITED)
+    core.on_consumer_config(True)  # on its own stream
+    kinds = []
+    for t in range(0, 250 * MS, 10 * MS):
+        kinds += [type(a).__name__ for a in core.tick(t)]
+        core.hello_sent()
+    assert kinds.count("SendHello") == 1 and kinds.count("SendQos") == 3, kinds  # the first
+    core.on_consumer_config(False)  # released: asks again
+    assert "SendHello" in [type(a).__name__ for a in core.tick(300 * MS)]
 
 
 def test_s11_standalone_range_must_not_hold_the_shared_stream_ids() -> None:

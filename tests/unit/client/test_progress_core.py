@@ -46,6 +46,25 @@ def test_s10_2_2_nothing_published_until_a_consumer_asks_for_progress() -> None:
     assert not t.active
 
 
+def test_s10_1_3_progress_interest_lasts_while_the_consumer_sends_qos() -> None:
+    """#29: a consumer's progress interest (and its finer hints) is dropped when neither a
+    hello nor a QosConsumer came from it for the stale window (§10.1.3), as its per-consumer
+    stream is: a consumer killed with SIGKILL never says hello without supportsProgress."""
+    stale = 500 * 10**6
+    t = ProgressThrottle(ProgressSettings(interval_us=250, min_interval_us=50), stale_ns=stale)
+    t.on_hello(7, True, 100, None, 0)
+    t.on_hello(8, True, None, None, 0)
+    t.on_qos(9, stale)  # QoS of a consumer that never asked: no interest made up
+    for now in range(stale // 2, 3 * stale, stale // 2):
+        t.on_qos(7, now)  # 7 stays alive; 8 went silent
+        t.forget_stale(now)
+        assert t.interested == (2 if now <= stale else 1), now
+    assert t.interval_ns == 100 * US and t.forgotten_stale == 1
+    assert t.forget_stale(3 * stale - stale // 2 + stale) == 0  # exactly the window: kept
+    assert t.forget_stale(3 * stale - stale // 2 + stale + 1) == 1
+    assert not t.active and t.interval_ns == 250 * US  # back to the producer's own policy
+
+
 def test_s10_2_2_always_on_publishes_without_any_hello() -> None:
     t = ProgressThrottle(ProgressSettings(only_when_requested=False))
     assert t.active and t.start(0, 0, MB, 0) == 0

@@ -11,21 +11,21 @@ import logging
 
 import pytest
 
-from tensorpool.spark_source.health import (
-    HealthMonitor,
-    MinFramesGate,
-    TensorPoolStaleStreamError,
-    backlog,
-    lag_of,
-)
-from tensorpool.spark_source.offsets import NOT_STARTED, RingState, StreamPos
 from tensorpool.spark_source.options import (
     DEFAULT_MAX_TRIGGER_DELAY_MS,
     DEFAULT_STALE_STREAM_TIMEOUT_MS,
     TensorPoolOptionError,
     parse_source_options,
 )
-from tensorpool.spark_source.progress import lost_frames, stream_health, stream_lag
+from tensorpool.spark_source.plan.health import (
+    HealthMonitor,
+    MinFramesGate,
+    TensorPoolStaleStreamError,
+    backlog,
+    lag_of,
+)
+from tensorpool.spark_source.plan.offsets import NOT_STARTED, RingState, StreamPos
+from tensorpool.spark_source.plan.progress import lost_frames, stream_health, stream_lag
 
 MS = 1_000_000
 LIVE = (True, 100)

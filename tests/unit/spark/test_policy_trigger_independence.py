@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorpool.spark_source.offsets import Limits, RingState, StreamPlanner, StreamPos, runs_seqs
-from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import PolicyOptions
+from tensorpool.spark_source.options import PolicyOptions
+from tensorpool.spark_source.plan.offsets import Limits, RingState, StreamPos, runs_seqs
+from tensorpool.spark_source.plan.planner import StreamPlanner
+from tensorpool.spark_source.plan.policy import SourcePolicy
 
 MS = 1_000_000
 S = 1_000_000_000

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tensorpool.endpoints import Endpoints
 from tensorpool.spark_source.options import parse_sink_options
-from tensorpool.spark_source.publisher import MUST_MATCH, PublisherConfig, config_value
-from tensorpool.spark_source.sink import publisher_config
+from tensorpool.spark_source.spark.publisher import MUST_MATCH, PublisherConfig, config_value
+from tensorpool.spark_source.spark.sink import publisher_config
 
 
 def _opts(tmp_path: Path, **extra: str) -> dict[str, str]:

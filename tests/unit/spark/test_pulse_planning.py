@@ -15,18 +15,18 @@ from collections.abc import Iterable
 import pytest
 
 from tensorpool.batching import RateAwareMessageBatcher
-from tensorpool.spark_source.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
-from tensorpool.spark_source.pulse import (
+from tensorpool.spark_source.plan.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN
+from tensorpool.spark_source.plan.pulse import (
     PulseOffset,
     PulseOffsetError,
     PulsePlanner,
     StreamCursor,
     StreamScan,
     WindowRef,
-    pulse_schema_ddl,
     to_runs,
 )
+from tensorpool.spark_source.spark.pulse import pulse_schema_ddl
 
 S = 1_000_000_000
 T0 = 5_000 * S  # a monotonic-clock-like origin

@@ -9,21 +9,24 @@ import json
 import numpy as np
 import pytest
 
-from tensorpool.spark_source.admission import JitterMeter, TokenBucket, lag_count
-from tensorpool.spark_source.eventtime import Aligner, running_max
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import (
+    PolicyOptions,
+    TensorPoolOptionError,
+    parse_source_options,
+)
+from tensorpool.spark_source.plan.admission import JitterMeter, TokenBucket, lag_count
+from tensorpool.spark_source.plan.eventtime import Aligner, running_max
+from tensorpool.spark_source.plan.offsets import (
     Limits,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
     encode_offsets,
 )
-from tensorpool.spark_source.options import TensorPoolOptionError, parse_source_options
-from tensorpool.spark_source.policy import SourcePolicy
-from tensorpool.spark_source.policy_options import PolicyOptions
-from tensorpool.spark_source.sizing import (
+from tensorpool.spark_source.plan.planner import StreamPlanner
+from tensorpool.spark_source.plan.policy import SourcePolicy
+from tensorpool.spark_source.plan.sizing import (
     EMERGENCY,
     HIGH,
     INITIAL_BYTES,

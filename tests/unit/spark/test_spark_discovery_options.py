@@ -9,22 +9,22 @@ import json
 
 import pytest
 
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import (
+    MAX_STREAM_ID,
+    TensorPoolOptionError,
+    parse_source_options,
+)
+from tensorpool.spark_source.plan.offsets import (
     NOT_STARTED,
     Limits,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
     encode_offsets,
     grow_offsets,
 )
-from tensorpool.spark_source.options import (
-    MAX_STREAM_ID,
-    TensorPoolOptionError,
-    parse_source_options,
-)
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 
 def test_streams_star_and_ranges_are_patterns():

@@ -14,12 +14,16 @@ import pyarrow as pa
 import pytest
 
 from tensorpool.spark_source.convert import column_to_numpy, stack, to_numpy
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import (
+    TensorPoolOptionError,
+    parse_sink_options,
+    parse_source_options,
+)
+from tensorpool.spark_source.plan.offsets import (
     Limits,
     OffsetError,
     Range,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     decode_offsets,
@@ -27,11 +31,7 @@ from tensorpool.spark_source.offsets import (
     split_budget,
     split_ranges,
 )
-from tensorpool.spark_source.options import (
-    TensorPoolOptionError,
-    parse_sink_options,
-    parse_source_options,
-)
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 
 def test_offsets_json_has_a_stable_key_order():

@@ -13,11 +13,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from tensorpool.ingest import DropInfo, IngressBuffer
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.plan.offsets import (
     Limits,
     Range,
     RingState,
-    StreamPlanner,
     StreamPos,
     batch_ranges,
     iter_seq_chunks,
@@ -26,6 +25,7 @@ from tensorpool.spark_source.offsets import (
     split_ranges,
     to_runs,
 )
+from tensorpool.spark_source.plan.planner import StreamPlanner
 
 E = 5  # the epoch of every ring here
 

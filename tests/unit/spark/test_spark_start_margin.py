@@ -13,23 +13,23 @@ import os
 import numpy as np
 import pytest
 
-from tensorpool.spark_source.hosts import (
-    BATCH,
-    HostView,
-    PlanOrigin,
-    TensorPoolWrongHostError,
-    check_origin,
-)
-from tensorpool.spark_source.loss_text import batch_loss_message, explicit_start_hint
-from tensorpool.spark_source.margin import safe_earliest
-from tensorpool.spark_source.offsets import (
+from tensorpool.spark_source.options import parse_source_options
+from tensorpool.spark_source.plan.margin import safe_earliest
+from tensorpool.spark_source.plan.offsets import (
     OVERWRITTEN,
     REGIONS_GONE,
     Loss,
     RingState,
     loss_message,
 )
-from tensorpool.spark_source.options import parse_source_options
+from tensorpool.spark_source.rings.hosts import (
+    BATCH,
+    HostView,
+    PlanOrigin,
+    TensorPoolWrongHostError,
+    check_origin,
+)
+from tensorpool.spark_source.spark.loss_text import batch_loss_message, explicit_start_hint
 
 S = 1_000_000_000
 

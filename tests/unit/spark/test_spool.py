@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorpool.spark_source import spool
+from tensorpool.spark_source.rings import spool
 
 
 def _dead_pid() -> int:
@@ -52,7 +52,7 @@ def test_reader_process_ending_on_sigterm_leaves_nothing(tmp_path: Path) -> None
     """#13.6: a reader killed with SIGTERM (how Spark stops it: no cleanup code runs) leaves no
     spool behind, with reports pending."""
     code = (
-        "import sys, time; from tensorpool.spark_source import spool;"
+        "import sys, time; from tensorpool.spark_source.rings import spool;"
         "a = spool.make_spool(sys.argv[1]); spool.report(a, 1, 1, 1);"
         "print(a, flush=True); time.sleep(600)"
     )
@@ -79,7 +79,7 @@ def test_reports_of_another_user_are_ignored(tmp_path: Path) -> None:
     addr = spool.make_spool(str(tmp_path))
     try:
         code = (
-            "import os, sys; from tensorpool.spark_source import spool;"
+            "import os, sys; from tensorpool.spark_source.rings import spool;"
             "os.setuid(65534); spool.report(sys.argv[1], 7, 1, 9)"
         )
         subprocess.run([sys.executable, "-c", code, addr], check=True, timeout=60)

@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tensorpool.spark_source import stream_meta
 from tensorpool.spark_source.convert import stack, tensor_layout, to_numpy
 from tensorpool.spark_source.options import (
     TensorPoolOptionError,
     parse_source_options,
 )
+from tensorpool.spark_source.rings import stream_meta
 from tensorpool.specs.generated import wire
 
 

@@ -97,6 +97,40 @@ def test_every_consumer_of_a_stream_is_woken(namespace: str) -> None:
         assert (a.wakeups, b.wakeups, other.wakeups) == (1, 1, 0)
 
 
+def test_s10_1_3_consumer_on_its_own_stream_is_posted_only_for_its_own_descriptors(
+    namespace: str,
+) -> None:
+    """#29 / §10.1.3: a consumer reading its own descriptor stream (its semaphore named with
+    its consumer id) is not woken by the shared stream's descriptors, only by its own stream's
+    (a 10 Hz consumer of a 1 kHz stream: 10 wakeups a second, not 1000); the others still are;
+    once its stream is released it is posted with the shared stream again."""
+    with (
+        SemaphoreIdleStrategy(namespace, 5, SHORT_NS, consumer_id=0xABCD) as own,
+        SemaphoreIdleStrategy(namespace, 5, SHORT_NS, consumer_id=0xABCD) as again,
+        SemaphoreIdleStrategy(namespace, 5, SHORT_NS, consumer_id=7) as shared,
+    ):
+        assert own.sem_name.endswith("-0000abcd") and again.sem_name != own.sem_name
+        poster = WakePoster(namespace, 5)
+        try:
+            poster.rescan()
+            poster.set_own_streams(frozenset({0xABCD}))
+            poster.post()  # a shared-stream descriptor
+            own.idle(0)
+            shared.idle(0)
+            assert (own.wakeups, shared.wakeups) == (0, 1)
+            poster.post_consumer(0xABCD)  # a descriptor on its own stream
+            poster.post_consumer(7)  # not on its own stream: nothing
+            own.idle(0)
+            shared.idle(0)
+            assert (own.wakeups, shared.wakeups) == (1, 1)
+            poster.set_own_streams(frozenset())  # released: back on the shared stream
+            poster.post()
+            own.idle(0)
+            assert own.wakeups == 2
+        finally:
+            poster.close()
+
+
 def test_posts_do_not_accumulate_while_the_consumer_is_busy(namespace: str) -> None:
     """#14.1: the producer posts only while the value is 0, so frames published while the
     consumer was busy cost it one spurious wakeup at most, not one per frame."""
