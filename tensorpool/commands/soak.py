@@ -69,6 +69,12 @@ WARMUP_TIMEOUT_S = 120.0  # a loaded 2-core host starts ~20 Python processes slo
 #: A Spark query starts a JVM and its Python workers: a minute or more on a loaded 2-core
 #: host, so its first batch (warm-up) and its first batch after a restart get this long.
 SPARK_TIMEOUT_S = 300.0
+#: The Spark query's session (its driver, JVM and ~10 Python workers) weighs as ~9 parts
+#: (autogroup nice -10: weight 9548 against 1024). At one part's weight (1/27 of the CPU at
+#: the soak's own load) Spark's streaming-source Python worker (``python_streaming_source_
+#: runner``, 0.45 s of CPU to import) misses Spark's fixed 10 s connect-back and the query
+#: fails with "Python worker failed to connect back" (docs/reliability.md).
+SPARK_SESSION_NICE = -10
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,10 @@ class Role:
     deps: frozenset[str] = frozenset()
     stream: int = 0
     restart: bool = True  # started again when it exits
+    #: The nice value of the part's session's scheduling group (Linux autogroup): each part
+    #: runs in a session of its own, and the kernel shares the CPU between sessions, not
+    #: between processes; a part of many processes (the Spark query) gets a larger weight.
+    session_nice: int = 0
 
 
 @dataclass
@@ -273,12 +283,31 @@ class Topology:
             )
         finally:
             log.close()
+        if role.session_nice:
+            self.weigh_session(proc.pid, role.session_nice)
         inst = Instance(role, proc, time.monotonic())
         with self.lock:
             self.current[name] = inst
             self.history.append(inst)
         threading.Thread(target=self._read, args=(inst,), daemon=True).start()
         return inst
+
+    #: What raising a session's weight gave: ``{"session_nice": N}`` or ``{"not_raised": why}``.
+    session_weight: dict[str, Any] | None = None
+
+    def weigh_session(self, pid: int, nice: int) -> None:
+        """Set the CPU weight of ``pid``'s session (it called setsid before Popen returned:
+        the exec happened). Needs CAP_SYS_NICE for a negative value; without it (or without
+        autogroups) the session keeps one part's weight, and the report says why."""
+        try:
+            if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "0":
+                self.session_weight = {"not_raised": "autogroups are off: no session weight"}
+                return
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+        except OSError as exc:
+            self.session_weight = {"not_raised": f"/proc/{pid}/autogroup: {exc.strerror}"}
+        else:
+            self.session_weight = {"session_nice": nice}
 
     def _read(self, inst: Instance) -> None:
         assert inst.proc.stdout is not None
@@ -563,7 +592,7 @@ def build(
             f"127.0.0.1:{port}/{SPARK_FLIGHT}",
         ]
         deps = host_a | {"serve", f"producer-{SPARK_LOCAL}", f"producer-{SPARK_FLIGHT}"}
-        topo.add(Role("spark", "spark", argv, deps))
+        topo.add(Role("spark", "spark", argv, deps, session_nice=SPARK_SESSION_NICE))
     topo.client_args = {"a": client_a, "b": client_b}  # type: ignore[attr-defined]
     return topo
 
@@ -687,6 +716,10 @@ class Injected:
     failed: str = ""  # why a fault without client recovery (fs-full) was not survived
     pending: bool = False  # its action still runs on a thread
     deferred_s: float = 0.0  # how long it waited for the previous fault's recovery
+    # where a restart's recovery time goes (fault -> the replacement's start -> its first
+    # output line, i.e. Python started, imported and attached -> the clients' first frames)
+    started_s: float | None = None
+    first_line_s: float | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -1030,9 +1063,12 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
                 cur = topo.current.get(inj.fault.target)
                 if cur is None or cur is inj.replaced:
                     continue
+                inj.started_s = cur.started - inj.at
                 # the replacement runs: its first output line, or 2 s for a silent driver
                 if not cur.first_output_at and now - cur.started < 2.0:
                     continue
+                if cur.first_output_at:
+                    inj.first_line_s = cur.first_output_at - inj.at
             if not inj.baseline_taken and now >= inj.resume_at:
                 inj.baseline = {a: topo.delivered.get(a, 0) for a in inj.affected}
                 inj.baseline_taken = True
@@ -1088,7 +1124,7 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
     )
     derived = reconcile([], [s for s in segments if s.stream_id in (RL_DEST, BRIDGE_DEST)])
     if "spark" in topo.roles:
-        spark_segs, odd, across = spark_segments(_spark_batches(topo.work / "spark"))
+        spark_segs, odd, across = spark_segments(spark_batches(topo.work / "spark"))
         got = reconcile(published, spark_segs)
         got.unaccounted += odd
         topo.spark = {  # type: ignore[attr-defined]
@@ -1098,6 +1134,7 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
             "batches_across_epochs": across,
             "unaccounted_frames": got.unaccounted_frames,
             "ranges_without_complete_producer_report": got.unverified_segments,
+            "session_weight": topo.session_weight,
         }
         derived.unaccounted += got.unaccounted
         derived.delivered += got.delivered
@@ -1105,7 +1142,16 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
     return res, derived
 
 
-def _spark_batches(d: Path) -> list[SparkBatch]:
+def _offset_doc(text: str | None) -> dict[str, Any]:
+    """A source offset of a query's progress as an object; {} when it is none."""
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def spark_batches(d: Path) -> list[SparkBatch]:
     """The Spark query's per-batch lines (spark_query.py): rows and offsets joined by batch
     id; the last line of a replayed batch wins, a line cut by a kill is skipped."""
     rows: dict[int, list[list[int]]] = {}
@@ -1128,9 +1174,9 @@ def _spark_batches(d: Path) -> list[SparkBatch]:
         for sid, epoch, count, distinct, lo, hi in rows[bid]:
             per_epoch.setdefault(int(sid), {})[int(epoch)] = (count, distinct, lo, hi)
         for start_text, end_text in pairs:
-            if not start_text or not end_text:
-                continue  # the query's first batch: no start offset to check against
-            start, end = json.loads(start_text), json.loads(end_text)
+            # the query's first batch has no start offset to check against: PySpark gives
+            # it as the text "None"
+            start, end = _offset_doc(start_text), _offset_doc(end_text)
             for key, e in end.items():
                 b = start.get(key)
                 if not (isinstance(e, dict) and isinstance(b, dict) and "seq" in e and "seq" in b):
@@ -1212,7 +1258,8 @@ def build_report(
     per_kind: dict[str, dict[str, Any]] = {}
     for inj in faults:
         k = per_kind.setdefault(
-            inj.fault.kind, {"injected": 0, "survived": 0, "skipped": 0, "recovery_s": []}
+            inj.fault.kind,
+            {"injected": 0, "survived": 0, "skipped": 0, "recovery_s": [], "phases": {}},
         )
         if not inj.injected:
             k["skipped"] += 1
@@ -1221,6 +1268,12 @@ def build_report(
         k["injected"] += 1
         times = list(inj.recovered.values())
         k["recovery_s"].extend(times)
+        if times and inj.started_s is not None:
+            phases = k["phases"]
+            phases.setdefault("restart", []).append(inj.started_s)
+            if inj.first_line_s is not None:
+                phases.setdefault("process_start", []).append(inj.first_line_s - inj.started_s)
+                phases.setdefault("first_frame", []).append(max(times) - inj.first_line_s)
         ok = len(inj.recovered) == len(inj.affected) and not inj.failed
         crashed = [
             c["process"]
@@ -1245,9 +1298,18 @@ def build_report(
     kinds_out = {}
     for kind, k in sorted(per_kind.items()):
         rec = k.pop("recovery_s")
+        phases = k.pop("phases")
         all_rec.extend(rec)
         kinds_out[kind] = {
             **k,
+            **(
+                {
+                    "recovery_profile_p50_s": {p: _pct(v, 50) for p, v in phases.items()},
+                    "recovery_profile_max_s": {p: round(max(v), 3) for p, v in phases.items()},
+                }
+                if phases
+                else {}
+            ),
             "recovery_p50_s": _pct(rec, 50),
             "recovery_p99_s": _pct(rec, 99),
             "recovery_max_s": round(max(rec), 3) if rec else None,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from tensorpool.client import consumer_core
 from tensorpool.client.announce import CLOCK_MONOTONIC
 from tensorpool.client.consumer_core import CHECK, READ, ConsumerCore, MapEpoch
+from tensorpool.commands.soak import spark_batches
 from tensorpool.counters import Reason
 from tensorpool.soak.ledger import (
     DESCRIPTOR_REASONS,
@@ -191,3 +195,22 @@ def test_30_3_a_replayed_spark_batch_counts_once_and_epoch_crossings_are_counted
     segs, odd, across = spark_segments([first, replay, cross])
     res = reconcile([Published(STREAM, 2, 0, 103), Published(STREAM, 3, 0, 20)], segs)
     assert (res.unaccounted_frames, res.delivered, odd, across) == (0, 100, [], 1)
+
+
+def test_30_3_spark_first_batch_start_offset_none_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """PySpark gives the first batch's start offset as the text "None": the report must read
+    the file (the first run with a Spark query ended in a JSONDecodeError), the first batch
+    has nothing to check against and the next one is a segment."""
+    off = {"105": {"epoch": 2, "seq": 8887, "frames": 0, "lost": 0, "lostLate": 0}}
+    nxt = {"105": {"epoch": 2, "seq": 9998, "frames": 64, "lost": 1047, "lostLate": 0}}
+    lines = [
+        {"batch": 0, "rows": []},
+        {"progress": 0, "offsets": [["None", json.dumps(off)]]},
+        {"batch": 1, "rows": [[105, 2, 64, 64, 9934, 9997]]},
+        {"progress": 1, "offsets": [[json.dumps(off), json.dumps(nxt)]]},
+    ]
+    (tmp_path / "batches.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+    batches = spark_batches(tmp_path)
+    assert [(b.batch_id, b.stream_id, b.start_seq, b.end_seq) for b in batches] == [
+        (1, 105, 8887, 9998)
+    ]
