@@ -263,6 +263,10 @@ class Topology:
         self.delivered_at: dict[str, float] = {}
         self.stopping = False
         self.window: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        # the Spark query's batches (its lines in the working directory, read at the stop)
+        self.spark_batches: list[SparkBatch] = []
+        # what raising a session's weight gave: {"session_nice": N} or {"not_raised": why}
+        self.session_weight: dict[str, Any] | None = None
 
     def add(self, role: Role) -> None:
         self.roles[role.name] = role
@@ -291,9 +295,6 @@ class Topology:
             self.history.append(inst)
         threading.Thread(target=self._read, args=(inst,), daemon=True).start()
         return inst
-
-    #: What raising a session's weight gave: ``{"session_nice": N}`` or ``{"not_raised": why}``.
-    session_weight: dict[str, Any] | None = None
 
     def weigh_session(self, pid: int, nice: int) -> None:
         """Set the CPU weight of ``pid``'s session (it called setsid before Popen returned:
@@ -1124,7 +1125,7 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
     )
     derived = reconcile([], [s for s in segments if s.stream_id in (RL_DEST, BRIDGE_DEST)])
     if "spark" in topo.roles:
-        spark_segs, odd, across = spark_segments(spark_batches(topo.work / "spark"))
+        spark_segs, odd, across = spark_segments(topo.spark_batches)
         got = reconcile(published, spark_segs)
         got.unaccounted += odd
         topo.spark = {  # type: ignore[attr-defined]
@@ -1139,6 +1140,7 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
         derived.unaccounted += got.unaccounted
         derived.delivered += got.delivered
         derived.overcounted += got.overcounted
+        derived.overcounted_in += got.overcounted_in
     return res, derived
 
 
@@ -1156,6 +1158,7 @@ def spark_batches(d: Path) -> list[SparkBatch]:
     id; the last line of a replayed batch wins, a line cut by a kill is skipped."""
     rows: dict[int, list[list[int]]] = {}
     offsets: dict[int, list[list[str | None]]] = {}
+    runs: dict[int, str] = {}
     with contextlib.suppress(OSError), open(d / "batches.jsonl") as f:
         for line in f:
             try:
@@ -1166,6 +1169,7 @@ def spark_batches(d: Path) -> list[SparkBatch]:
                 rows[int(doc["batch"])] = doc["rows"]
             elif "progress" in doc:
                 offsets[int(doc["progress"])] = doc["offsets"]
+                runs[int(doc["progress"])] = str(doc.get("run", ""))
     out = []
     for bid, pairs in sorted(offsets.items()):
         if bid not in rows:
@@ -1195,6 +1199,7 @@ def spark_batches(d: Path) -> list[SparkBatch]:
                         int(e.get("lost", 0)),
                         int(e.get("lostLate", 0)),
                         per_epoch.get(sid, {}),
+                        runs[bid],
                     )
                 )
     return out
@@ -1351,6 +1356,7 @@ def build_report(
             "delivered": res.delivered + derived.delivered,
             "dropped_by_reason": res.dropped,
             "overcounted": res.overcounted + derived.overcounted,
+            "overcounted_in": [*res.overcounted_in, *derived.overcounted_in][:50],
             "tail_after_last_seen": res.tail,
             "segments_without_complete_producer_report": res.unverified_segments,
         },
@@ -1663,6 +1669,8 @@ def run(args: argparse.Namespace) -> int:
         stop.restore()
         net_left = net.close()
     files_left = _files_left(work)
+    if "spark" in topo.roles:  # read before the working directory goes
+        topo.spark_batches = spark_batches(work / "spark")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     leftovers = _leftovers(topo, work, shm_before, args.keep)

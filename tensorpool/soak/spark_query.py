@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(
                 {
                     "progress": pr.batchId,
+                    "run": str(pr.runId),  # a restart from the checkpoint is a new run
                     "offsets": [[s.startOffset, s.endOffset] for s in pr.sources],
                 }
             )
