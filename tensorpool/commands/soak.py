@@ -1060,16 +1060,19 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
         for inj in faults:
             if not inj.injected or inj.pending:
                 continue
+            if inj.replaced is not None and inj.first_line_s is None:
+                cur = topo.current.get(inj.fault.target)
+                if cur is not None and cur is not inj.replaced:  # the profile's timestamps
+                    inj.started_s = cur.started - inj.at
+                    if cur.first_output_at:
+                        inj.first_line_s = cur.first_output_at - inj.at
             if not inj.baseline_taken and inj.replaced is not None:
                 cur = topo.current.get(inj.fault.target)
                 if cur is None or cur is inj.replaced:
                     continue
-                inj.started_s = cur.started - inj.at
                 # the replacement runs: its first output line, or 2 s for a silent driver
                 if not cur.first_output_at and now - cur.started < 2.0:
                     continue
-                if cur.first_output_at:
-                    inj.first_line_s = cur.first_output_at - inj.at
             if not inj.baseline_taken and now >= inj.resume_at:
                 inj.baseline = {a: topo.delivered.get(a, 0) for a in inj.affected}
                 inj.baseline_taken = True
@@ -1083,6 +1086,22 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
 
 
 # --- the report ----------------------------------------------------------------------------------
+def recovery_phases(inj: Injected) -> dict[str, float]:
+    """Where a restarted part's recovery time went: ``restart`` (the fault to the new
+    process: a SIGTERM'd part's shutdown, the spawn), ``process_start`` (to its first output
+    line: Python's start, imports, attach, a lease), ``first_frame`` (to the last affected
+    client's first frame; from the process's start for a part that prints nothing)."""
+    if not inj.recovered or inj.started_s is None:
+        return {}
+    out = {"restart": inj.started_s}
+    ready = inj.started_s
+    if inj.first_line_s is not None:
+        ready = inj.first_line_s
+        out["process_start"] = ready - inj.started_s
+    out["first_frame"] = max(inj.recovered.values()) - ready
+    return out
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -1273,12 +1292,8 @@ def build_report(
         k["injected"] += 1
         times = list(inj.recovered.values())
         k["recovery_s"].extend(times)
-        if times and inj.started_s is not None:
-            phases = k["phases"]
-            phases.setdefault("restart", []).append(inj.started_s)
-            if inj.first_line_s is not None:
-                phases.setdefault("process_start", []).append(inj.first_line_s - inj.started_s)
-                phases.setdefault("first_frame", []).append(max(times) - inj.first_line_s)
+        for phase, secs in recovery_phases(inj).items():
+            k["phases"].setdefault(phase, []).append(secs)
         ok = len(inj.recovered) == len(inj.affected) and not inj.failed
         crashed = [
             c["process"]
