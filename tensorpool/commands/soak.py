@@ -203,7 +203,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-spark",
         action="store_true",
-        help="leave the Spark query out even when the Spark extra is installed",
+        help="leave out the Spark query (included when the Spark extra is installed; its "
+        "session gets the CPU weight of its ~10 processes when run as root)",
     )
     p.add_argument(
         "--keep",
@@ -1094,11 +1095,12 @@ def recovery_phases(inj: Injected) -> dict[str, float]:
     if not inj.recovered or inj.started_s is None:
         return {}
     out = {"restart": inj.started_s}
+    back = max(inj.recovered.values())
     ready = inj.started_s
-    if inj.first_line_s is not None:
-        ready = inj.first_line_s
+    if inj.first_line_s is not None:  # a part's first line may come after its clients' frames
+        ready = min(inj.first_line_s, back)  # (a bridge prints at its first report)
         out["process_start"] = ready - inj.started_s
-    out["first_frame"] = max(inj.recovered.values()) - ready
+    out["first_frame"] = back - ready
     return out
 
 
