@@ -579,7 +579,7 @@ def build(
         argv = [
             sys.executable,
             "-m",
-            "tensorpool.soak.spark_query",
+            "tensorpool.commands.soak_spark",
             "--out",
             str(work / "spark" / "batches.jsonl"),
             "--checkpoint",
@@ -1175,7 +1175,7 @@ def _offset_doc(text: str | None) -> dict[str, Any]:
 
 
 def spark_batches(d: Path) -> list[SparkBatch]:
-    """The Spark query's per-batch lines (spark_query.py): rows and offsets joined by batch
+    """The Spark query's per-batch lines (soak_spark.py): rows and offsets joined by batch
     id; the last line of a replayed batch wins, a line cut by a kill is skipped."""
     rows: dict[int, list[list[int]]] = {}
     offsets: dict[int, list[list[str | None]]] = {}

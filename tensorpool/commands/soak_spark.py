@@ -1,6 +1,6 @@
 """The soak's Spark leg (issue #30.1): a streaming query with a checkpoint, as its own process.
 
-``python -m tensorpool.soak.spark_query --out FILE --checkpoint DIR ...`` starts a local[2]
+``python -m tensorpool.commands.soak_spark --out FILE --checkpoint DIR ...`` starts a local[2]
 SparkSession and one query over two tensorpool sources: ``--local`` streams read through the
 shared memory, ``--flight`` streams read through ``tensorpool serve`` (``hosts`` with
 ``preferLocalReads=false``). Both skip lost frames and count them (``failOnDataLoss=false``).
@@ -27,9 +27,24 @@ import sys
 import threading
 from typing import Any
 
+#: Options of both sources. The soak judges the query's recovery itself (300 s after its own
+#: faults, 30 s after the others'), so the query rides out the outages the soak causes instead
+#: of failing at the sources' production defaults: a stream without a live producer for 30 s
+#: (``staleStreamTimeoutMs``; a driver-mode producer's restart waits for the old lease and a
+#: Python start, 20-40 s at load 40) and ``serve`` not answering for 15 s (``flightRetryMs``;
+#: a restarted ``serve`` takes 10-20 s to start at that load) each failed the query of the
+#: first 30-minute run with Spark, counted as crashes (docs/reliability.md).
+SOURCE_OPTIONS: dict[str, str] = {
+    "failOnDataLoss": "false",
+    "attachTimeoutMs": "60000",
+    "onStaleStream": "warn",
+}
+#: and of the one read through ``serve``
+FLIGHT_OPTIONS: dict[str, str] = {**SOURCE_OPTIONS, "flightRetryMs": "60000"}
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tensorpool.soak.spark_query")
+    p = argparse.ArgumentParser(prog="tensorpool.commands.soak_spark")
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--aeron-dir", required=True)
@@ -92,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     spark.streams.addListener(Offsets())
-    common = {"failOnDataLoss": "false", "attachTimeoutMs": "60000"}
     frames = []
     if args.local:
         frames.append(
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 aeronDir=args.aeron_dir,
                 shmBaseDir=args.shm_base_dir,
                 driver="true",
-                **common,
+                **SOURCE_OPTIONS,
             )
             .load()
         )
@@ -110,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         host = args.flight.rsplit("/", 1)[0]
         frames.append(
             spark.readStream.format("tensorpool")
-            .options(streams=args.flight, hosts=host, preferLocalReads="false", **common)
+            .options(streams=args.flight, hosts=host, preferLocalReads="false", **FLIGHT_OPTIONS)
             .load()
         )
     df = frames[0]
