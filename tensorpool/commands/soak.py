@@ -720,6 +720,7 @@ class Injected:
     deferred_s: float = 0.0  # how long it waited for the previous fault's recovery
     # where a restart's recovery time goes (fault -> the replacement's start -> its first
     # output line, i.e. Python started, imported and attached -> the clients' first frames)
+    replacement: Instance | None = None  # the first one (a later fault may replace it too)
     started_s: float | None = None
     first_line_s: float | None = None
 
@@ -1061,12 +1062,14 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
         for inj in faults:
             if not inj.injected or inj.pending:
                 continue
-            if inj.replaced is not None and inj.first_line_s is None:
+            if inj.replaced is not None and inj.replacement is None:
                 cur = topo.current.get(inj.fault.target)
                 if cur is not None and cur is not inj.replaced:  # the profile's timestamps
+                    inj.replacement = cur
                     inj.started_s = cur.started - inj.at
-                    if cur.first_output_at:
-                        inj.first_line_s = cur.first_output_at - inj.at
+            rep = inj.replacement
+            if rep is not None and inj.first_line_s is None and rep.first_output_at:
+                inj.first_line_s = rep.first_output_at - inj.at
             if not inj.baseline_taken and inj.replaced is not None:
                 cur = topo.current.get(inj.fault.target)
                 if cur is None or cur is inj.replaced:

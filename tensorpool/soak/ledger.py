@@ -40,6 +40,10 @@ DESCRIPTOR_REASONS: frozenset[str] = frozenset(
 )
 
 
+#: Drops lost to a producer's revoke (consumer_core.REVOKED; this module imports nothing).
+REVOKED = "revoked"
+
+
 @dataclass(frozen=True, slots=True)
 class Published:
     """What one producer committed in one epoch: seqs ``first_seq..last_seq``. ``complete``:
@@ -71,7 +75,13 @@ class Segment:
     @property
     def counted(self) -> int:
         """Seqs of the range the consumer dropped under a named, seq-level reason."""
-        return self.drops_gap + sum(n for r, n in self.drops.items() if r not in DESCRIPTOR_REASONS)
+        # ``revoked`` seqs are in ``drops_gap`` too (consumer_core: a gap, for QoS), and they
+        # are the revoked epoch's, after its last seen seq: not of this range (they are that
+        # epoch's tail). Counted twice here, they were the 30-minute run's "overcounted".
+        gap = self.drops_gap - self.drops.get(REVOKED, 0)
+        return gap + sum(
+            n for r, n in self.drops.items() if r not in DESCRIPTOR_REASONS and r != REVOKED
+        )
 
 
 @dataclass(frozen=True, slots=True)

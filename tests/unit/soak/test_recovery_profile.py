@@ -68,3 +68,22 @@ def test_30_5_a_fault_that_restarts_nothing_has_no_profile() -> None:
     inj = Injected(Fault(1.0, "stall", "producer-101"), 100.0, ["consumer-101"], {})
     inj.recovered = {"consumer-101": 3.0}
     assert recovery_phases(inj) == {}
+
+
+def test_30_5_a_silent_part_keeps_its_first_replacements_start() -> None:
+    """A driver prints nothing: its profile is its first replacement's start, not that of
+    one started by a later fault (the 30-minute run reported a 1 404 s "restart")."""
+    topo = _Topo()
+    old = _instance(0.0)
+    inj = Injected(Fault(1.0, "kill9-driver", "producer-101"), 100.0, ["consumer-101"], {})
+    inj.replaced = old
+    topo.current["producer-101"] = _instance(100.3)
+    _track_recovery(topo, [inj], 103.0)
+    topo.delivered["consumer-101"], topo.delivered_at["consumer-101"] = 5, 104.0
+    _track_recovery(topo, [inj], 104.1)
+    topo.current["producer-101"] = _instance(500.0)  # a later fault's replacement
+    _track_recovery(topo, [inj], 501.0)
+    assert {k: round(v, 2) for k, v in recovery_phases(inj).items()} == {
+        "restart": 0.3,
+        "first_frame": 3.7,
+    }
