@@ -53,9 +53,11 @@ from tensorpool.soak.ledger import (
     LedgerResult,
     Published,
     Segment,
+    SparkBatch,
     check_bridge,
     check_rate_limit,
     reconcile,
+    spark_segments,
 )
 from tensorpool.soak.schedule import FAULT_KINDS, Fault, parse_faults, plan
 
@@ -64,6 +66,15 @@ from tensorpool.soak.schedule import FAULT_KINDS, Fault, parse_faults, plan
 RECOVERY_TIMEOUT_S = 30.0
 REPORT_INTERVAL_S = 0.25  # consumers' JSON lines: the resolution of recovery times
 WARMUP_TIMEOUT_S = 120.0  # a loaded 2-core host starts ~20 Python processes slowly
+#: A Spark query starts a JVM and its Python workers: a minute or more on a loaded 2-core
+#: host, so its first batch (warm-up) and its first batch after a restart get this long.
+SPARK_TIMEOUT_S = 300.0
+#: The Spark query's session (its driver, JVM and ~10 Python workers) weighs as ~9 parts
+#: (autogroup nice -10: weight 9548 against 1024). At one part's weight (1/27 of the CPU at
+#: the soak's own load) Spark's streaming-source Python worker (``python_streaming_source_
+#: runner``, 0.45 s of CPU to import) misses Spark's fixed 10 s connect-back and the query
+#: fails with "Python worker failed to connect back" (docs/reliability.md).
+SPARK_SESSION_NICE = -10
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,18 @@ STREAMS: tuple[StreamSpec, ...] = (
 RL_SOURCE, RL_DEST, RL_RATE_HZ = 105, 115, 5
 BRIDGE_SOURCE, BRIDGE_DEST = 106, 206
 SERVED = 108
+#: The Spark query's streams: one read through the SHM (driver mode), one through `serve`.
+SPARK_LOCAL, SPARK_FLIGHT = 105, SERVED
+#: Parts whose deliveries are recovery's "first frame again" (a consumer, the Spark query).
+CLIENT_KINDS = ("consumer", "spark")
+
+
+def spark_available() -> bool:
+    """The Spark extra is installed (the query runs in the soak's own Python)."""
+    import importlib.util
+
+    return importlib.util.find_spec("pyspark") is not None
+
 
 DRIVER_TOML = """\
 [driver]
@@ -178,6 +201,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--report", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument(
+        "--no-spark",
+        action="store_true",
+        help="leave out the Spark query (included when the Spark extra is installed; its "
+        "session gets the CPU weight of its ~10 processes when run as root)",
+    )
+    p.add_argument(
         "--keep",
         action="store_true",
         help="keep the working directory (logs, configs) after the run, for a post-mortem",
@@ -195,6 +224,10 @@ class Role:
     deps: frozenset[str] = frozenset()
     stream: int = 0
     restart: bool = True  # started again when it exits
+    #: The nice value of the part's session's scheduling group (Linux autogroup): each part
+    #: runs in a session of its own, and the kernel shares the CPU between sessions, not
+    #: between processes; a part of many processes (the Spark query) gets a larger weight.
+    session_nice: int = 0
 
 
 @dataclass
@@ -231,6 +264,10 @@ class Topology:
         self.delivered_at: dict[str, float] = {}
         self.stopping = False
         self.window: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        # the Spark query's batches (its lines in the working directory, read at the stop)
+        self.spark_batches: list[SparkBatch] = []
+        # what raising a session's weight gave: {"session_nice": N} or {"not_raised": why}
+        self.session_weight: dict[str, Any] | None = None
 
     def add(self, role: Role) -> None:
         self.roles[role.name] = role
@@ -251,12 +288,28 @@ class Topology:
             )
         finally:
             log.close()
+        if role.session_nice:
+            self.weigh_session(proc.pid, role.session_nice)
         inst = Instance(role, proc, time.monotonic())
         with self.lock:
             self.current[name] = inst
             self.history.append(inst)
         threading.Thread(target=self._read, args=(inst,), daemon=True).start()
         return inst
+
+    def weigh_session(self, pid: int, nice: int) -> None:
+        """Set the CPU weight of ``pid``'s session (it called setsid before Popen returned:
+        the exec happened). Needs CAP_SYS_NICE for a negative value; without it (or without
+        autogroups) the session keeps one part's weight, and the report says why."""
+        try:
+            if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "0":
+                self.session_weight = {"not_raised": "autogroups are off: no session weight"}
+                return
+            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+        except OSError as exc:
+            self.session_weight = {"not_raised": f"/proc/{pid}/autogroup: {exc.strerror}"}
+        else:
+            self.session_weight = {"session_nice": nice}
 
     def _read(self, inst: Instance) -> None:
         assert inst.proc.stdout is not None
@@ -283,14 +336,17 @@ class Topology:
                     inst.published = doc["published"]
                 if doc.get("final"):
                     inst.final = True
-                if inst.role.kind == "consumer" and "frames" in doc:
+                if inst.role.kind in CLIENT_KINDS and "frames" in doc:
                     gained = int(doc["frames"]) - inst.frames
                     if gained > 0:
                         inst.frames = int(doc["frames"])
                         self.delivered[name] = self.delivered.get(name, 0) + gained
                         self.delivered_at[name] = time.monotonic()
 
-    def signal(self, name: str, sig: int, *, expected: bool = True) -> Instance | None:
+    def signal(
+        self, name: str, sig: int, *, expected: bool = True, group: bool = False
+    ) -> Instance | None:
+        """Signal a part; ``group``: its whole process group (the Spark query's JVM too)."""
         inst = self.current.get(name)
         if inst is None or inst.proc.poll() is not None:
             return None
@@ -298,7 +354,10 @@ class Topology:
             expected and sig in (signal.SIGKILL, signal.SIGTERM)
         )
         with contextlib.suppress(ProcessLookupError):
-            inst.proc.send_signal(sig)
+            if group:  # started with start_new_session: the group is the part's own
+                os.killpg(inst.proc.pid, sig)
+            else:
+                inst.proc.send_signal(sig)
         return inst
 
     def reap(self, now: float) -> list[str]:
@@ -345,6 +404,25 @@ class Topology:
         for inst in self.history:  # earlier instances: reaped already, or killed now
             if inst.proc.poll() is None:
                 stop_process(inst.proc, timeout_s=5)
+        for inst in self.history:  # a Spark query's JVM outlived its driver: ours, by group
+            if inst.role.kind == "spark" and _group_members(inst.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(inst.proc.pid, signal.SIGKILL)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) of process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
 
 
 def _tail(path: Path, n: int = 3) -> list[str]:
@@ -384,7 +462,9 @@ def _stride(nbytes: int) -> int:
     return stride
 
 
-def build(work: Path, keep_lines: bool = False, net: HostNet | None = None) -> Topology:
+def build(
+    work: Path, keep_lines: bool = False, net: HostNet | None = None, spark: bool = True
+) -> Topology:
     """Write the configs and declare every part (nothing is started here); host B's parts
     run in ``net``'s network namespace when it has one."""
     net = net or HostNet("127.0.0.1", reason="not asked for")
@@ -493,6 +573,28 @@ def build(work: Path, keep_lines: bool = False, net: HostNet | None = None) -> T
     topo.add(Role(f"consumer-{BRIDGE_DEST}", "consumer", argv, deps, BRIDGE_DEST))
     opts = f"--driver --stream-id {SERVED} --port {_free_tcp_port()}"
     topo.add(Role("serve", "serve", _tp("serve", *client_a, *opts.split()), host_a))
+    if spark and spark_available():
+        port = opts.split()[-1]
+        (work / "spark").mkdir()
+        argv = [
+            sys.executable,
+            "-m",
+            "tensorpool.commands.soak_spark",
+            "--out",
+            str(work / "spark" / "batches.jsonl"),
+            "--checkpoint",
+            str(work / "spark" / "checkpoint"),
+            "--aeron-dir",
+            str(aeron_a),
+            "--shm-base-dir",
+            str(shm_a),
+            "--local",
+            str(SPARK_LOCAL),
+            "--flight",
+            f"127.0.0.1:{port}/{SPARK_FLIGHT}",
+        ]
+        deps = host_a | {"serve", f"producer-{SPARK_LOCAL}", f"producer-{SPARK_FLIGHT}"}
+        topo.add(Role("spark", "spark", argv, deps, session_nice=SPARK_SESSION_NICE))
     topo.client_args = {"a": client_a, "b": client_b}  # type: ignore[attr-defined]
     return topo
 
@@ -502,7 +604,7 @@ START_ORDER = (
     + [f"producer-{s.stream_id}" for s in STREAMS]
     + ["ratelimiter", "bridge-sender", "bridge-receiver", "serve"]
     + [f"consumer-{s.stream_id}" for s in STREAMS]
-    + [f"consumer-{RL_DEST}", f"consumer-{BRIDGE_DEST}"]
+    + [f"consumer-{RL_DEST}", f"consumer-{BRIDGE_DEST}", "spark"]
 )
 #: Producers first, so every consumer sees the last frames (the ledger's tail stays small);
 #: the drivers and media drivers last.
@@ -616,6 +718,16 @@ class Injected:
     failed: str = ""  # why a fault without client recovery (fs-full) was not survived
     pending: bool = False  # its action still runs on a thread
     deferred_s: float = 0.0  # how long it waited for the previous fault's recovery
+    # where a restart's recovery time goes (fault -> the replacement's start -> its first
+    # output line, i.e. Python started, imported and attached -> the clients' first frames)
+    replacement: Instance | None = None  # the first one (a later fault may replace it too)
+    started_s: float | None = None
+    first_line_s: float | None = None
+
+    @property
+    def timeout_s(self) -> float:
+        """How long its clients get to deliver again (a restarted Spark query: a JVM)."""
+        return SPARK_TIMEOUT_S if self.fault.kind == "spark-restart" else RECOVERY_TIMEOUT_S
 
 
 def affected_clients(topo: Topology, target: str) -> list[str]:
@@ -623,7 +735,7 @@ def affected_clients(topo: Topology, target: str) -> list[str]:
     names = [
         n
         for n, r in topo.roles.items()
-        if r.kind == "consumer"
+        if r.kind in CLIENT_KINDS
         and (n == target or target in r.deps)
         and (r.restart or n in topo.current)  # a churned consumer that left is no client
     ]
@@ -728,6 +840,7 @@ class Injector:
         self.pending_cont: list[tuple[float, str]] = []
         self.pending_stop: list[tuple[float, str]] = []
         self.churn = 0
+        self.spark_restarts = 0
         self.fs_mount: Path | None = None
         self.threads: list[threading.Thread] = []
 
@@ -774,6 +887,14 @@ class Injector:
                 for n, r in topo.roles.items()
                 if r.kind == "consumer" and not n.startswith("churn-") and r.stream != BRIDGE_DEST
             )
+        elif kind == "spark-restart":
+            # SIGTERM to the query's process (it stops the query, then its JVM) and kill -9 of
+            # its whole process group (the JVM too) in turn; the soak starts it again at once
+            # from the same checkpoint (Topology.reap)
+            self.spark_restarts += 1
+            sig = signal.SIGTERM if self.spark_restarts % 2 else signal.SIGKILL
+            ok = topo.signal(target, sig, group=sig == signal.SIGKILL) is not None
+            note = signal.Signals(sig).name
         elif kind == "fs-full":
             why = _fs_full_possible()
             if why is not None:
@@ -789,7 +910,11 @@ class Injector:
         # report every 0.25 s), and frames a restarted part's buffers still held arrive
         # before the replacement runs: the baseline is taken once the fault is over
         resume = t + (f.hold_s if kind == "stall" else 2 * REPORT_INTERVAL_S)
-        replaced = topo.current.get(target) if kind.startswith(("kill9-", "sigterm-")) else None
+        replaced = (
+            topo.current.get(target)
+            if kind.startswith(("kill9-", "sigterm-")) or kind == "spark-restart"
+            else None
+        )
         if work is not None:
             inj = Injected(f, t, affected, {}, crashes_before=len(topo.crashes), pending=True)
             thread = threading.Thread(target=self._finish, args=(inj, work), daemon=True)
@@ -925,7 +1050,7 @@ def _recovering(faults: list[Injected], now: float) -> bool:
             continue
         if inj.pending:  # bounded by the action's own timeouts
             return True
-        if now - inj.at > RECOVERY_TIMEOUT_S:  # over, recovered or not
+        if now - inj.at > inj.timeout_s:  # over, recovered or not
             continue
         if not inj.baseline_taken or len(inj.recovered) < len(inj.affected):
             return True
@@ -937,6 +1062,14 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
         for inj in faults:
             if not inj.injected or inj.pending:
                 continue
+            if inj.replaced is not None and inj.replacement is None:
+                cur = topo.current.get(inj.fault.target)
+                if cur is not None and cur is not inj.replaced:  # the profile's timestamps
+                    inj.replacement = cur
+                    inj.started_s = cur.started - inj.at
+            rep = inj.replacement
+            if rep is not None and inj.first_line_s is None and rep.first_output_at:
+                inj.first_line_s = rep.first_output_at - inj.at
             if not inj.baseline_taken and inj.replaced is not None:
                 cur = topo.current.get(inj.fault.target)
                 if cur is None or cur is inj.replaced:
@@ -950,13 +1083,30 @@ def _track_recovery(topo: Topology, faults: list[Injected], now: float) -> None:
             if not inj.baseline_taken:
                 continue
             for a in inj.affected:
-                if a in inj.recovered or now - inj.at > RECOVERY_TIMEOUT_S:
+                if a in inj.recovered or now - inj.at > inj.timeout_s:
                     continue
                 if topo.delivered.get(a, 0) > inj.baseline[a]:
                     inj.recovered[a] = topo.delivered_at[a] - inj.at
 
 
 # --- the report ----------------------------------------------------------------------------------
+def recovery_phases(inj: Injected) -> dict[str, float]:
+    """Where a restarted part's recovery time went: ``restart`` (the fault to the new
+    process: a SIGTERM'd part's shutdown, the spawn), ``process_start`` (to its first output
+    line: Python's start, imports, attach, a lease), ``first_frame`` (to the last affected
+    client's first frame; from the process's start for a part that prints nothing)."""
+    if not inj.recovered or inj.started_s is None:
+        return {}
+    out = {"restart": inj.started_s}
+    back = max(inj.recovered.values())
+    ready = inj.started_s
+    if inj.first_line_s is not None:  # a part's first line may come after its clients' frames
+        ready = min(inj.first_line_s, back)  # (a bridge prints at its first report)
+        out["process_start"] = ready - inj.started_s
+    out["first_frame"] = back - ready
+    return out
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -998,7 +1148,85 @@ def _ledger(topo: Topology) -> tuple[LedgerResult, LedgerResult]:
         [s for s in segments if s.stream_id not in (RL_DEST, BRIDGE_DEST)],
     )
     derived = reconcile([], [s for s in segments if s.stream_id in (RL_DEST, BRIDGE_DEST)])
+    if "spark" in topo.roles:
+        spark_segs, odd, across = spark_segments(topo.spark_batches)
+        got = reconcile(published, spark_segs)
+        got.unaccounted += odd
+        topo.spark = {  # type: ignore[attr-defined]
+            "batches": len(spark_segs),
+            "rows": got.delivered,
+            "lost": got.dropped,
+            "batches_across_epochs": across,
+            "unaccounted_frames": got.unaccounted_frames,
+            "ranges_without_complete_producer_report": got.unverified_segments,
+            "session_weight": topo.session_weight,
+        }
+        derived.unaccounted += got.unaccounted
+        derived.delivered += got.delivered
+        derived.overcounted += got.overcounted
+        derived.overcounted_in += got.overcounted_in
     return res, derived
+
+
+def _offset_doc(text: str | None) -> dict[str, Any]:
+    """A source offset of a query's progress as an object; {} when it is none."""
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def spark_batches(d: Path) -> list[SparkBatch]:
+    """The Spark query's per-batch lines (soak_spark.py): rows and offsets joined by batch
+    id; the last line of a replayed batch wins, a line cut by a kill is skipped."""
+    rows: dict[int, list[list[int]]] = {}
+    offsets: dict[int, list[list[str | None]]] = {}
+    runs: dict[int, str] = {}
+    with contextlib.suppress(OSError), open(d / "batches.jsonl") as f:
+        for line in f:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if "batch" in doc:
+                rows[int(doc["batch"])] = doc["rows"]
+            elif "progress" in doc:
+                offsets[int(doc["progress"])] = doc["offsets"]
+                runs[int(doc["progress"])] = str(doc.get("run", ""))
+    out = []
+    for bid, pairs in sorted(offsets.items()):
+        if bid not in rows:
+            continue  # the sink did not finish it (killed): Spark runs it again
+        per_epoch: dict[int, dict[int, tuple[int, int, int, int]]] = {}
+        for sid, epoch, count, distinct, lo, hi in rows[bid]:
+            per_epoch.setdefault(int(sid), {})[int(epoch)] = (count, distinct, lo, hi)
+        for start_text, end_text in pairs:
+            # the query's first batch has no start offset to check against: PySpark gives
+            # it as the text "None"
+            start, end = _offset_doc(start_text), _offset_doc(end_text)
+            for key, e in end.items():
+                b = start.get(key)
+                if not (isinstance(e, dict) and isinstance(b, dict) and "seq" in e and "seq" in b):
+                    continue  # not a stream's position ("source", a new stream)
+                sid = int(key.rsplit("/", 1)[-1])
+                out.append(
+                    SparkBatch(
+                        bid,
+                        sid,
+                        int(b["epoch"]),
+                        int(b["seq"]),
+                        int(b.get("lost", 0)),
+                        int(b.get("lostLate", 0)),
+                        int(e["epoch"]),
+                        int(e["seq"]),
+                        int(e.get("lost", 0)),
+                        int(e.get("lostLate", 0)),
+                        per_epoch.get(sid, {}),
+                        runs[bid],
+                    )
+                )
+    return out
 
 
 def build_report(
@@ -1059,7 +1287,8 @@ def build_report(
     per_kind: dict[str, dict[str, Any]] = {}
     for inj in faults:
         k = per_kind.setdefault(
-            inj.fault.kind, {"injected": 0, "survived": 0, "skipped": 0, "recovery_s": []}
+            inj.fault.kind,
+            {"injected": 0, "survived": 0, "skipped": 0, "recovery_s": [], "phases": {}},
         )
         if not inj.injected:
             k["skipped"] += 1
@@ -1068,11 +1297,13 @@ def build_report(
         k["injected"] += 1
         times = list(inj.recovered.values())
         k["recovery_s"].extend(times)
+        for phase, secs in recovery_phases(inj).items():
+            k["phases"].setdefault(phase, []).append(secs)
         ok = len(inj.recovered) == len(inj.affected) and not inj.failed
         crashed = [
             c["process"]
             for c in topo.crashes[inj.crashes_before :]
-            if c["at_s"] <= (inj.at - topo.t0 + RECOVERY_TIMEOUT_S)
+            if c["at_s"] <= (inj.at - topo.t0 + inj.timeout_s)
         ]
         if ok and not crashed:
             k["survived"] += 1
@@ -1092,9 +1323,18 @@ def build_report(
     kinds_out = {}
     for kind, k in sorted(per_kind.items()):
         rec = k.pop("recovery_s")
+        phases = k.pop("phases")
         all_rec.extend(rec)
         kinds_out[kind] = {
             **k,
+            **(
+                {
+                    "recovery_profile_p50_s": {p: _pct(v, 50) for p, v in phases.items()},
+                    "recovery_profile_max_s": {p: round(max(v), 3) for p, v in phases.items()},
+                }
+                if phases
+                else {}
+            ),
             "recovery_p50_s": _pct(rec, 50),
             "recovery_p99_s": _pct(rec, 99),
             "recovery_max_s": round(max(rec), 3) if rec else None,
@@ -1118,6 +1358,7 @@ def build_report(
             "frames_over_rule": rl_excess,
         },
         "bridge": {"source_published": src_published, "frames_not_from_source": bridge_excess},
+        "spark": getattr(topo, "spark", None),
         "faults": kinds_out,
         "faults_injected": faults_injected,
         "faults_survived": faults_survived,
@@ -1135,6 +1376,7 @@ def build_report(
             "delivered": res.delivered + derived.delivered,
             "dropped_by_reason": res.dropped,
             "overcounted": res.overcounted + derived.overcounted,
+            "overcounted_in": [*res.overcounted_in, *derived.overcounted_in][:50],
             "tail_after_last_seen": res.tail,
             "segments_without_complete_producer_report": res.unverified_segments,
         },
@@ -1263,7 +1505,7 @@ def _start_all(topo: Topology, work: Path, stop: Any) -> None:
     from tensorpool.driver.status import status_path
     from tensorpool.transport.mediadriver import serves
 
-    for name in START_ORDER:
+    for name in (n for n in START_ORDER if n in topo.roles):
         if stop.requested:
             raise KeyboardInterrupt
         inst = topo.start(name)
@@ -1295,6 +1537,12 @@ def _leftovers(
         for i in topo.history
         if pid_running(i.proc.pid) and i.proc.poll() is None
     )
+    procs += [  # the Spark query's JVM and Python workers: its process group
+        f"{i.role.name} group {i.proc.pid}: pid {p}"
+        for i in topo.history
+        if i.role.kind == "spark"
+        for p in _group_members(i.proc.pid)
+    ]
     shm = []
     with contextlib.suppress(OSError):
         for entry in sorted(set(os.listdir("/dev/shm")) - shm_before):
@@ -1331,7 +1579,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="tensorpool-soak-", dir=root))
     net = hostnet.setup()
     try:
-        topo = build(work, args.keep, net)
+        topo = build(work, args.keep, net, spark=not args.no_spark)
     except BaseException:
         net.close()
         raise
@@ -1339,7 +1587,11 @@ def run(args: argparse.Namespace) -> int:
     for name, role in topo.roles.items():
         targets.setdefault(role.kind, []).append(name)
     # kinds this run cannot inject are named in the report, not scheduled
-    skipped_kinds = {"spark-restart": "no Spark query in the topology (not built yet)"}
+    skipped_kinds = {}
+    if "spark" not in topo.roles:
+        skipped_kinds["spark-restart"] = (
+            "--no-spark" if args.no_spark else "the Spark extra is not installed (no pyspark)"
+        )
     why = _fs_full_possible()
     if why is not None:
         skipped_kinds["fs-full"] = why
@@ -1368,8 +1620,10 @@ def run(args: argparse.Namespace) -> int:
         port = int(topo.roles["serve"].argv[topo.roles["serve"].argv.index("--port") + 1])
         probe = ServeProbe(topo, port)
         probe.thread.start()
-        consumers = [n for n, r in topo.roles.items() if r.kind == "consumer"]
-        deadline = time.monotonic() + WARMUP_TIMEOUT_S
+        consumers = [n for n, r in topo.roles.items() if r.kind in CLIENT_KINDS]
+        deadline = time.monotonic() + (
+            SPARK_TIMEOUT_S if "spark" in topo.roles else WARMUP_TIMEOUT_S
+        )
         while not stop.requested and time.monotonic() < deadline:
             topo.reap(time.monotonic())
             with topo.lock:
@@ -1413,7 +1667,7 @@ def run(args: argparse.Namespace) -> int:
         # the last faults get their recovery time: until every affected client delivered
         # again, at most RECOVERY_TIMEOUT_S after the fault (load is not counted any more)
         while not interrupted and not stop.requested:
-            grace = max((f.at + RECOVERY_TIMEOUT_S for f in faults if f.injected), default=0.0)
+            grace = max((f.at + f.timeout_s for f in faults if f.injected), default=0.0)
             if time.monotonic() >= grace and not any(f.pending for f in faults):
                 break
             if all(len(f.recovered) == len(f.affected) and not f.pending for f in faults):
@@ -1435,6 +1689,8 @@ def run(args: argparse.Namespace) -> int:
         stop.restore()
         net_left = net.close()
     files_left = _files_left(work)
+    if "spark" in topo.roles:  # read before the working directory goes
+        topo.spark_batches = spark_batches(work / "spark")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     leftovers = _leftovers(topo, work, shm_before, args.keep)

@@ -40,6 +40,10 @@ DESCRIPTOR_REASONS: frozenset[str] = frozenset(
 )
 
 
+#: Drops lost to a producer's revoke (consumer_core.REVOKED; this module imports nothing).
+REVOKED = "revoked"
+
+
 @dataclass(frozen=True, slots=True)
 class Published:
     """What one producer committed in one epoch: seqs ``first_seq..last_seq``. ``complete``:
@@ -71,7 +75,13 @@ class Segment:
     @property
     def counted(self) -> int:
         """Seqs of the range the consumer dropped under a named, seq-level reason."""
-        return self.drops_gap + sum(n for r, n in self.drops.items() if r not in DESCRIPTOR_REASONS)
+        # ``revoked`` seqs are in ``drops_gap`` too (consumer_core: a gap, for QoS), and they
+        # are the revoked epoch's, after its last seen seq: not of this range (they are that
+        # epoch's tail). Counted twice here, they were the 30-minute run's "overcounted".
+        gap = self.drops_gap - self.drops.get(REVOKED, 0)
+        return gap + sum(
+            n for r, n in self.drops.items() if r not in DESCRIPTOR_REASONS and r != REVOKED
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +101,9 @@ class LedgerResult:
     delivered: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     overcounted: int = 0  # counted more than the range holds (a double count, not a loss)
+    #: the segments that did, to find the cause: (consumer, stream, epoch, first, last, n,
+    #: delivered, drops_gap, drops)
+    overcounted_in: list[tuple[object, ...]] = field(default_factory=list)
     tail: int = 0
     unverified_segments: int = 0  # producer report incomplete: only the hole rule checked
 
@@ -154,6 +167,19 @@ def reconcile(published: Iterable[Published], segments: Iterable[Segment]) -> Le
             )
         elif missing < 0:
             res.overcounted += -missing
+            res.overcounted_in.append(
+                (
+                    s.consumer,
+                    s.stream_id,
+                    s.epoch,
+                    s.first_seq,
+                    s.last_seq,
+                    -missing,
+                    s.delivered,
+                    s.drops_gap,
+                    {r: n for r, n in s.drops.items() if n},
+                )
+            )
         p = pub.get((s.stream_id, s.epoch))
         if p is None or not p.complete:
             res.unverified_segments += 1
@@ -201,3 +227,90 @@ def check_bridge(source_published: int, dest_delivered: int) -> int:
     """Frames a bridge's destination delivered that its source never published (the bridge
     forwards, never invents)."""
     return max(0, dest_delivered - source_published)
+
+
+#: A query run's last batch: frames its executors found overwritten at read time were reported
+#: to that run's reader, which records them in the *next* offset (``lostLate``); a stopped
+#: query has none, and the restarted one's reader never got them. The executor's log line
+#: names them; the ledger counts them under this name, apart from what the source counted.
+UNREPORTED_AT_STOP = "spark_read_loss_unreported_at_stop"
+
+
+@dataclass(frozen=True, slots=True)
+class SparkBatch:
+    """One micro-batch of the soak's Spark query for one stream: the source's offsets at its
+    start and end (``lost``: the cumulative ``lost``, ``late``: the cumulative ``lostLate``)
+    and the rows the sink got per epoch: epoch -> (rows, distinct seqs, min seq, max seq)."""
+
+    batch_id: int
+    stream_id: int
+    start_epoch: int
+    start_seq: int
+    start_lost: int
+    start_late: int
+    end_epoch: int
+    end_seq: int
+    end_lost: int
+    end_late: int
+    rows: Mapping[int, tuple[int, int, int, int]]
+    run: str = ""  # the query run that planned it (a restart from the checkpoint: a new one)
+
+
+def spark_segments(
+    batches: Iterable[SparkBatch], name: str = "spark"
+) -> tuple[list[Segment], list[Unaccounted], int]:
+    """The Spark query's batches as ledger segments (#30.3: Spark's rows plus its reported loss
+    equal what was published in its range), rows no batch range explains, and how many batches
+    crossed an epoch change.
+
+    A batch ``[start, end)`` of one epoch delivers every seq committed in it, minus the frames
+    the source counted lost: at planning (``lost``, in the batch's own end offset) or at
+    reading (``lostLate``, reported through the next batch's offset). So each such batch is a
+    segment ``start.seq .. end.seq - 1`` with ``delivered`` its distinct seqs and, counted, the
+    loss ``lost`` grew by in it plus what ``lostLate`` grew by in the next batch. A seq twice
+    in one batch, or a row outside its batch's range or epoch, is unaccounted. A batch across
+    an epoch change is left out (its old epoch's end is not in the offsets) and only counted."""
+    by_stream: dict[int, dict[int, SparkBatch]] = {}
+    for b in batches:  # a replayed batch: the last report wins
+        by_stream.setdefault(b.stream_id, {})[b.batch_id] = b
+    segments: list[Segment] = []
+    odd: list[Unaccounted] = []
+    across = 0
+    for sid, got in sorted(by_stream.items()):
+        order = [got[k] for k in sorted(got)]
+        for i, b in enumerate(order):
+            if b.start_epoch != b.end_epoch:
+                across += 1
+                continue
+            who = f"{name}#{b.batch_id}"
+            for e, (count, distinct, lo, hi) in sorted(b.rows.items()):
+                if count > distinct:
+                    odd.append(Unaccounted(who, sid, e, lo, hi, count - distinct, "duplicate rows"))
+                if e != b.end_epoch or lo < b.start_seq or hi >= b.end_seq:
+                    odd.append(
+                        Unaccounted(
+                            who,
+                            sid,
+                            e,
+                            lo,
+                            hi,
+                            distinct,
+                            f"rows outside the batch's range (epoch {b.end_epoch} seq "
+                            f"{b.start_seq}..{b.end_seq - 1})",
+                        )
+                    )
+            if b.end_seq <= b.start_seq:
+                continue  # empty batch
+            last_of_run = i + 1 == len(order) or order[i + 1].run != b.run
+            late = 0 if i + 1 == len(order) else order[i + 1].end_late - b.end_late
+            distinct = b.rows.get(b.end_epoch, (0, 0, -1, -1))[1]
+            drops = {"spark_lost": b.end_lost - b.start_lost, "spark_lost_late": late}
+            if last_of_run:
+                # its read-time loss went to a reader that is gone: the next offset is planned
+                # by a new one (docs/reliability.md, "read-time loss at a stop")
+                unreported = (b.end_seq - b.start_seq) - distinct - sum(drops.values())
+                drops[UNREPORTED_AT_STOP] = max(0, unreported)
+            segments.append(
+                Segment(who, sid, b.end_epoch, b.start_seq, b.end_seq - 1, distinct, 0, drops)
+            )
+    return segments, odd, across

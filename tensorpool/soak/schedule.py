@@ -84,6 +84,8 @@ def target_kind(kind: str) -> str | None:
         return "producer"
     if kind == "stall":
         return "*"
+    if kind == "spark-restart":
+        return "spark"
     return None
 
 

@@ -22,6 +22,7 @@ TARGETS = {
     "ratelimiter": ["rl"],
     "bridge": ["bridge-tx", "bridge-rx"],
     "serve": ["serve"],
+    "spark": ["spark"],
 }
 
 
@@ -34,11 +35,12 @@ def test_30_2_same_seed_same_schedule_other_seed_other_schedule() -> None:
 def test_30_2_every_usable_kind_appears_in_a_long_enough_run_and_targets_its_kind() -> None:
     faults = plan(7, 600, FAULT_KINDS, TARGETS)
     kinds = {f.kind for f in faults}
-    # spark-restart has no target kind in TARGETS but needs none; everything is usable here
-    assert kinds == set(FAULT_KINDS)
+    assert kinds == set(FAULT_KINDS)  # every kind's component is in TARGETS
     for f in faults:
         if f.kind.startswith(("kill9-", "sigterm-")):
             assert f.target in TARGETS[f.kind.split("-", 1)[1]]
+        if f.kind == "spark-restart":  # #30.2: the Spark query is stopped and restarted
+            assert f.target == "spark"
         if f.kind == "stall":
             assert STALL_MIN_S <= f.hold_s <= STALL_MAX_S
 
@@ -56,6 +58,9 @@ def test_30_2_kinds_without_their_component_are_left_out() -> None:
     faults = plan(1, 600, ("kill9-bridge", "kill9-producer"), {"producer": ["p1"]})
     assert faults and {f.kind for f in faults} == {"kill9-producer"}
     assert plan(1, 8, FAULT_KINDS, TARGETS) == []  # no room between the margins
+    # no Spark query (the extra not installed, --no-spark): spark-restart is not planned
+    no_spark = {k: v for k, v in TARGETS.items() if k != "spark"}
+    assert "spark-restart" not in {f.kind for f in plan(1, 600, FAULT_KINDS, no_spark)}
 
 
 def test_30_2_fault_list_parsing() -> None:
