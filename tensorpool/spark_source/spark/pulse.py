@@ -68,6 +68,7 @@ from tensorpool.spark_source.spark.source import (
     LossRecorder,
     TensorPoolDataLossError,
     arrow_schema,
+    check_fixed_schema,
     read_partition,
     schema_ddl,
     struct_type,
@@ -176,14 +177,8 @@ class PulseStreamReader(RingStreamReader):
 
     @classmethod
     def for_schema(cls, opts: SourceOptions, schema: StructType) -> PulseStreamReader:
-        want = pulse_struct_type(opts.include_tensor_metadata)
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-            reject(
-                "schema",
-                "the tensorpool source has a fixed schema "
-                f"({pulse_schema_ddl(opts.include_tensor_metadata)}); do not pass "
-                ".schema(...), select columns after load() instead",
-            )
+        meta = opts.include_tensor_metadata
+        check_fixed_schema(schema, pulse_struct_type(meta), pulse_schema_ddl(meta))
         return cls(opts)
 
     # --- driver-side plumbing -------------------------------------------------------------------

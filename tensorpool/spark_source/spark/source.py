@@ -153,8 +153,12 @@ def _check_user_schema(
     include_late: bool = False,
 ) -> None:
     want = struct_type(include_meta, include_stream_meta, include_late)
+    check_fixed_schema(schema, want, schema_ddl(include_meta, include_stream_meta))
+
+
+def check_fixed_schema(schema: StructType, want: StructType, ddl: str) -> None:
+    """A ``.schema(...)`` given by the user must be the source's own (``ddl``)."""
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-        ddl = schema_ddl(include_meta, include_stream_meta)
         reject(
             "schema",
             f"the tensorpool source has a fixed schema ({ddl}); "
