@@ -194,19 +194,13 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         with self._lock:
             m = mapped_rings.mapped(spec, self.base_dirs)
             scan = m.ring.scan()
-            fields = {
-                "committed": scan.committed.copy(),
-                "values_len": scan.fields["values_len"].copy(),
-                "timestamp_ns": scan.fields["timestamp_ns"].copy(),
-            }
             origin = PlanOrigin.of(m.regions[0].path, self.shm_base_dir, STREAM)
-        st = RingState.from_slots(
-            spec.epoch,
-            scan.newest_seq,  # a slot rewritten during the scan: its old frame is lost
-            fields["committed"],
-            fields["values_len"],
-            fields["timestamp_ns"],
-        )
+        st = mapped_rings.ring_state(spec.epoch, scan)
+        fields = {
+            "committed": scan.committed,
+            "values_len": st.lens,
+            "timestamp_ns": st.stamps,
+        }
         live, age = self.directory.liveness(time.monotonic_ns()).get(sid, (False, None))
         summary = {
             "stream": sid,

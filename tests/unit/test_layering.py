@@ -548,3 +548,34 @@ def test_27_2_package_map_names_every_module() -> None:
         if m.startswith(SPARK + ".") and f":mod:`.{m[len(SPARK) + 1 :]}`" not in doc
     ]
     assert missing == []
+
+
+#: The rings' implementations behind the port: the adapters never pick one (#27.2).
+RING_IMPLEMENTATIONS = (f"{SPARK}.rings.local", f"{SPARK}.rings.remote")
+
+
+def adapter_branch_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import of a ring implementation from ``spark/`` (``TYPE_CHECKING`` edges counted)."""
+    return [
+        f"{module}:{line} imports {target}: talk to rings.port's RingSource instead"
+        for module, targets in graph.items()
+        if spark_part(module) == "spark"
+        for target, line in targets.items()
+        if target in RING_IMPLEMENTATIONS
+    ]
+
+
+def test_27_2_spark_adapters_reach_the_rings_only_through_the_port() -> None:
+    """#27.2: the pyspark adapters (the readers, pulse included, the sink and the publisher)
+    import neither the local nor the Flight ring implementation: ``rings.port`` picks one per
+    query, so ``spark/`` holds no local/remote branch. Before #27.2's last step the pulse
+    reader imported ``rings.local`` to scan the attachment itself."""
+    assert adapter_branch_violations(FULL_GRAPH) == []
+
+
+@pytest.mark.parametrize("target", RING_IMPLEMENTATIONS)
+def test_27_2_the_adapter_checker_sees_an_implementation_import(target: str) -> None:
+    graph = {m: dict(t) for m, t in FULL_GRAPH.items()}
+    graph[f"{SPARK}.spark.pulse"][target] = 1
+    problems = adapter_branch_violations(graph)
+    assert any(f"{SPARK}.spark.pulse:1 imports {target}" in p for p in problems), problems

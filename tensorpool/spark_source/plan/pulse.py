@@ -17,7 +17,13 @@ from typing import Any, Final
 import numpy as np
 
 from tensorpool.batching import DEFAULT_TIMEOUT_FACTOR, RateAwareMessageBatcher
-from tensorpool.spark_source.plan.offsets import EPOCH_CHANGE, NOT_STARTED, OVERWRITTEN, Loss
+from tensorpool.spark_source.plan.offsets import (
+    EPOCH_CHANGE,
+    NOT_STARTED,
+    OVERWRITTEN,
+    Loss,
+    RingState,
+)
 from tensorpool.spark_source.plan.offsets import loss_message as _loss_message
 
 MAX_SEQ: Final = 2**63 - 1
@@ -218,6 +224,24 @@ class StreamScan:
         seqs = np.asarray([s for s, _ in pairs], np.int64)
         ts = np.asarray([t for _, t in pairs], np.int64)
         return cls(epoch, nslots, seqs, ts, int(seqs[-1]) + 1 if seqs.size else 0)
+
+    @classmethod
+    def from_state(cls, st: RingState) -> StreamScan:
+        """The frames a :class:`RingState` found committed and intact, with their stamps: what
+        the pulse reader feeds, from the scan every reader shares (the ring port's, #27.2).
+
+        ``st`` keeps the newest seq of every slot (a slot the producer rewrote during the scan
+        holds its newer, uncommitted seq), but its committed seqs (:meth:`RingState.present`)
+        are exactly the slots whose commit word was set and unchanged across the scan, and
+        ``st.stamps`` are those slots' fields copied between the two loads: the same frames
+        and timestamps a scan of the committed slots alone gives. A slot holds the frame whose
+        ``seq & (nslots - 1)`` is its index (§15.18), which is how the stamps are looked up.
+        """
+        if st.stamps is None:
+            raise ValueError(f"ring state of epoch {st.epoch} has no timestamps (not a scan)")
+        seqs = st.present(st.oldest, st.head)
+        stamps = np.asarray(st.stamps, np.int64)[seqs & (st.nslots - 1)]
+        return cls(st.epoch, st.nslots, seqs, stamps, st.head)
 
     @property
     def empty(self) -> bool:

@@ -27,7 +27,7 @@ from tensorpool.spark_source.convert import NUMPY_DTYPES
 from tensorpool.spark_source.options import SourceOptions
 from tensorpool.spark_source.rings import mapped_rings
 from tensorpool.spark_source.rings.attach import StreamsNotAttached, open_attachment
-from tensorpool.spark_source.rings.probe import shared_probe
+from tensorpool.spark_source.rings.local import kept_probe, settings
 
 log = logging.getLogger(__name__)
 
@@ -66,27 +66,16 @@ def payload_metadata(opts: SourceOptions) -> dict[str, Any] | None:
     if not opts.streams or opts.remote is not None:  # remote (#18): no Aeron probe here
         return None
     conn = opts.connection
-    settings = conn.client_settings(freshness_ms=opts.freshness_ms)
     timeout = min(PROBE_TIMEOUT_S, conn.attach_timeout_ms / 1000)
     try:
         if conn.driver:
             with open_attachment(
-                opts.streams, settings, driver=True, background=False, intake_capacity=None
+                opts.streams, settings(opts), driver=True, background=False, intake_capacity=None
             ) as att:
                 layouts = att.wait_for_layouts(timeout)
         else:
-
-            def validate(layout: Any) -> None:
-                spec = mapped_rings.RegionSpec.from_layout(layout)
-                mapped_rings.mapped(spec, conn.base_dirs, revalidate=True)
-
             # #15: the probe a batch plan in this process reuses (kept open between queries)
-            with shared_probe(
-                settings,
-                map_layout=validate,
-                is_current=mapped_rings.layout_still_mapped,
-                scope=conn.base_dirs,
-            ) as probe:
+            with kept_probe(opts) as probe:
                 layouts = probe.wait_for_layouts(timeout, opts.streams)
         found = {
             ring_layout(

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorpool.spark_source.rings import discovery, mapped_rings, stream_meta
-from tensorpool.spark_source.rings.attach import Attachment, StreamsNotAttached, open_attachment
+from tensorpool.spark_source.rings.attach import (
+    DEFAULT_INTAKE_CAPACITY,
+    Attachment,
+    StreamsNotAttached,
+    open_attachment,
+)
 from tensorpool.spark_source.rings.hosts import BATCH, STREAM, PlanOrigin
 from tensorpool.spark_source.rings.probe import AnnounceProbe, shared_probe
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     import pyarrow as pa
 
     from tensorpool.spark_source.options import SourceOptions
@@ -67,51 +70,6 @@ def plan_origin(spec: mapped_rings.RegionSpec, opts: SourceOptions, kind: str) -
     return PlanOrigin.of(m.regions[0].path, opts.connection.shm_base_dir, kind)
 
 
-def scan_streams[T](
-    att: Attachment,
-    streams: Sequence[int],
-    base_dirs: tuple[str, ...],
-    specs: dict[tuple[int, int], mapped_rings.RegionSpec],
-    scan: Callable[[mapped_rings.MappedStream], T],
-) -> dict[int, T | None]:
-    """``scan`` of every stream's mapped ring (None: not announced / not mappable right now).
-
-    Records each stream epoch's RegionSpec in ``specs`` (partitions need it later).
-    """
-    layouts = att.layouts()
-    out: dict[int, T | None] = {}
-    for sid in streams:
-        layout = layouts.get(sid)
-        if layout is None:
-            out[sid] = None
-            continue
-        spec = mapped_rings.RegionSpec.from_layout(layout)
-        specs[(sid, spec.epoch)] = spec
-        try:
-            out[sid] = scan(mapped_rings.mapped(spec, base_dirs))
-        except Exception as exc:  # regions vanished between announce and map
-            log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
-            out[sid] = None
-    return out
-
-
-def attach_query(opts: SourceOptions, **kw: Any) -> Attachment:
-    """The streaming reader's attachment, waiting up to ``attachTimeoutMs`` for the layouts.
-
-    A stream that does not appear in time is not an error: it may come later (producer not
-    started yet, or restarting) and is picked up when it appears; until then it has no data.
-    """
-    att = open_attachment(opts.streams, settings(opts), driver=opts.connection.driver, **kw)
-    try:
-        att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
-    except StreamsNotAttached as exc:
-        log.warning("tensorpool: %s; continuing without them for now", exc)
-    except BaseException:
-        att.close()
-        raise
-    return att
-
-
 @dataclass(frozen=True, slots=True)
 class LocalRead:
     """Read a partition from the mapped regions under ``base_dirs`` (the planning host's)."""
@@ -145,14 +103,49 @@ class LocalRings:
         self._opts = opts
 
     @classmethod
-    def attach(cls, opts: SourceOptions, **kw: Any) -> LocalRings:
-        return cls(attach_query(opts, **kw), opts)
+    def attach(cls, opts: SourceOptions, *, descriptors: bool = True) -> LocalRings:
+        """The streaming reader's attachment, waiting up to ``attachTimeoutMs`` for the layouts
+        (``descriptors``: keep each stream's descriptor intake, the planner's feed).
+
+        A stream that does not appear in time is not an error: it may come later (producer not
+        started yet, or restarting) and is picked up when it appears; until then it has no data.
+        """
+        att = open_attachment(
+            opts.streams,
+            settings(opts),
+            driver=opts.connection.driver,
+            intake_capacity=DEFAULT_INTAKE_CAPACITY if descriptors else None,
+        )
+        try:
+            att.wait_for_layouts(opts.connection.attach_timeout_ms / 1000)
+        except StreamsNotAttached as exc:
+            log.warning("tensorpool: %s; continuing without them for now", exc)
+        except BaseException:
+            att.close()
+            raise
+        return cls(att, opts)
 
     def scan(
         self, streams: tuple[int, ...], specs: dict[tuple[int, int], mapped_rings.RegionSpec]
     ) -> dict[int, RingState | None]:
+        """Every stream's mapped ring (None: not announced / not mappable right now); records
+        each stream epoch's RegionSpec in ``specs`` (partitions need it later)."""
         base_dirs = self._opts.connection.base_dirs
-        return scan_streams(self.att, streams, base_dirs, specs, mapped_rings.MappedStream.scan)
+        layouts = self.att.layouts()
+        out: dict[int, RingState | None] = {}
+        for sid in streams:
+            layout = layouts.get(sid)
+            if layout is None:
+                out[sid] = None
+                continue
+            spec = mapped_rings.RegionSpec.from_layout(layout)
+            specs[(sid, spec.epoch)] = spec
+            try:
+                out[sid] = mapped_rings.mapped(spec, base_dirs).scan()
+            except Exception as exc:  # regions vanished between announce and map
+                log.warning("tensorpool: stream %d epoch %d not mappable: %s", sid, spec.epoch, exc)
+                out[sid] = None
+        return out
 
     def scan_one(self, sid: int, spec: mapped_rings.RegionSpec) -> RingState:
         return mapped_rings.mapped(spec, self._opts.connection.base_dirs).scan()
@@ -255,9 +248,7 @@ __all__ = [
     "LocalRead",
     "LocalRings",
     "LocalSnapshot",
-    "attach_query",
     "kept_probe",
     "local_snapshot",
     "plan_origin",
-    "scan_streams",
 ]

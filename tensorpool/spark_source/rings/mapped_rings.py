@@ -40,7 +40,7 @@ from tensorpool.counters import Reason
 from tensorpool.shm.errors import ShmError, TensorLayoutError
 from tensorpool.shm.layout import SUPERBLOCK_SIZE, TENSOR_BLOB_READ
 from tensorpool.shm.paths import PathPolicy
-from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView
+from tensorpool.shm.ring import SLOT_DTYPE, HeaderRingView, RingScan
 from tensorpool.shm.seqlock import SlotReader
 from tensorpool.shm.tensor import TensorLayout
 from tensorpool.spark_source.plan.offsets import REGIONS_GONE, RingState, iter_seq_chunks
@@ -137,10 +137,6 @@ class MappedStream:
         replaced since): a layout remembered between plans must still describe the files."""
         return self._ident is not None and _file_ident(self.regions[0].path) == self._ident
 
-    def seq_words(self, idx: np.ndarray) -> np.ndarray:
-        """``seq_commit`` of the slots ``idx`` (element-wise aligned 8-byte loads)."""
-        return self.ring.seq_words(idx)
-
     def layout_of(self, blob: bytes) -> TensorLayout | None:
         """The validated layout of a TensorHeader's bytes (cached), None if invalid."""
         hit = self.layouts.get(blob)
@@ -156,22 +152,8 @@ class MappedStream:
 
     # --- driver side ------------------------------------------------------------------------
     def scan(self) -> RingState:
-        """What every slot holds now (an upper bound on what is still readable later).
-
-        A slot the producer rewrote during the scan holds its newer seq (``newest_seq``): its
-        old frame is overwritten, and the plan must count it lost, not lose track of it."""
-        scan = self.ring.scan()
-        return RingState.from_slots(
-            self.spec.epoch,
-            scan.newest_seq,
-            scan.committed,
-            np.ascontiguousarray(scan.fields["values_len"]),
-            np.ascontiguousarray(scan.fields["timestamp_ns"]),
-        )
-
-    def sizes(self, first: int, count: int) -> list[int]:
-        """``values_len_bytes`` per frame; frames already overwritten count as a full stride."""
-        return self.ring.sizes(first, count, self.max_stride)
+        """What every slot holds now (an upper bound on what is still readable later)."""
+        return ring_state(self.spec.epoch, self.ring.scan())
 
     def close(self) -> None:
         self.reader.close()
@@ -183,6 +165,20 @@ class MappedStream:
         self.pool_u8 = {}
         for r in self.regions:
             r.close()
+
+
+def ring_state(epoch: int, scan: RingScan) -> RingState:
+    """A header ring scan as the planners' :class:`RingState` (here and in ``serve``).
+
+    A slot the producer rewrote during the scan holds its newer seq (``newest_seq``): its
+    old frame is overwritten, and the plan must count it lost, not lose track of it."""
+    return RingState.from_slots(
+        epoch,
+        scan.newest_seq,
+        scan.committed,
+        np.ascontiguousarray(scan.fields["values_len"]),
+        np.ascontiguousarray(scan.fields["timestamp_ns"]),
+    )
 
 
 _CACHE: OrderedDict[tuple[str, int], MappedStream] = OrderedDict()
@@ -231,20 +227,6 @@ def still_mapped(spec: RegionSpec) -> bool:
 def layout_still_mapped(layout: StreamLayout) -> bool:
     """:func:`still_mapped` of an announced layout (a shared probe's ``is_current``)."""
     return still_mapped(RegionSpec.from_layout(layout))
-
-
-def forget(spec: RegionSpec) -> None:
-    with _CACHE_LOCK:
-        m = _CACHE.pop((spec.header_uri, spec.epoch), None)
-    if m is not None:
-        m.close()
-
-
-def clear_cache() -> None:
-    with _CACHE_LOCK:
-        while _CACHE:
-            _, m = _CACHE.popitem()
-            m.close()
 
 
 # --- executor side -------------------------------------------------------------------------------
@@ -387,7 +369,7 @@ def _read_chunk_fast(
     n = len(seqs)
     idx = seqs & m.mask
     expect = (seqs.astype(np.uint64) << np.uint64(1)) | np.uint64(1)
-    w1 = m.seq_words(idx)
+    w1 = m.ring.seq_words(idx)
     if not np.array_equal(w1, expect):
         return None
     hdr = m.slots[idx]
@@ -415,7 +397,7 @@ def _read_chunk_fast(
         return None  # binary offsets are int32
     data = _POOL.get(max(total, 1))
     _copy_payloads(m, seqs, idx, lens, pool_id, stride, data)
-    if not np.array_equal(m.seq_words(idx), w1):
+    if not np.array_equal(m.ring.seq_words(idx), w1):
         return None  # torn: the producer overtook us during the copy
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(lens, out=offsets[1:])
@@ -589,11 +571,10 @@ __all__ = [
     "REGION_UNAVAILABLE",
     "MappedStream",
     "RegionSpec",
-    "clear_cache",
-    "forget",
     "layout_still_mapped",
     "mapped",
     "read_range",
+    "ring_state",
     "rows_per_batch",
     "still_mapped",
     "wall_clock_offset_ns",

@@ -105,16 +105,17 @@ class RingSnapshot(Protocol):
     def reader_for(self, sid: int) -> PartitionRead: ...
 
 
-def open_rings(opts: SourceOptions) -> RingSource:
+def open_rings(opts: SourceOptions, *, descriptors: bool = True) -> RingSource:
     """The streaming reader's rings: through ``tensorpool serve`` with ``hosts`` (no Aeron on
-    the driver), else mapped here."""
+    the driver), else mapped here. ``descriptors``: keep the streams' received descriptors for
+    :meth:`RingSource.feed` (the pulse reader cuts windows from the scans alone)."""
     if opts.remote is not None:
         from tensorpool.spark_source.rings.remote import FlightRings
 
         return FlightRings(opts.remote, opts.streams)
     from tensorpool.spark_source.rings.local import LocalRings
 
-    return LocalRings.attach(opts)
+    return LocalRings.attach(opts, descriptors=descriptors)
 
 
 def snapshot(opts: SourceOptions) -> RingSnapshot:

@@ -62,13 +62,14 @@ from tensorpool.spark_source.plan.pulse import (
     StreamScan,
     pulse_loss_message,
 )
-from tensorpool.spark_source.rings import mapped_rings, spool
-from tensorpool.spark_source.rings.attach import Attachment
-from tensorpool.spark_source.rings.local import attach_query, scan_streams
+from tensorpool.spark_source.rings import mapped_rings
 from tensorpool.spark_source.spark.source import (
+    FramePartition,
     LossRecorder,
     TensorPoolDataLossError,
     arrow_schema,
+    check_fixed_schema,
+    read_partition,
     schema_ddl,
     struct_type,
 )
@@ -108,45 +109,23 @@ def pulse_arrow_schema(include_meta: bool) -> pa.Schema:
     return to_arrow_schema(pulse_struct_type(include_meta), timezone="UTC")
 
 
-# --- driver-side ring scan -----------------------------------------------------------------------
-def scan_stream(m: mapped_rings.MappedStream) -> StreamScan:
-    """Committed frames of a mapped ring with their timestamps, seqlock-checked as a whole.
-
-    The ring scan of ``shm/`` (:meth:`~tensorpool.shm.ring.HeaderRingView.scan`): ``seq_commit``
-    of every slot, then the slot fields, then ``seq_commit`` again; a slot whose two loads
-    differ (the producer rewrote it meanwhile) is left out, exactly as if it had been
-    overwritten before the scan.
-    """
-    scan = m.ring.scan()
-    ok = scan.committed
-    seqs = scan.seq[ok]
-    ts = scan.fields["timestamp_ns"][ok].astype(np.int64)
-    order = np.argsort(seqs, kind="stable")
-    seqs, ts = seqs[order], ts[order]
-    head = int(seqs[-1]) + 1 if seqs.size else 0
-    return StreamScan(m.spec.epoch, m.spec.nslots, seqs, ts, head)
-
-
 # --- partitions and the executor read path -------------------------------------------------------
 @dataclass
-class PulsePartition(InputPartition):
-    """One stream's frames (one epoch) of one window: all an executor needs (picklable)."""
+class PulsePartition(FramePartition):
+    """One stream's frames (one epoch) of one window: the window's runs (``runs`` within
+    ``[first, end)``) read like any planned partition -- mapped here or over Flight, by the
+    partition's ``reader`` -- plus the window they belong to (picklable)."""
 
-    region: mapped_rings.RegionSpec | None  # None: the epoch's regions are unknown/gone -> all lost
-    stream_id: int
-    epoch: int
-    runs: tuple[tuple[int, int], ...]  # (first, end) in ``epoch``
-    window_index: int
-    window_start_ns: int
-    window_end_ns: int
-    wall_offset_ns: int
-    base_dirs: tuple[str, ...]
-    fail_on_data_loss: bool
-    include_meta: bool
-    spool_dir: str | None
+    window_index: int = 0
+    window_start_ns: int = 0
+    window_end_ns: int = 0
+    wall_offset_ns: int = 0
 
     def __post_init__(self) -> None:
         self.value = (self.window_index, self.stream_id, self.epoch)
+
+    def loss_recorder(self) -> LossRecorder:
+        return LossRecorder(self, f"window {self.window_index}", pulse_loss_message)
 
 
 def read_pulse_partition(
@@ -157,39 +136,21 @@ def read_pulse_partition(
 
     if not isinstance(part, PulsePartition):
         return
-    rec = LossRecorder(part, f"window {part.window_index}", pulse_loss_message)
-    try:
-        if part.region is None:
-            for first, end in part.runs:
-                for seq in range(first, end):
-                    rec(seq, mapped_rings.REGION_UNAVAILABLE)
-            return
-        ws_us = (part.window_start_ns + part.wall_offset_ns) // 1000
-        we_us = (part.window_end_ns + part.wall_offset_ns) // 1000
-        ts_type = pa.timestamp("us", tz="UTC")
-        for first, end in part.runs:
-            for batch in mapped_rings.read_range(
-                part.region,
-                part.base_dirs,
-                first,
-                end,
-                include_meta=part.include_meta,
-                on_loss=rec,
-                schema=base_schema,
-            ):
-                n = batch.num_rows
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        *batch.columns,
-                        pa.array(np.full(n, ws_us, np.int64), ts_type),
-                        pa.array(np.full(n, we_us, np.int64), ts_type),
-                        pa.array(np.full(n, part.window_start_ns, np.int64)),
-                        pa.array(np.full(n, part.window_end_ns, np.int64)),
-                    ],
-                    schema=schema,
-                )
-    finally:
-        rec.report()
+    ws_us = (part.window_start_ns + part.wall_offset_ns) // 1000
+    we_us = (part.window_end_ns + part.wall_offset_ns) // 1000
+    ts_type = pa.timestamp("us", tz="UTC")
+    for batch in read_partition(part, base_schema):
+        n = batch.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [
+                *batch.columns,
+                pa.array(np.full(n, ws_us, np.int64), ts_type),
+                pa.array(np.full(n, we_us, np.int64), ts_type),
+                pa.array(np.full(n, part.window_start_ns, np.int64)),
+                pa.array(np.full(n, part.window_end_ns, np.int64)),
+            ],
+            schema=schema,
+        )
 
 
 # --- the stream reader ---------------------------------------------------------------------------
@@ -203,10 +164,10 @@ class PulseStreamReader(RingStreamReader):
     """
 
     SPOOL_KIND = "pulse"
+    DESCRIPTORS = False  # windows are cut from the slots' timestamps
 
     def __init__(self, opts: SourceOptions) -> None:
         super().__init__(opts)
-        self._att: Attachment | None = None
         self._base_schema = arrow_schema(opts.include_tensor_metadata)
         self._schema = pulse_arrow_schema(opts.include_tensor_metadata)
         self._planner = PulsePlanner(opts.streams, opts.gated_streams, opts.batch_length_ns)
@@ -216,25 +177,17 @@ class PulseStreamReader(RingStreamReader):
 
     @classmethod
     def for_schema(cls, opts: SourceOptions, schema: StructType) -> PulseStreamReader:
-        want = pulse_struct_type(opts.include_tensor_metadata)
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-            reject(
-                "schema",
-                "the tensorpool source has a fixed schema "
-                f"({pulse_schema_ddl(opts.include_tensor_metadata)}); do not pass "
-                ".schema(...), select columns after load() instead",
-            )
+        meta = opts.include_tensor_metadata
+        check_fixed_schema(schema, pulse_struct_type(meta), pulse_schema_ddl(meta))
         return cls(opts)
 
     # --- driver-side plumbing -------------------------------------------------------------------
-    def _open_rings(self) -> Attachment:
-        # descriptors are not needed: windows are cut from the slots' timestamps
-        return attach_query(self.opts, intake_capacity=None)
-
     def _scan(self) -> dict[int, StreamScan | None]:
-        base_dirs = self.opts.connection.base_dirs
-        out = scan_streams(self._attach(), self.opts.streams, base_dirs, self._specs, scan_stream)
-        for sid, sc in out.items():
+        """The committed frames of every ring with their stamps (:meth:`StreamScan.from_state`
+        of the rings' scans)."""
+        out: dict[int, StreamScan | None] = {}
+        for sid, st in self._scan_rings().items():
+            out[sid] = sc = None if st is None else StreamScan.from_state(st)
             if sc is not None:
                 key = (sid, sc.epoch)
                 self._heads[key] = max(self._heads.get(key, 0), sc.head)
@@ -264,7 +217,7 @@ class PulseStreamReader(RingStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = self._decode(start)
         scans = self._scan()
-        late, spooled = spool.collect(self._spool, self.opts.streams)
+        late, spooled = self._late_losses()
         adv = self._planner.advance(
             begin,
             scans,
@@ -279,7 +232,7 @@ class PulseStreamReader(RingStreamReader):
             return start  # no window closed: Spark runs no batch
         if adv.losses:
             log.warning("%s [skipped: failOnDataLoss=false]", pulse_loss_message(adv.losses))
-        spool.forget(spooled)  # now recorded in the offset's lostLate
+        self._losses_recorded(spooled)  # now in the offset's lostLate
         return adv.offset.to_json()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -287,8 +240,10 @@ class PulseStreamReader(RingStreamReader):
         window = fin.window
         if window is None:
             return []
-        if self._att is None:
+        att = self._att
+        if att is None:
             self._scan()  # a restarted query plans the logged batch before asking for offsets
+            att = self._attach()
         opts = self.opts
         out: list[InputPartition] = []
         for sid in sorted(fin.streams):
@@ -310,15 +265,18 @@ class PulseStreamReader(RingStreamReader):
                         spec,
                         sid,
                         epoch,
-                        tuple(runs),
-                        window.index,
-                        window.start_ns,
-                        window.end_ns,
-                        window.wall_offset_ns,
-                        opts.connection.base_dirs,
+                        runs[0][0],
+                        runs[-1][1],
                         opts.fail_on_data_loss,
                         opts.include_tensor_metadata,
                         self._spool,
+                        np.asarray(runs, np.int64),
+                        origin=None if spec is None else att.origin(spec),
+                        reader=att.reader_for(sid),
+                        window_index=window.index,
+                        window_start_ns=window.start_ns,
+                        window_end_ns=window.end_ns,
+                        wall_offset_ns=window.wall_offset_ns,
                     )
                 )
         return out
@@ -338,5 +296,4 @@ __all__ = [
     "pulse_schema_ddl",
     "pulse_struct_type",
     "read_pulse_partition",
-    "scan_stream",
 ]

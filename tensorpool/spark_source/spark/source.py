@@ -7,8 +7,8 @@ Where things run (pyspark 4.3, measured):
 * Batch: ``reader()`` and ``partitions()`` run in a short-lived planner process. The snapshot
   (layouts + ring windows) is taken in ``partitions()`` and travels inside the partitions.
 * Streaming: ``initialOffset``/``latestOffset``/``partitions``/``commit`` run in one long-lived
-  Python process on the Spark driver. That process holds the control-plane
-  :class:`~tensorpool.spark_source.rings.attach.Attachment` (opened lazily, never in ``__init__``).
+  Python process on the Spark driver. That process holds the query's rings, one
+  :class:`~tensorpool.spark_source.rings.port.RingSource` (opened lazily, never in ``__init__``).
 * ``read()`` runs in executor Python workers, which build a *fresh* reader from the options and
   get everything else from the pickled partition. Mappings are cached per worker process.
 
@@ -153,8 +153,12 @@ def _check_user_schema(
     include_late: bool = False,
 ) -> None:
     want = struct_type(include_meta, include_stream_meta, include_late)
+    check_fixed_schema(schema, want, schema_ddl(include_meta, include_stream_meta))
+
+
+def check_fixed_schema(schema: StructType, want: StructType, ddl: str) -> None:
+    """A ``.schema(...)`` given by the user must be the source's own (``ddl``)."""
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in want]:
-        ddl = schema_ddl(include_meta, include_stream_meta)
         reject(
             "schema",
             f"the tensorpool source has a fixed schema ({ddl}); "
@@ -194,6 +198,14 @@ class FramePartition(InputPartition):
 
     def __post_init__(self) -> None:
         self.value = (self.stream_id, self.epoch, self.first, self.end)
+
+    def loss_recorder(self) -> LossRecorder:
+        """Where this partition's undelivered frames go (a batch read's loss names its plan's
+        origin, #16.3)."""
+        where = f"seq {self.first}..{self.end - 1}"
+        if self.origin is not None and self.origin.kind == BATCH:
+            return LossRecorder(self, where, batch_loss_message(self.origin))
+        return LossRecorder(self, where)
 
 
 class LossRecorder:
@@ -306,12 +318,7 @@ def read_partition(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.
     # #16.3: a task that cannot see the planned SHM (another host or mount namespace) fails
     # naming both hosts, whatever failOnDataLoss says: it is a deployment error, not loss
     check_origin(partition.stream_id, partition.origin)
-    origin = partition.origin
-    where = f"seq {partition.first}..{partition.end - 1}"
-    if origin is not None and origin.kind == BATCH:
-        rec = LossRecorder(partition, where, batch_loss_message(origin))
-    else:
-        rec = LossRecorder(partition, where)
+    rec = partition.loss_recorder()
     aged = AgedOut(rec) if partition.from_earliest else None
     on_loss: Callable[[int, str], None] = rec if aged is None else aged
     try:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pyspark.sql.datasource import (
@@ -82,28 +82,49 @@ log = logging.getLogger("tensorpool.spark_source")
 
 # --- streaming -----------------------------------------------------------------------------------
 class RingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """What the plain and the pulse micro-batch readers share: the options, the rings opened
-    on the Spark driver at first use with the spool executors report read-time loss to, the
-    stream epochs' regions seen, and their release at ``stop``."""
+    """What the plain and the pulse micro-batch readers share, the reader lifecycle once: the
+    options; the query's rings (a :class:`~tensorpool.spark_source.rings.port.RingSource`,
+    mapped here or served by ``tensorpool serve`` -- the readers never ask which) opened on
+    the Spark driver at first use, with the spool executors report read-time loss to; the
+    stream epochs' regions seen; read-time loss until an offset records it; release at
+    ``stop``."""
 
     #: names the reader's spool (:func:`~tensorpool.spark_source.rings.spool.make_spool`)
     SPOOL_KIND = ""
+    #: whether the rings keep the streams' received descriptors (:meth:`RingSource.feed`)
+    DESCRIPTORS = True
 
     def __init__(self, opts: SourceOptions) -> None:
         # Runs on executors too (one per task): keep it free of I/O.
         self.opts = opts
-        self._att: Any = None  # the rings, opened on the driver at first use
+        self._att: RingSource | None = None  # the rings, opened on the driver at first use
         self._specs: dict[tuple[int, int], mapped_rings.RegionSpec] = {}
         self._spool: str | None = None
 
-    def _open_rings(self) -> Any:
-        raise NotImplementedError
-
-    def _attach(self) -> Any:
+    def _attach(self) -> RingSource:
         if self._att is None:
-            self._att = self._open_rings()
+            # #18: with 'hosts', each host's server (no Aeron here)
+            self._att = open_rings(self.opts, descriptors=self.DESCRIPTORS)
             self._spool = spool.make_spool(self.opts.connection.shm_base_dir, self.SPOOL_KIND)
         return self._att
+
+    def _scan_rings(self) -> dict[int, RingState | None]:
+        """Every stream's ring now; each stream epoch's region goes to ``_specs``."""
+        return self._attach().scan(self.opts.streams, self._specs)
+
+    def _late_losses(self) -> tuple[dict[int, int], list[str]]:
+        """Read-time loss per stream no offset has recorded yet: spooled by tasks that read
+        mapped rings, and (#18) counted by the servers for tasks that read over Flight. Pass
+        the second value to :meth:`_losses_recorded` once an offset holds the counts."""
+        late, spooled = spool.collect(self._spool, self.opts.streams)
+        if not self.opts.fail_on_data_loss:
+            for sid, n in self._attach().take_losses(self.opts.streams).items():
+                late[sid] = late.get(sid, 0) + n
+        return late, spooled
+
+    def _losses_recorded(self, spooled: list[str]) -> None:
+        spool.forget(spooled)
+        self._attach().forget_losses()
 
     def stop(self) -> None:
         att, self._att = self._att, None
@@ -118,7 +139,6 @@ class TensorPoolStreamReader(RingStreamReader):
 
     def __init__(self, opts: SourceOptions) -> None:
         super().__init__(opts)
-        self._att: RingSource | None = None
         self._schema = arrow_schema(opts.include_tensor_metadata, opts.include_stream_metadata)
         self._meta: stream_meta.MetaTracker | None = None  # includeStreamMetadata (#16.4)
         self._meta_waited: set[int] = set()
@@ -138,9 +158,6 @@ class TensorPoolStreamReader(RingStreamReader):
             )
 
     # --- driver-side plumbing -------------------------------------------------------------------
-    def _open_rings(self) -> RingSource:
-        return open_rings(self.opts)  # #18: or each host's server, no Aeron here
-
     def _attach(self) -> RingSource:
         att = self._att
         if att is None:
@@ -212,7 +229,7 @@ class TensorPoolStreamReader(RingStreamReader):
         return grow_offsets(offsets, self.opts.streams)
 
     def _scan(self) -> dict[int, RingState | None]:
-        states = self._attach().scan(self.opts.streams, self._specs)
+        states = self._scan_rings()
         self._states = states
         return states
 
@@ -268,10 +285,7 @@ class TensorPoolStreamReader(RingStreamReader):
         att = self._att
         assert att is not None
         now = time.monotonic_ns()
-        late, spooled = spool.collect(self._spool, opts.streams)
-        if not opts.fail_on_data_loss:  # #18: Flight reads' loss, counted by the servers
-            for sid, n in att.take_losses(opts.streams).items():
-                late[sid] = late.get(sid, 0) + n
+        late, spooled = self._late_losses()
         for sid, n in self._late_extra.items():  # found by partitions() (a replay)
             late[sid] = late.get(sid, 0) + n
         step = self._trigger_state().step(
@@ -294,8 +308,7 @@ class TensorPoolStreamReader(RingStreamReader):
         if plan is None:
             return start  # the same offset: Spark runs no batch (minFramesPerTrigger)
         self._late_extra = {}
-        spool.forget(spooled)  # recorded in this plan's lostLate
-        att.forget_losses()
+        self._losses_recorded(spooled)  # in this plan's lostLate
         self._report_plan(plan, begin, states)
         if opts.stream_pattern is not None:
             # a discovered stream enters the offset once it has begun (no empty batch before)
@@ -406,17 +419,12 @@ class TensorPoolStreamReader(RingStreamReader):
         return report
 
     def _newest_wall_ns(self, sid: int, st: RingState | None) -> int | None:
-        """Wall-clock time of the newest frame's ``timestamp_ns`` (health only: racy is fine)."""
-        if st is None or st.empty:
+        """Wall-clock time of the newest frame's ``timestamp_ns`` in the scan (health only;
+        a served stream's stamps arrive on this host's clock)."""
+        spec = None if st is None else self._specs.get((sid, st.epoch))
+        if st is None or st.empty or st.stamps is None or spec is None:
             return None
-        spec = self._specs.get((sid, st.epoch))
-        if spec is None:
-            return None
-        try:
-            m = mapped_rings.mapped(spec, self.opts.connection.base_dirs)
-            ts = int(m.slots["timestamp_ns"][(st.head - 1) & m.mask])
-        except Exception:  # regions vanished since the scan
-            return None
+        ts = int(st.stamps[(st.head - 1) & (st.nslots - 1)])
         return ts + mapped_rings.wall_clock_offset_ns(spec.clock_domain)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from spark_helpers import check_payload, end_offsets, source_options, start_query, wait_query
 
@@ -20,6 +21,7 @@ import tensorpool.spark_source as tps
 from tensorpool.spark_source.options import parse_source_options
 from tensorpool.spark_source.rings import mapped_rings, spool
 from tensorpool.spark_source.rings.attach import open_attachment
+from tensorpool.spark_source.rings.local import LocalRead
 from tensorpool.spark_source.spark.pulse import (
     PulsePartition,
     PulseStreamReader,
@@ -250,8 +252,9 @@ def test_window_frames_overwritten_before_the_read(spark_media_driver, tmp_shm, 
 
     def part(fail: bool, spool_dir: str | None) -> PulsePartition:
         return PulsePartition(
-            spec, 56, det.epoch, ((0, 14),), 0, t0, t0 + S, 0, opts.connection.base_dirs, fail,
-            False, spool_dir,
+            spec, 56, det.epoch, 0, 14, fail, False, spool_dir, np.array([[0, 14]]),
+            reader=LocalRead(opts.connection.base_dirs),
+            window_index=0, window_start_ns=t0, window_end_ns=t0 + S,
         )  # fmt: skip
 
     with pytest.raises(TensorPoolDataLossError, match="stream 56: frame 0 of epoch"):
