@@ -401,8 +401,8 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         """The ranges' ``app_metadata``; with a loss key, first counted in the ledger for the
         key's driver (before the client can see them, so a driver that collects after its
         tasks finished finds them)."""
-        if t.loss_key is not None:
-            n = sum(b - a for a, b, _ in lost)
+        n = sum(b - a for a, b, _ in lost)
+        if t.loss_key is not None and n > 0:
             with self._ledger_lock:
                 now = time.time_ns()
                 self.ledger.record(t.loss_key, t.stream_id, t.epoch, n, now)
