@@ -5,7 +5,9 @@ A Spark job on other hosts reads them with ``hosts="thishost:8815"`` and
 (standalone) or from the SHM driver (``--driver``), maps what was announced with the usual
 checks, and never opens a path a client names. It binds 127.0.0.1 unless ``--bind`` says
 otherwise; ``--token-file`` (or ``TENSORPOOL_SERVE_TOKEN``) requires a bearer token on every
-call, ``--tls-cert``/``--tls-key`` turn on TLS. SIGTERM or SIGINT stops it cleanly.
+call, ``--tls-cert``/``--tls-key`` turn on TLS. SIGTERM or SIGINT stops it cleanly. The
+read-time loss it counts for Spark queries is journalled in ``--state-dir`` (default
+``<shm base dir>/.serve-<port>``; none with ``--port 0``) and survives a restart.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from tensorpool.commands._common import (
     add_channel_args,
@@ -24,6 +27,10 @@ from tensorpool.commands._common import (
     client_settings,
     run_agent,
 )
+
+if TYPE_CHECKING:
+    from tensorpool.client.settings import ClientSettings
+    from tensorpool.serve.journal import LedgerJournal
 
 ENV_TOKEN = "TENSORPOOL_SERVE_TOKEN"
 DEFAULT_PORT = 8815
@@ -52,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="wait up to S seconds for every stream's first announce before serving (0: no wait)",
+    )
+    p.add_argument(
+        "--state-dir",
+        help="directory of the loss ledger's journal, kept across restarts (created and locked"
+        " by this serve; default <shm base dir>/.serve-<port>, none with --port 0; 'none': off)",
     )
     add_transport_args(p)
     add_shm_args(p)
@@ -100,6 +112,15 @@ def _port_problem(host: str, port: int) -> str | None:
     return None
 
 
+def state_dir(arg: str | None, port: int, shm_base_dir: str) -> str | None:
+    """Where the journal lives. By default next to the rings it counts the loss of, one per
+    port (a restarted serve is found again by its port); a server on a port the kernel picks
+    cannot be found again by its queries, so it keeps nothing."""
+    if arg is not None:
+        return None if arg == "none" else arg
+    return None if port == 0 else os.path.join(shm_base_dir, f".serve-{port}")
+
+
 def run(args: argparse.Namespace) -> int:
     from tensorpool.cli import UserError
 
@@ -120,6 +141,30 @@ def run(args: argparse.Namespace) -> int:
     taken = _port_problem(args.bind, args.port)
     if taken:  # #26.6: one line and nothing attached, instead of gRPC's own log lines
         raise UserError(taken)
+    from tensorpool.serve.journal import LedgerJournal, StateDirError
+
+    sdir = state_dir(args.state_dir, args.port, settings.shm_base_dir)
+    try:
+        journal = None if sdir is None else LedgerJournal(sdir)
+    except StateDirError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return _serve(args, streams, token, tls, settings, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _serve(
+    args: argparse.Namespace,
+    streams: tuple[int, ...],
+    token: str | None,
+    tls: list[tuple[bytes, bytes]] | None,
+    settings: ClientSettings,
+    journal: LedgerJournal | None,
+) -> int:
+    from tensorpool.cli import UserError
+
     metrics = bind_metrics(args.metrics_bind)  # #26.6: before anything is attached
 
     from tensorpool.observe.metrics import ServeCollector
@@ -151,12 +196,18 @@ def run(args: argparse.Namespace) -> int:
                 shm_base_dir=settings.shm_base_dir,
                 token=token,
                 tls_certificates=tls,
+                journal=journal,
             )
         except Exception as exc:  # port in use, bad certificate, bad address
             raise UserError(f"cannot serve on {scheme}://{host}:{args.port}: {exc}") from None
         print(
             f"tensorpool serve: streams {list(streams)} on {scheme}://{host}:{server.port}"
-            + (" (token required)" if token else ""),
+            + (" (token required)" if token else "")
+            + (
+                f"; loss journal {journal.dir} ({len(server.ledger)} entries)"
+                if journal
+                else "; loss journal off"
+            ),
             flush=True,
         )
         run_agent(

@@ -21,6 +21,9 @@ here touches files, Flight or clocks, so each rule is a unit test.
   :func:`~tensorpool.spark_source.rings.mapped_rings.read_range` with the clipped range and runs).
 * Frames a ticket with a loss key did not get are counted in the :class:`LossLedger` until that
   query's driver takes them (its ``lostLate``; a task on another host cannot reach the driver).
+  Each record and each non-empty take is also one journal line (:func:`journal_record`,
+  :func:`journal_take`); :meth:`LossLedger.replay` rebuilds the ledger from them after a
+  restart (the server's journal file: :mod:`tensorpool.serve.journal`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 
 from tensorpool.counters import Reason
 from tensorpool.spark_source.plan.offsets import RingState
-from tensorpool.spark_source.rings.flight_protocol import Ticket
+from tensorpool.spark_source.rings.flight_protocol import LOSS_KEY, Ticket
 from tensorpool.spark_source.rings.mapped_rings import REGION_UNAVAILABLE
 
 #: the reason given for frames that were below the ring's oldest frame when the ticket came
@@ -159,6 +162,39 @@ class LossLedger:
         self.counters["loss_ledger_taken"] += len(out)
         return out
 
+    def entries(self) -> list[tuple[str, int, int, int, int]]:
+        """``(key, stream, epoch, frames, updated_ns)``, least recently updated first: replayed
+        as records in this order they rebuild this ledger (the journal's compaction)."""
+        return [(k, sid, ep, n, at) for (k, sid, ep), (n, at) in self._entries.items()]
+
+    def replay(self, journal: bytes, now_ns: int) -> Counter[str]:
+        """Apply the journal's records and takes in order, at their own times (so eviction and
+        expiry fall as they did), then expire at ``now_ns``. A line that is not a record or a
+        take is skipped: ``loss_journal_truncated`` for an unfinished last line (a process
+        killed mid-write), ``loss_journal_bad_line`` for any other. Returns what was replayed
+        and skipped; the ledger's own counters count only the expiry at ``now_ns`` (the rest
+        was counted by the process that wrote the journal)."""
+        out: Counter[str] = Counter()
+        live, self.counters = self.counters, Counter()
+        try:
+            lines = journal.split(b"\n")
+            if lines[-1]:
+                out["loss_journal_truncated"] += 1
+            for line in lines[:-1]:
+                ev = _journal_event(line)
+                if ev is None:
+                    out["loss_journal_bad_line"] += 1
+                elif len(ev) == 6:
+                    self.record(*ev[1:])
+                    out["loss_journal_replayed_records"] += 1
+                else:
+                    self.take(*ev[1:])
+                    out["loss_journal_replayed_takes"] += 1
+        finally:
+            self.counters = live
+        self._expire(now_ns)
+        return out
+
     def _expire(self, now_ns: int) -> None:
         e = self._entries
         while e:
@@ -167,6 +203,33 @@ class LossLedger:
                 return
             del e[k]
             self.counters["loss_ledger_expired"] += 1
+
+
+def journal_record(key: str, stream_id: int, epoch: int, frames: int, now_ns: int) -> bytes:
+    """The journal line of :meth:`LossLedger.record` (a loss key is 32 hex digits: no
+    separator can occur in one)."""
+    return f"r {key} {stream_id} {epoch} {frames} {now_ns}\n".encode()
+
+
+def journal_take(key: str, now_ns: int) -> bytes:
+    """The journal line of a :meth:`LossLedger.take` that returned something."""
+    return f"t {key} {now_ns}\n".encode()
+
+
+def _journal_event(
+    line: bytes,
+) -> tuple[str, str, int, int, int, int] | tuple[str, str, int] | None:
+    parts = line.decode("ascii", "replace").split(" ")
+    if len(parts) not in (3, 6) or LOSS_KEY.fullmatch(parts[1]) is None:
+        return None
+    if not all(p.isdigit() and len(p) <= 20 for p in parts[2:]):
+        return None
+    nums = [int(p) for p in parts[2:]]
+    if parts[0] == "r" and len(parts) == 6 and nums[2] > 0:
+        return ("r", parts[1], nums[0], nums[1], nums[2], nums[3])
+    if parts[0] == "t" and len(parts) == 3:
+        return ("t", parts[1], nums[0])
+    return None
 
 
 def _all(ticket: Ticket, runs: np.ndarray | None, reason: str) -> list[tuple[int, int, str]]:
@@ -182,5 +245,7 @@ __all__ = [
     "BadTicket",
     "GetPlan",
     "LossLedger",
+    "journal_record",
+    "journal_take",
     "plan_get",
 ]

@@ -17,7 +17,7 @@ Calls (the protocol is defined once, in :mod:`tensorpool.spark_source.rings.flig
 * ``do_action("losses", {"key": k})``: frames ``do_get`` could not deliver to tickets carrying
   loss key ``k`` since the last such call, per (stream, epoch), taken from the bounded
   :class:`~tensorpool.serve.core.LossLedger` (how a driver on another host learns its tasks'
-  read-time loss);
+  read-time loss), and journalled so that a restart keeps it (:mod:`tensorpool.serve.journal`);
 * ``do_get(ticket)``: frames of one stream epoch as record batches in the Spark source's schema,
   read with the seqlock by :func:`~tensorpool.spark_source.rings.mapped_rings.read_range`;
   frames not delivered are reported as ``(first, end, reason)`` ranges in ``app_metadata``.
@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.serve.core import BadTicket, LossLedger, plan_get
+from tensorpool.serve.core import BadTicket, LossLedger, journal_record, journal_take, plan_get
+from tensorpool.serve.journal import LedgerJournal
 from tensorpool.spark_source.plan.margin import now_for
 from tensorpool.spark_source.plan.offsets import RingState
 from tensorpool.spark_source.rings import flight_protocol as protocol
@@ -132,6 +133,7 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         shm_base_dir: str,
         token: str | None = None,
         tls_certificates: list[tuple[bytes, bytes]] | None = None,
+        journal: LedgerJournal | None = None,
     ) -> None:
         self.counters: Counter[str] = Counter()
         middleware = {"auth": BearerToken(token, self.counters)} if token else None
@@ -147,6 +149,9 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self.ledger = LossLedger(self.counters)
         self._ledger_lock = threading.Lock()  # apart from _lock: a take never waits on a read
+        self.journal = journal
+        if journal is not None:
+            journal.load(self.ledger, time.time_ns(), self.counters)
         #: the most slots each stream's ring has had here: what bounds a ticket (plan_get)
         self._slots: dict[int, int] = {}
 
@@ -284,7 +289,10 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             raise self._refuse("bad_action", str(exc)) from None
         if isinstance(request, str):  # the losses key
             with self._ledger_lock:
-                taken = self.ledger.take(request, time.monotonic_ns())
+                now = time.time_ns()
+                taken = self.ledger.take(request, now)
+                if taken:
+                    self._journal(journal_take(request, now))
             return iter([protocol.encode_losses(taken)])
         sids = request
         for sid in sids:
@@ -387,11 +395,25 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         """The ranges' ``app_metadata``; with a loss key, first counted in the ledger for the
         key's driver (before the client can see them, so a driver that collects after its
         tasks finished finds them)."""
-        if t.loss_key is not None:
-            n = sum(b - a for a, b, _ in lost)
+        n = sum(b - a for a, b, _ in lost)
+        if t.loss_key is not None and n > 0:
             with self._ledger_lock:
-                self.ledger.record(t.loss_key, t.stream_id, t.epoch, n, time.monotonic_ns())
+                now = time.time_ns()
+                self.ledger.record(t.loss_key, t.stream_id, t.epoch, n, now)
+                self._journal(journal_record(t.loss_key, t.stream_id, t.epoch, n, now))
         return protocol.encode_loss(lost)
+
+    def _journal(self, line: bytes) -> None:
+        """Append a ledger event (under the ledger's lock). The ledger's clock is the wall
+        clock, the one a restarted process shares. A journal that cannot be written (disk
+        full) keeps the loss in memory only: counted and logged, the read goes on."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.append(line, self.ledger)
+        except OSError as exc:
+            self.counters["loss_journal_write_failed"] += 1
+            log.warning("tensorpool serve: loss journal %s: %s", self.journal.dir, exc)
 
 
 __all__ = ["SCHEMAS", "BearerToken", "StreamDirectory", "TensorPoolFlightServer", "arrow_schema"]

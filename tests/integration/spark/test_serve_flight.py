@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,19 +52,35 @@ class Served:
         cmd += ["--stream-id", str(BIG)]
         cmd += ["--port", str(self.port), "--aeron-dir", md.dir, "--shm-base-dir", shm]
         cmd += ["--token-file", token_file, "--attach-timeout", "20", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.cmd = cmd
         try:
-            assert self.proc.stdout is not None
-            line = self.proc.stdout.readline()
-            assert "tensorpool serve: streams [181, 182]" in line, line
-        except BaseException:  # never leave the server (or the producers) behind
-            stop_process(self.proc)
+            self.line = self._start()
+        except BaseException:  # never leave the producers behind
             self.prod.close()
             self.big.close()
             raise
         self.address = f"127.0.0.1:{self.port}"
         self.access = FlightAccess(token=TOKEN, retry_s=0)
         self.md_dir, self.shm, self.token_file = md.dir, shm, token_file
+
+    def _start(self) -> str:
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()
+            assert "tensorpool serve: streams [181, 182]" in line, line
+        except BaseException:  # never leave the server behind
+            stop_process(self.proc)
+            raise
+        return line
+
+    def restart(self, sig: int) -> str:
+        """Stop the server with ``sig`` and start it again, same port and state; its line."""
+        self.proc.send_signal(sig)
+        self.proc.communicate(timeout=60)
+        return self._start()
 
     def client(self) -> Any:
         return flight.FlightClient(f"grpc://{self.address}")
@@ -239,6 +256,26 @@ def test_18_4_range_far_outside_the_ring(served: Served) -> None:
                 served.access.call_options(),
             )
         )
+    _alive(served)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_30_3_read_time_loss_survives_a_serve_restart(served: Served, sig: int) -> None:
+    """#30.3: a frame a ticket with a loss key did not get stays counted across a restart of
+    serve (kill -9 or SIGTERM) until the query's driver takes it, and a take is as durable:
+    the driver gets the count exactly once (the journal in serve's state directory)."""
+    served.next_seq = served.prod.produce(NSLOTS)  # a full ring, whichever test ran before
+    snap = served.snapshot()
+    epoch, head = snap.spec.epoch, snap.state.head
+    key = protocol.new_loss_key()
+    served.next_seq = served.prod.produce(7)  # 7 frames of the ticket's range overwritten
+    batches, lost = _read(served, protocol.Ticket(SID, epoch, head - NSLOTS, head, None, True, key))
+    assert len(lost) == 7 and sum(b.num_rows for b in batches) == NSLOTS - 7
+    line = served.restart(sig)
+    assert "loss journal" in line and ".serve-" in line, line
+    assert remote.take_losses(served.address, key, served.access) == [(SID, epoch, 7)]
+    served.restart(sig)
+    assert remote.take_losses(served.address, key, served.access) == []  # taken once
     _alive(served)
 
 
