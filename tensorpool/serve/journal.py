@@ -13,9 +13,14 @@ skips a bad or unfinished line and counts it) and compacted: the live entries ar
 
 Layout and ownership: the directory holds ``tensorpool-serve.lock`` (the marker: serve
 creates it, and adopts only a new, empty or already marked directory; its ``flock`` keeps a
-second serve out, and it holds the owner's pid for the refusal's message), the journal and
-its temporary file. Serve writes, replaces and truncates only those two names, under the
-lock, and deletes nothing.
+second serve out, and it holds the owner's pid for the refusal's message, and ``created``
+when a serve made the directory itself), the journal and its temporary file. Serve writes,
+replaces and truncates only those two names, under the lock.
+
+Leaving nothing behind: a serve that stops with nothing owed (an empty ledger) removes the
+journal and the marker, and the directory only when the marker says a serve created it (a
+configured directory that was there before is never removed). A serve that stops owing loss
+counts, or is killed, keeps them for the next one.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ class LedgerJournal:
         self.counters: Counter[str] = Counter()
         self._fd: int | None = None
         self._lines = 0
+        self._ledger: LossLedger | None = None
         try:
+            created = not os.path.isdir(self.dir)
             os.makedirs(self.dir, mode=0o700, exist_ok=True)
             marker = os.path.join(self.dir, MARKER)
             if not os.path.exists(marker) and os.listdir(self.dir):
@@ -64,21 +71,24 @@ class LedgerJournal:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(self._lock, 32, 0).decode(errors="replace").strip()
+            holder = (os.pread(self._lock, 32, 0).decode(errors="replace").split() or ["?"])[0]
             os.close(self._lock)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise StateDirError(f"--state-dir {self.dir}: cannot lock: {exc}") from None
             raise StateDirError(
-                f"--state-dir {self.dir}: another tensorpool serve (pid {holder or '?'}) "
+                f"--state-dir {self.dir}: another tensorpool serve (pid {holder}) "
                 "uses it; give each serve its own --state-dir"
             ) from None
+        self.created = created or b"created" in os.pread(self._lock, 64, 0)
         os.ftruncate(self._lock, 0)
-        os.pwrite(self._lock, f"{os.getpid()}\n".encode(), 0)
+        tag = "created" if self.created else "adopted"
+        os.pwrite(self._lock, f"{os.getpid()}\n{tag}\n".encode(), 0)
 
     def load(self, ledger: LossLedger, now_ns: int, counters: Counter[str]) -> None:
         """Replay the journal into ``ledger``, compact it, and open it for appending; what
         was replayed, skipped and compacted is counted in ``counters`` (``loss_journal_*``)."""
         self.counters = counters
+        self._ledger = ledger
         path = os.path.join(self.dir, JOURNAL)
         try:
             with open(path, "rb") as f:
@@ -116,11 +126,19 @@ class LedgerJournal:
             self.compact(ledger)
 
     def close(self) -> None:
-        """Release the journal and the lock (the marker stays: it proves the directory is
-        serve's at the next start)."""
+        """Release the journal and the lock. With nothing owed, remove what serve made (see
+        the module); otherwise the marker stays: it proves the directory is serve's at the
+        next start."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._ledger is not None and len(self._ledger) == 0:
+            for name in (JOURNAL, TMP, MARKER):  # the marker last: it is the proof
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
+            if self.created:
+                with contextlib.suppress(OSError):  # not empty: something of someone else's
+                    os.rmdir(self.dir)
         with contextlib.suppress(OSError):
             os.close(self._lock)
 

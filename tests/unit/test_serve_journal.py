@@ -59,10 +59,14 @@ def test_30_3_journal_survives_a_restart_and_is_compacted(tmp_path: Path) -> Non
     c: Counter[str] = Counter()
     led, j = LossLedger(), LedgerJournal(d)
     j.load(led, 0, c)
-    for line in (journal_record(K1, 1, 1, 5, 1), journal_record(K2, 1, 1, 6, 2)):
+    for line, t in (
+        (journal_record(K1, 1, 1, 5, 1), 1),
+        (journal_record(K2, 1, 1, 6, 2), 2),
+        (journal_take(K1, 3), 3),
+        (journal_record(K1, 2, 1, 7, 4), 4),
+    ):
+        led.replay(line, t)  # as the server does: the ledger, then its journal line
         j.append(line, led)
-    j.append(journal_take(K1, 3), led)
-    j.append(journal_record(K1, 2, 1, 7, 4), led)
     with open(os.path.join(d, JOURNAL), "ab") as f:  # a line cut short by kill -9
         f.write(b"r " + K1.encode() + b" 3")
     j.close()
@@ -117,8 +121,10 @@ def test_30_3_a_foreign_directory_is_not_adopted(tmp_path: Path) -> None:
         LedgerJournal(str(tmp_path))
     assert os.listdir(tmp_path) == ["notes.txt"]
     own = tmp_path / "own"
-    j = LedgerJournal(str(own))
-    j.load(LossLedger(), 0, Counter())
+    j, owed = LedgerJournal(str(own)), LossLedger()
+    j.load(owed, 0, Counter())
+    owed.replay(journal_record(K1, 1, 1, 1, 1), 1)  # owing a count: the directory stays
+    j.append(journal_record(K1, 1, 1, 1, 1), owed)
     j.close()
     Path(own, "notes.txt").write_text("mine")
     Path(own, TMP).write_bytes(b"left by a serve killed mid-compaction\n")
@@ -127,3 +133,31 @@ def test_30_3_a_foreign_directory_is_not_adopted(tmp_path: Path) -> None:
     j.close()
     assert sorted(os.listdir(own)) == sorted([JOURNAL, MARKER, "notes.txt"])
     assert (own.stat().st_mode & 0o777) == 0o700
+
+
+def test_30_3_a_serve_owing_nothing_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Leave nothing behind: a clean stop with an empty ledger removes the journal, the marker
+    and the directory serve created; owing a count keeps them; a directory that was there
+    before (configured) is emptied of serve's files only, never removed."""
+    d = str(tmp_path / "made")
+    led, j = LossLedger(), LedgerJournal(d)
+    j.load(led, 0, Counter())
+    line = journal_record(K1, 1, 1, 5, 1)
+    led.replay(line, 1)
+    j.append(line, led)
+    j.close()
+    assert sorted(os.listdir(d)) == [JOURNAL, MARKER]  # owed: kept for the next serve
+
+    led2, j2 = LossLedger(), LedgerJournal(d)
+    j2.load(led2, 2, Counter())
+    assert led2.take(K1, 3) == [(1, 1, 5)]
+    j2.append(journal_take(K1, 3), led2)
+    j2.close()
+    assert not os.path.exists(d)  # created by a serve (the marker said so), nothing owed
+
+    given = tmp_path / "given"
+    given.mkdir()
+    led3, j3 = LossLedger(), LedgerJournal(str(given))
+    j3.load(led3, 4, Counter())
+    j3.close()
+    assert given.is_dir() and os.listdir(given) == []
