@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         if not q.isActive:
             exc = q.exception()
             print(f"spark query ended: {exc}", file=sys.stderr, flush=True)
+            # Spark's message ends with the query plan: repeat its first line last, so the
+            # soak's crash record (the last lines of output) names the cause
+            why = (str(exc).strip().splitlines() or ["no exception"])[0]
+            print(f"spark query ended: {why[:500]}", file=sys.stderr, flush=True)
             status = 1
             break
     q.stop()
