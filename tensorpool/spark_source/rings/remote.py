@@ -42,7 +42,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tensorpool.spark_source.plan.offsets import RingState
@@ -431,40 +431,73 @@ def fetch(
     schema: pa.Schema | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``do_get`` of one ticket; loss ranges go to ``on_loss`` (once per frame, or once per
-    range with ``on_loss.add_range`` when the recorder has it)."""
+    range with ``on_loss.add_range`` when the recorder has it).
+
+    A server that goes away mid-stream (a ``serve`` restart) is asked again for the rest:
+    the seqs after the last row or loss range received, within the same retry window,
+    which starts afresh after each chunk that moved the read on. The restarted server
+    reports what it can no longer read as loss (counted in its ledger for the query's
+    driver), so each seq is delivered or counted once, and a restart costs the task
+    nothing else."""
     import pyarrow.flight as flight
 
     retry = _Retry(address, access)
-    while True:
+    rest: Ticket | None = ticket
+    while rest is not None:
         try:
             reader = client_for(address, access).do_get(
-                flight.Ticket(ticket.encode()), access.call_options()
+                flight.Ticket(rest.encode()), access.call_options()
             )
-            first_chunk = reader.read_chunk()
-            break
-        except StopIteration:
-            return
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                batch, upto = _received(chunk, rest.first, on_loss)
+                if batch is not None:
+                    if schema is not None and batch.schema != schema:
+                        batch = batch.select(schema.names)  # includeTensorMetadata=false
+                    yield batch
+                if upto > rest.first:
+                    rest = _rest(rest, upto)
+                    retry = _Retry(address, access)
+                    if rest is None:
+                        return
         except Exception as exc:
             retry.failed(exc)
-    chunk = first_chunk
-    while True:
-        batch, meta = chunk.data, chunk.app_metadata
-        if meta is not None:
-            for a, b, why in decode_loss(meta.to_pybytes()):
-                add = getattr(on_loss, "add_range", None)
-                if add is not None:
-                    add(a, b, why)
-                else:
-                    for s in range(a, b):
-                        on_loss(s, why)
-        if batch is not None and batch.num_rows:
-            if schema is not None and batch.schema != schema:
-                batch = batch.select(schema.names)  # includeTensorMetadata=false
-            yield batch
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return
+
+
+def _received(
+    chunk: Any, upto: int, on_loss: Callable[[int, str], None]
+) -> tuple[pa.RecordBatch | None, int]:
+    """One chunk's rows (None if none) and the seq its rows and loss ranges reach."""
+    batch, meta = chunk.data, chunk.app_metadata
+    if meta is not None:
+        for a, b, why in decode_loss(meta.to_pybytes()):
+            add = getattr(on_loss, "add_range", None)
+            if add is not None:
+                add(a, b, why)
+            else:
+                for s in range(a, b):
+                    on_loss(s, why)
+            upto = max(upto, b)
+    if batch is None or not batch.num_rows:
+        return None, upto
+    import pyarrow.compute as pc
+
+    return batch, max(upto, int(pc.max(batch.column("seq")).as_py()) + 1)
+
+
+def _rest(ticket: Ticket, upto: int) -> Ticket | None:
+    """What of ``ticket`` lies at or after ``upto`` (None when nothing)."""
+    if upto >= ticket.end:
+        return None
+    runs = ticket.runs
+    if runs is not None:
+        runs = tuple((max(a, upto), b) for a, b in runs if b > upto)
+        if not runs:
+            return None
+    return replace(ticket, first=upto, runs=runs)
 
 
 __all__ = [

@@ -6,6 +6,7 @@ afterwards that the server still answers (it never dies on bad input).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -277,6 +278,36 @@ def test_30_3_read_time_loss_survives_a_serve_restart(served: Served, sig: int) 
     served.restart(sig)
     assert remote.take_losses(served.address, key, served.access) == []  # taken once
     _alive(served)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_30_3_a_read_resumes_after_serve_restarts_mid_stream(served: Served, sig: int) -> None:
+    """#30.3: a ``serve`` that goes away between two chunks of one ticket (the soak's query
+    failed its task on "Stream removed") is asked again for the rest once it is back: every
+    seq of the ticket arrives once, none is lost, and the task goes on."""
+    snap = remote.scan_host(served.address, [BIG], served.access)[BIG]
+    assert snap is not None
+    epoch, head = snap.spec.epoch, snap.state.head
+    lost: list[tuple[int, str]] = []
+    patient = FlightAccess(token=TOKEN, retry_s=120)  # a restart on a loaded host
+    it = remote.fetch(
+        served.address,
+        patient,
+        protocol.Ticket(BIG, epoch, head - NSLOTS, head),
+        lambda q, w: lost.append((q, w)),
+    )
+    first = next(it)  # the server is now blocked writing the second 32 MiB chunk
+    assert first.num_rows == 32
+    if sig == signal.SIGKILL:  # gone at once, mid-chunk: the rest comes from the new server
+        served.restart(sig)
+        rest = list(it)
+    else:  # a clean stop waits for the stream it serves: keep reading meanwhile, as a task does
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            restarted = pool.submit(served.restart, sig)
+            rest = list(it)
+            restarted.result(timeout=120)
+    seqs = [s for b in (first, *rest) for s in b.column("seq").to_pylist()]
+    assert seqs == list(range(head - NSLOTS, head)) and lost == []
 
 
 def test_18_4_client_disconnects_mid_stream(served: Served) -> None:
