@@ -27,7 +27,7 @@ import pyaeron
 from tensorpool.specs import CodecError, peek_header
 from tensorpool.specs.generated import driver as drv
 from tensorpool.specs.generated import wire
-from tensorpool.transport.process import stop_process
+from tensorpool.transport.process import PARENT_ENV, stop_process
 from tensorpool.transport.publication import Publisher
 from tensorpool.transport.subscription import Subscriber
 
@@ -171,6 +171,9 @@ class DriverProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
+                # a daemon outlives its launcher; one started by a test stops with it, even
+                # when pytest itself is killed and its fixtures never run
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
             )
         finally:
             log.close()
