@@ -242,6 +242,7 @@ class Instance:
     last: dict[str, Any] = field(default_factory=dict)
     segments: list[dict[str, Any]] = field(default_factory=list)
     published: dict[str, list[int]] = field(default_factory=dict)
+    not_sent: int = 0  # a producer's descriptors_not_sent (its final line has none)
     final: bool = False
     lines: list[str] = field(default_factory=list)  # the last few non-JSON lines
     stopped_at: float = 0.0
@@ -334,6 +335,8 @@ class Topology:
                     inst.segments = doc["segments"]
                 if doc.get("published") is not None:
                     inst.published = doc["published"]
+                if doc.get("descriptors_not_sent") is not None:
+                    inst.not_sent = int(doc["descriptors_not_sent"])
                 if doc.get("final"):
                     inst.final = True
                 if inst.role.kind in CLIENT_KINDS and "frames" in doc:
@@ -1261,6 +1264,12 @@ def build_report(
     sizes = {s.stream_id: s.frame_bytes for s in STREAMS}
     sizes[RL_DEST] = sizes[RL_SOURCE]
     sizes[BRIDGE_DEST] = sizes[BRIDGE_SOURCE]
+    # descriptors a producer could not offer (back-pressure of the shared descriptor stream's
+    # slowest subscriber, or no subscriber): its consumers count them as gaps
+    not_sent: dict[int, int] = {}
+    for inst in topo.history:
+        if inst.role.kind == "producer":
+            not_sent[inst.role.stream] = not_sent.get(inst.role.stream, 0) + inst.not_sent
     load = {}
     for sid, row in sorted(by_stream.items()):
         fps = row.get("window_frames", 0) / held_s if held_s > 0 else 0.0
@@ -1271,11 +1280,19 @@ def build_report(
             "frames": row["frames"],
             "drops": row["drops"],
             "drop_rate": round(sum(row["drops"].values()) / total, 4) if total else 0.0,
+            **({"descriptors_not_sent": not_sent[sid]} if sid in not_sent else {}),
         }
-    # rate limiter: its destination may carry at most max_rate_hz (RateLimiter spec)
+    # rate limiter: it may publish at most max_rate_hz (RateLimiter spec), by its own count
     rl_frames = by_stream.get(RL_DEST, {}).get("window_frames", 0)
-    rl_restarts = sum(1 for i in topo.history if i.role.name == "ratelimiter") - 1
-    rl_excess = check_rate_limit(rl_frames, held_s, RL_RATE_HZ, rl_restarts)
+    rl_runs = [
+        (
+            sum(m.get("published", 0) for m in inst.last.get("mappings", [])),
+            (inst.stopped_at or time.monotonic()) - inst.started,
+        )
+        for inst in topo.history
+        if inst.role.kind == "ratelimiter"
+    ]
+    rl_excess = check_rate_limit(rl_runs, RL_RATE_HZ)
     src_published = sum(
         last - first + 1
         for inst in topo.history
@@ -1354,6 +1371,7 @@ def build_report(
         "load": load,
         "rate_limiter": {
             "dest_frames": rl_frames,
+            "published": sum(n for n, _s in rl_runs),
             "max_rate_hz": RL_RATE_HZ,
             "frames_over_rule": rl_excess,
         },
@@ -1397,6 +1415,8 @@ def render(report: dict[str, Any]) -> str:
     ]
     for sid, row in report["load"].items():
         drops = ", ".join(f"{k}={v}" for k, v in sorted(row["drops"].items())) or "-"
+        if row.get("descriptors_not_sent"):
+            drops += f"; producer's descriptors not sent {row['descriptors_not_sent']}"
         out.append(
             f"{sid:>8} {row['frames_per_s']:>10.1f} {row['bytes_per_s'] / 1e6:>8.2f} "
             f"{row['frames']:>9} {row['drop_rate']:>9.4f}  {drops}"

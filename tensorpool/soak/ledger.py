@@ -216,11 +216,15 @@ def reconcile(published: Iterable[Published], segments: Iterable[Segment]) -> Le
     return res
 
 
-def check_rate_limit(frames: int, seconds: float, max_rate_hz: float, restarts: int = 0) -> int:
-    """Frames a rate limiter's output carried beyond its rule (RateLimiter §3: at most one frame
-    per 1/max_rate_hz slot; a restarted limiter may send at once, one extra frame each)."""
-    allowed = int(seconds * max_rate_hz) + 1 + restarts
-    return max(0, frames - allowed)
+def check_rate_limit(runs: Iterable[tuple[int, float]], max_rate_hz: float) -> int:
+    """Frames a rate limiter published beyond its rule (RateLimiter §3: at most one frame per
+    1/max_rate_hz slot), per run of the limiter: ``(published, seconds it ran)``, its own count
+    (a restarted limiter may send at once: one extra frame each run).
+
+    The limiter's own count, not what its consumer delivered in a time window: a consumer
+    that lags at the window's start (a starved process, seconds behind) delivers frames
+    published before it, and 22 such frames once counted as "over the rule" at load 28."""
+    return sum(max(0, published - int(seconds * max_rate_hz) - 1) for published, seconds in runs)
 
 
 def check_bridge(source_published: int, dest_delivered: int) -> int:

@@ -165,6 +165,37 @@ def test_15_s15_4_a_lapped_batch_consumer_skips_what_the_producer_will_overwrite
     assert consumer.core.resyncs == 15  # 32..35 overwritten already, 36..46 predicted
 
 
+def test_30_a_poll_drains_other_streams_descriptors_its_limit_counts_its_own(pair) -> None:
+    """On a shared descriptor stream, ``poll_batch(max_frames)`` bounds this consumer's frames,
+    not the other producers' traffic: one call passes over every queued descriptor of another
+    stream and returns its own frame behind them. Before, the other streams' descriptors
+    filled the batch: the rate limiter, which sleeps to its next slot after a poll without
+    its frames, drained 256 of ~7,000 a second, and IPC flow control then held back every
+    producer on the stream (#30 soak: 34 % of a 1 kHz stream's descriptors never sent)."""
+    producer, consumer, ctx, settings = pair
+    ch = settings.channels
+    pub = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)
+    buf = bytearray(64)
+    deadline = time.monotonic() + 10
+    for seq in range(100):  # another producer's stream on the same descriptor stream
+        n = wire.FrameDescriptorEncoder.encode(
+            buf, 0, stream_id=STREAM + 50, epoch=1, seq=seq, header_index=seq % NSLOTS,
+            timestamp_ns=0, meta_version=0,
+        )  # fmt: skip
+        while not pub.offer(buf, 0, n):
+            assert time.monotonic() < deadline, "the forged publication never connected"
+            time.sleep(0.001)
+    producer.offer(np.full(8, 7, np.uint8))
+    before = consumer.stats.descriptors
+    drops_before = consumer.stats.drops.snapshot()
+    batch = consumer.poll_batch(4)  # IPC: what was offered is in the log already
+    assert len(batch) == 1 and batch.seqs.tolist() == [0]
+    assert batch.confirm() == 1
+    assert consumer.stats.descriptors - before == 101  # all polled, none recorded as ours
+    assert consumer.stats.drops.snapshot() == drops_before  # not ours: no drop reason
+    ctx.release(pub)
+
+
 def _forge(ctx: AeronContext, settings: ClientSettings, **fields: int) -> None:
     ch = settings.channels
     pub = ctx.add_publication(ch.descriptor_channel, ch.descriptor_stream_id)
