@@ -47,6 +47,13 @@ class BadTicket(ValueError):
     """A well-formed ticket this server cannot honour (the message says why)."""
 
 
+class NotAnnounced(LookupError):
+    """The ticket's stream (one this server serves) has not been announced to it yet: a
+    restarted server learns the ring at the driver's next announce, so the client is told to
+    try again (Flight's UNAVAILABLE), not that its ticket is bad: a read resumed across a
+    restart of ``serve`` failed the task, and with it a local query (#30 soak)."""
+
+
 @dataclass(slots=True)
 class GetPlan:
     """Loss ranges to report first, then ``[first, end)`` (or ``runs``) to read."""
@@ -68,7 +75,7 @@ def plan_get(
     most slots a ring of the stream has had here (``nslots``; None: never announced here)."""
     sid = ticket.stream_id
     if nslots is None:
-        raise BadTicket(f"stream {sid} has not been announced to this server; nothing to read")
+        raise NotAnnounced(f"stream {sid} has not been announced to this server yet; retry")
     if ticket.frames > nslots:
         raise BadTicket(
             f"the ticket names {ticket.frames} frames of stream {sid}, whose ring holds "
@@ -245,6 +252,7 @@ __all__ = [
     "BadTicket",
     "GetPlan",
     "LossLedger",
+    "NotAnnounced",
     "journal_record",
     "journal_take",
     "plan_get",

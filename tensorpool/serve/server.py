@@ -50,7 +50,14 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from tensorpool.client.announce import StreamLayout
-from tensorpool.serve.core import BadTicket, LossLedger, journal_record, journal_take, plan_get
+from tensorpool.serve.core import (
+    BadTicket,
+    LossLedger,
+    NotAnnounced,
+    journal_record,
+    journal_take,
+    plan_get,
+)
 from tensorpool.serve.journal import LedgerJournal
 from tensorpool.spark_source.plan.margin import now_for
 from tensorpool.spark_source.plan.offsets import RingState
@@ -336,6 +343,9 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             )
         except BadTicket as exc:
             raise self._refuse("bad_ticket", f"bad ticket: {exc}") from None
+        except NotAnnounced as exc:
+            self.counters["not_announced_yet"] += 1
+            raise flight.FlightUnavailableError(f"tensorpool serve: {exc}") from None
         self.counters["gets"] += 1
         schema = SCHEMAS[t.include_meta]
         return flight.GeneratorStream(schema, self._stream(t, spec, plan, schema))

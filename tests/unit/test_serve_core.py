@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, plan_get
+from tensorpool.serve.core import OVERWRITTEN_REASON, BadTicket, LossLedger, NotAnnounced, plan_get
 from tensorpool.spark_source.options import TensorPoolOptionError, parse_hosts, parse_source_options
 from tensorpool.spark_source.plan.offsets import RingState
 from tensorpool.spark_source.rings.flight_protocol import (
@@ -99,10 +99,16 @@ def test_27_3_a_ticket_is_bounded_by_the_ring_it_names() -> None:
     # runs name fewer frames than their span: a relay's sparse seqs
     plan = plan_get(Ticket(1, 2, 0, 1 << 20, ((0, 32), ((1 << 20) - 32, 1 << 20))), 3, None, 64)
     assert sum(b - a for a, b, _ in plan.lost) == 64
-    with pytest.raises(BadTicket, match="not been announced"):
-        plan_get(Ticket(1, 3, 0, 1), None, None, None)
     with pytest.raises(BadTicket, match="epoch 4 was never announced"):
         plan_get(Ticket(1, 4, 0, 1), 3, ring(0, 30), 64)
+
+
+def test_30_a_stream_not_announced_here_yet_is_a_retry_not_a_bad_ticket() -> None:
+    """#30: a restarted server has not heard its stream announced yet: the ticket may be
+    good, so the answer is "try again" (the server maps it to UNAVAILABLE), never a loss."""
+    with pytest.raises(NotAnnounced, match="not been announced to this server yet"):
+        plan_get(Ticket(1, 3, 0, 1), None, None, None)
+    assert not issubclass(NotAnnounced, BadTicket)
 
 
 def test_18_1_planned_runs_are_clipped_at_the_oldest_frame() -> None:

@@ -456,6 +456,49 @@ def test_18_1_driver_mode(tmp_path: Any) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def test_30_3_a_stream_not_yet_announced_to_a_new_server_is_retried_not_refused() -> None:
+    """#30.3: a ``serve`` that has not heard its stream announced yet (just restarted: the
+    soak's query failed its task on "bad ticket: stream 108 has not been announced") answers
+    UNAVAILABLE, so a read retries until the announce came, instead of failing the task."""
+    sid = 183
+    shm = tempfile.mkdtemp(prefix="tp-test-", dir=SHM_ROOT)
+    proc = prod = None
+    try:
+        with MediaDriverProcess() as md:
+            port = free_port()
+            cmd = [sys.executable, "-m", "tensorpool", "serve", "--stream-id", str(sid)]
+            cmd += ["--port", str(port), "--aeron-dir", md.dir, "--shm-base-dir", shm]
+            proc = subprocess.Popen(
+                [*cmd, "--attach-timeout", "0"], stdout=subprocess.PIPE, text=True
+            )
+            assert proc.stdout is not None and f"streams [{sid}]" in proc.stdout.readline()
+            address = f"127.0.0.1:{port}"
+            ticket = protocol.Ticket(sid, 1, 0, 4)
+            client = flight.FlightClient(f"grpc://{address}")
+            with pytest.raises(flight.FlightUnavailableError, match="not been announced"):
+                client.do_get(flight.Ticket(ticket.encode())).read_all()
+            client.close()
+            with pytest.raises(protocol.RemoteUnavailableError, match="did not answer for 1 s"):
+                list(remote.fetch(address, FlightAccess(retry_s=1), ticket, lambda q, w: None))
+            # the producer comes: a read retried until the server heard it gets its frames
+            prod = ProducerProc(md.dir, shm, "--stream-id", str(sid), "--nslots", str(NSLOTS))
+            prod.produce(4)
+            ticket = protocol.Ticket(sid, prod.epoch, 0, 4)
+            patient = FlightAccess(retry_s=120)  # the announce on a loaded host
+            rows = [
+                r
+                for b in remote.fetch(address, patient, ticket, lambda q, w: None)
+                for r in b.to_pylist()
+            ]
+            assert [r["seq"] for r in rows] == [0, 1, 2, 3]
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        if prod is not None:
+            prod.close()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def _stats(s: Served) -> dict[str, int]:
     import json
 
