@@ -142,13 +142,10 @@ class TensorPoolFlightServer(flight.FlightServerBase):
         tls_certificates: list[tuple[bytes, bytes]] | None = None,
         journal: LedgerJournal | None = None,
     ) -> None:
+        # Everything a handler uses is set before the base class's __init__, which starts
+        # serving on gRPC threads: a client retrying across a restart reached do_get while the
+        # journal replayed (no ``_slots`` yet) and its task failed on an internal error (#30).
         self.counters: Counter[str] = Counter()
-        middleware = {"auth": BearerToken(token, self.counters)} if token else None
-        super().__init__(
-            location,
-            tls_certificates=tls_certificates or None,
-            middleware=middleware,
-        )
         self.streams = tuple(sorted(streams))
         self.directory = directory
         self.base_dirs = base_dirs
@@ -161,6 +158,12 @@ class TensorPoolFlightServer(flight.FlightServerBase):
             journal.load(self.ledger, time.time_ns(), self.counters)
         #: the most slots each stream's ring has had here: what bounds a ticket (plan_get)
         self._slots: dict[int, int] = {}
+        middleware = {"auth": BearerToken(token, self.counters)} if token else None
+        super().__init__(
+            location,
+            tls_certificates=tls_certificates or None,
+            middleware=middleware,
+        )
 
     @contextlib.contextmanager
     def _answering(self, call: str) -> Iterator[None]:

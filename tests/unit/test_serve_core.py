@@ -310,3 +310,41 @@ def test_18_2_loss_a_server_counts_is_not_spooled_too(tmp_path: Any) -> None:
     finally:
         spool.remove_spool(address)
     assert not spool.reachable(address)
+
+
+def test_30_a_request_at_the_instant_the_server_starts_finds_its_state() -> None:
+    """#30: the Flight base class starts serving inside its ``__init__``, so a request can
+    arrive before the subclass's ``__init__`` goes on (a Spark task retrying across a restart
+    of ``serve`` did, while the loss journal replayed): every handler's state is set first.
+    The request is made at that instant from a hook between the two (the race injected)."""
+    flight = pytest.importorskip("pyarrow.flight")
+    from tensorpool.serve.server import TensorPoolFlightServer
+
+    got: list[BaseException] = []
+
+    class Directory:  # nothing announced yet: the server has just started
+        def layouts(self) -> dict[int, Any]:
+            return {}
+
+        def liveness(self, now_ns: int) -> dict[int, Any]:
+            return {}
+
+    class Hook(flight.FlightServerBase):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)  # serving from here on
+            try:
+                self.do_get(None, flight.Ticket(Ticket(7, 1, 0, 1).encode()))
+            except Exception as exc:
+                got.append(exc)
+
+    class Probed(TensorPoolFlightServer, Hook):
+        pass
+
+    server = Probed(
+        "grpc://127.0.0.1:0", streams=(7,), directory=Directory(), base_dirs=(), shm_base_dir=""
+    )
+    try:
+        assert len(got) == 1 and isinstance(got[0], flight.FlightUnavailableError), got
+        assert server.counters["internal_error"] == 0
+    finally:
+        server.shutdown()
