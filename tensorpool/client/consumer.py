@@ -138,7 +138,7 @@ def _desc_template(stream_id: int, epoch: int, rows: int) -> np.ndarray:
     version; stream id; epoch), then seq and header index, filled per batch."""
     dec = wire.FrameDescriptorDecoder
     head = [
-        dec.BLOCK_LENGTH | dec.TEMPLATE_ID << 16,
+        _DESC_WORD0,
         dec.SCHEMA_ID | dec.SCHEMA_VERSION << 16,
         stream_id,
         epoch & 0xFFFFFFFF,

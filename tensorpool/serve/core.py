@@ -9,7 +9,9 @@ here touches files, Flight or clocks, so each rule is a unit test.
   ring, so anything wider was not planned from this server and is refused (:class:`BadTicket`).
   Every frame a ticket can make the server count as lost is thus one that ring could hold: a
   client cannot inflate the loss counters or the ledger beyond that per call, nor name a ring
-  the server never saw (refused), nor an epoch newer than the one announced now (refused).
+  the server has not seen (nothing is read or counted: :class:`NotAnnounced`, which the server
+  answers "try again", as a restarted server learns its rings at the next announce), nor an
+  epoch newer than the one announced now (refused).
 * A ticket for an older epoch than the one announced now (or while nothing is announced) reads
   nothing: its regions are gone as far as this server knows, and every frame is lost
   (``regions_gone``), as a local read of an unmappable epoch reports it.
